@@ -1,0 +1,1 @@
+"""servesweep.bench.evals."""

@@ -1,0 +1,279 @@
+"""Pure data shared by every layer: phases, outcomes, failure classes, evidence.
+
+Nothing here does I/O. Records are frozen; state changes go through the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "FailureClass",
+    "Evidence",
+    "GpuHolder",
+    "GpuState",
+    "InstanceRecord",
+    "Outcome",
+    "Phase",
+    "ProcessInfo",
+    "ServerConfig",
+    "fingerprint",
+    "level_label",
+]
+
+
+class Phase(str, Enum):
+    """Lifecycle phases of a trial, in order."""
+
+    STOP = "stop"
+    RELEASE = "release"
+    START = "start"
+    LOAD = "load"
+    READY = "ready"
+    BENCH = "bench"
+    DONE = "done"
+
+
+PHASES: tuple[Phase, ...] = tuple(Phase)
+
+
+class Outcome(str, Enum):
+    """Where a trial stands. ``pending`` and ``running`` are not final."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def final(self) -> bool:
+        return self in (Outcome.OK, Outcome.FAILED, Outcome.SKIPPED)
+
+
+class FailureClass(str, Enum):
+    """Stable identifiers of why a trial failed (see DESIGN.md)."""
+
+    INVALID_ARGS = "invalid_args"
+    PORT_IN_USE = "port_in_use"
+    GPU_BUSY = "gpu_busy"
+    STOP_FAILED = "stop_failed"
+    START_CRASH = "start_crash"
+    READY_TIMEOUT = "ready_timeout"
+    SERVE_ERROR = "serve_error"
+    BENCH_CRASH = "bench_crash"
+    BENCH_ERRORS = "bench_errors"
+
+
+@dataclass(frozen=True)
+class GpuHolder:
+    """A process that holds memory on a GPU."""
+
+    pid: int
+    used_bytes: int
+    name: str = ""
+    cmdline: str = ""
+
+    def describe(self) -> str:
+        mib = self.used_bytes / 2**20
+        what = self.name or "?"
+        return f"pid {self.pid} ({what}) {mib:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU as a probe saw it at one moment."""
+
+    index: int
+    name: str
+    total_bytes: int
+    used_bytes: int
+    holders: tuple[GpuHolder, ...] = ()
+    utilization_pct: float | None = None
+    power_w: float | None = None
+
+    @property
+    def free_bytes(self) -> int:
+        return self.total_bytes - self.used_bytes
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process as evidence: what it is and why it is still there."""
+
+    pid: int
+    state: str = ""
+    wchan: str = ""
+    cmdline: str = ""
+    name: str = ""
+
+    def describe(self) -> str:
+        bits = [f"pid {self.pid}"]
+        if self.state:
+            bits.append(f"state {self.state}")
+        if self.wchan:
+            bits.append(f"wchan {self.wchan}")
+        if self.cmdline:
+            bits.append(repr(self.cmdline[:120]))
+        return " ".join(bits)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Why a trial failed, as data a person can read and a report can render.
+
+    ``message`` is one line; ``reason`` refines the failure class (``oom``,
+    ``import_error``, ``nccl``...). Everything else is optional.
+    """
+
+    message: str
+    reason: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    matched_line: str | None = None
+    log_tail: tuple[str, ...] = ()
+    log_path: str | None = None
+    gpu_holders: tuple[GpuHolder, ...] = ()
+    processes: tuple[ProcessInfo, ...] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        text = self.message
+        if self.reason:
+            text = f"({self.reason}) {text}"
+        if self.matched_line:
+            text += f': "{self.matched_line.strip()[:160]}"'
+        if self.log_path:
+            text += f" — see {self.log_path}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["log_tail"] = list(self.log_tail)
+        data["timings"] = dict(self.timings)
+        data["details"] = dict(self.details)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
+        return cls(
+            message=str(data.get("message", "")),
+            reason=data.get("reason"),
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            matched_line=data.get("matched_line"),
+            log_tail=tuple(data.get("log_tail") or ()),
+            log_path=data.get("log_path"),
+            gpu_holders=tuple(GpuHolder(**h) for h in data.get("gpu_holders") or ()),
+            processes=tuple(ProcessInfo(**p) for p in data.get("processes") or ()),
+            timings=dict(data.get("timings") or {}),
+            details=dict(data.get("details") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    """The identity of a running server instance, as stored.
+
+    A launcher fills the fields that apply to it: ``pids``/``pgid`` for a
+    subprocess, ``unit``/``invocation_id``/``cgroup`` for systemd,
+    ``container_id`` for docker, ``pid_file`` for a command launcher.
+    """
+
+    launcher: str
+    pids: tuple[int, ...] = ()
+    pgid: int | None = None
+    unit: str | None = None
+    invocation_id: str | None = None
+    cgroup: str | None = None
+    container_id: str | None = None
+    pid_file: str | None = None
+    port: int | None = None
+    gpus: tuple[int, ...] = ()
+    log_path: str | None = None
+    started_at: float | None = None
+    fingerprint: str | None = None
+
+    @property
+    def main_pid(self) -> int | None:
+        return self.pids[0] if self.pids else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["pids"] = list(self.pids)
+        data["gpus"] = list(self.gpus)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InstanceRecord:
+        kwargs = dict(data)
+        kwargs["pids"] = tuple(kwargs.get("pids") or ())
+        kwargs["gpus"] = tuple(kwargs.get("gpus") or ())
+        return cls(**kwargs)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k).replace("_", "-"): _canonical(v) for k, v in sorted(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def fingerprint(params: Mapping[str, Any]) -> str:
+    """A stable short hash of server params: same params, same fingerprint.
+
+    Key order does not matter, and ``a_b`` equals ``a-b`` (engines accept both).
+    """
+    canon = json.dumps(_canonical(params), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One point in server-parameter space: the swept params of one trial."""
+
+    params: Mapping[str, Any]
+    fingerprint: str
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> ServerConfig:
+        return cls(params=dict(params), fingerprint=fingerprint(params))
+
+    def label(self) -> str:
+        if not self.params:
+            return "(defaults)"
+        return " ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def level_label(concurrency: int | None = None, rate: float | None = None) -> str:
+    """The label of one load level of a workload: ``c8`` or ``r2.5`` (``inf`` rate: ``rinf``)."""
+    if concurrency is not None:
+        return f"c{concurrency}"
+    if rate is not None:
+        if rate == float("inf"):
+            return "rinf"
+        return f"r{rate:g}"
+    return "c1"
+
+
+def parse_level(label: str) -> tuple[int | None, float | None]:
+    """Inverse of :func:`level_label`."""
+    if label.startswith("c"):
+        return int(label[1:]), None
+    if label.startswith("r"):
+        return None, float(label[1:])
+    raise ValueError(f"not a level label: {label!r}")
+
+
+def as_tuple(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(values)

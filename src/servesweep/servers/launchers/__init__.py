@@ -1,0 +1,1 @@
+"""servesweep.servers.launchers."""

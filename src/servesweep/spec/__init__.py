@@ -1,0 +1,1 @@
+"""servesweep.spec."""

@@ -1,0 +1,332 @@
+"""The sweep file's schema: validated, frozen pydantic models.
+
+These models are the contract between the sweep file and every other layer:
+launchers read :class:`ServerSpec`, the load generator reads :class:`WorkloadSpec`,
+the report reads :class:`Objective`. Durations accept ``30``, ``"30s"``, ``"5m"``,
+``"1h30m"``, ``"250ms"``; sizes accept ``1024``, ``"512MiB"``, ``"1GiB"``, ``"2GB"``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "CommandSpec",
+    "DockerSpec",
+    "Duration",
+    "EvalSpec",
+    "Objective",
+    "ParamsSpec",
+    "ReleaseSpec",
+    "ServerSpec",
+    "Size",
+    "SweepSpec",
+    "SystemdSpec",
+    "Timeouts",
+    "WorkloadSpec",
+    "parse_duration",
+    "parse_size",
+]
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like ``"5m"``, ``"1h30m"``, ``"250ms"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"duration must not be negative: {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            pass
+        else:
+            if seconds < 0:
+                raise ValueError(f"duration must not be negative: {value!r}")
+            return seconds
+        pos = 0
+        total = 0.0
+        for match in _DURATION_PART.finditer(text):
+            if match.start() != pos and text[pos : match.start()].strip():
+                break
+            total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+            pos = match.end()
+        if pos and not text[pos:].strip():
+            return total
+    raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '30s', '5m', '1h30m')")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from a number or a string like ``"512MiB"``, ``"1GiB"``, ``"2GB"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"size must not be negative: {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match:
+            unit = (match.group(2) or "B").lower()
+            return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    raise ValueError(f"not a size: {value!r} (use bytes or e.g. '512MiB', '1GiB')")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+ParamValue = str | int | float | bool | None | list[Any] | dict[str, Any]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Timeouts(_Frozen):
+    """How long each lifecycle step may take."""
+
+    stop: Duration = 30.0
+    """Grace period between SIGTERM (or ``systemctl stop``) and SIGKILL."""
+    kill: Duration = 10.0
+    """After SIGKILL: how long processes may take to disappear before ``stop_failed``."""
+    release: Duration = 300.0
+    """How long GPU memory may take to come back before ``gpu_busy``."""
+    ready: Duration = 900.0
+    """How long the new instance may take to produce a real generation."""
+    request: Duration = 600.0
+    """Per-request timeout of the load generator."""
+
+
+class ReleaseSpec(_Frozen):
+    """The release gate's tolerance: used memory back within this of the baseline."""
+
+    tolerance: Size = 512 * 2**20
+    settle: Duration = 0.2
+    """Used memory must stay within tolerance this long."""
+    foreign_holders: Literal["wait", "fail", "kill-own"] = "wait"
+    """A process that is not ours holds GPU memory: wait for it (until the release
+    timeout), fail at once, or kill holders that are servesweep's own earlier instances."""
+
+
+class SystemdSpec(_Frozen):
+    unit: str
+    systemctl: list[str] = Field(default_factory=lambda: ["systemctl"])
+    """Command prefix, e.g. ``[systemctl, -H, host]`` or a wrapper."""
+    journalctl: list[str] = Field(default_factory=lambda: ["journalctl"])
+    unit_dir: str = "/etc/systemd/system"
+    mode: Literal["execstart", "envfile"] = "execstart"
+    """``execstart``: the drop-in replaces ExecStart with the trial's argv;
+    ``envfile``: the drop-in sets ``SERVESWEEP_ARGS`` through an EnvironmentFile."""
+
+
+class DockerSpec(_Frozen):
+    image: str
+    docker: list[str] = Field(default_factory=lambda: ["docker"])
+    """Command prefix, e.g. ``[docker, -H, unix:///run/x.sock]``."""
+    run_args: list[str] = Field(default_factory=list)
+    network: str = "host"
+    gpus_flag: bool = True
+    """Pass ``--gpus device=...`` (needs the NVIDIA container toolkit)."""
+    name_prefix: str = "servesweep"
+
+
+class CommandSpec(_Frozen):
+    """Shell commands for the ``command`` launcher (or the ``generic`` engine's template).
+
+    Placeholders: ``{args}`` (the trial's argv after the program, shell-quoted),
+    ``{port}``, ``{host}``, ``{model}``, ``{gpus}`` (comma list), ``{trial}``, ``{log}``,
+    ``{pid_file}`` and ``{param.NAME}`` for one param's value.
+    """
+
+    start: str
+    stop: str | None = None
+    status: str | None = None
+    pid_file: str | None = None
+
+
+class ServerSpec(_Frozen):
+    engine: Literal["vllm", "sglang", "trtllm", "llamacpp", "llama-server", "generic", "sim"]
+    launcher: Literal["subprocess", "systemd", "docker", "command"] = "subprocess"
+    model: str | None = None
+    served_model_name: str | None = None
+    """The model name used in requests; default: ask ``/v1/models``."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    gpus: list[int] = Field(default_factory=list)
+    args: dict[str, ParamValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    release: ReleaseSpec = Field(default_factory=ReleaseSpec)
+    executable: list[str] | None = None
+    """Override the preset's program, e.g. ``[/opt/venv/bin/python, -m, vllm.entrypoints...]``."""
+    command: str | None = None
+    """For ``engine: generic``: the command template (see :class:`CommandSpec` placeholders)."""
+    systemd: SystemdSpec | None = None
+    docker: DockerSpec | None = None
+    commands: CommandSpec | None = None
+    gpu_backend: Literal["auto", "nvml", "fake", "none"] = "auto"
+    fake_gpu_dir: str | None = None
+    """Directory of the fake GPU protocol (docs/fake-gpus.md); also ``SERVESWEEP_FAKE_GPUS``."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding the API key; the key is never stored."""
+    log_dir: str | None = None
+    """Where per-trial server logs go; default ``runs/`` beside the results database."""
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_unique(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError("GPU indexes must be unique")
+        if any(g < 0 for g in value):
+            raise ValueError("GPU indexes must not be negative")
+        return value
+
+    @model_validator(mode="after")
+    def _launcher_needs(self) -> ServerSpec:
+        if self.launcher == "systemd" and self.systemd is None:
+            raise ValueError("launcher 'systemd' needs a 'systemd: {unit: ...}' section")
+        if self.launcher == "docker" and self.docker is None:
+            raise ValueError("launcher 'docker' needs a 'docker: {image: ...}' section")
+        if self.launcher == "command" and self.commands is None:
+            raise ValueError("launcher 'command' needs a 'commands: {start: ...}' section")
+        if self.engine == "generic" and not self.command and self.launcher == "subprocess":
+            raise ValueError("engine 'generic' needs 'command' (a command template)")
+        return self
+
+
+class ParamsSpec(_Frozen):
+    """The server params to sweep. All parts combine: the grid's product, plus the
+    explicit points, plus zipped lists (each combined with the grid when both are
+    given: ``grid × zip``), minus exclusions, filtered by ``when`` constraints."""
+
+    grid: dict[str, list[ParamValue]] = Field(default_factory=dict)
+    points: list[dict[str, ParamValue]] = Field(default_factory=list)
+    zip: dict[str, list[ParamValue]] = Field(default_factory=dict)
+    exclude: list[dict[str, ParamValue]] = Field(default_factory=list)
+    when: list[str] = Field(default_factory=list)
+    """Python-like boolean expressions over param names, e.g. ``topk <= budget``."""
+
+
+class EvalSpec(_Frozen):
+    """A correctness suite run as a workload."""
+
+    suite: str
+    """``builtin:coding``, ``builtin:text``, or a path to a JSONL file."""
+    samples: int = Field(default=1, ge=1)
+    temperature: float = 0.0
+    max_tokens: int = Field(default=512, ge=1)
+    limit: int | None = Field(default=None, ge=1)
+    """Run only the first N tasks."""
+    timeout: Duration = 10.0
+    """Wall-clock limit per program run in the sandbox."""
+    parallel: int = Field(default=4, ge=1)
+    allow_no_netns: bool = False
+    """Run generated code even where no network namespace can be made (unsafe)."""
+
+
+class WorkloadSpec(_Frozen):
+    """One client-side benchmark; workloads never need a server restart."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    endpoint: Literal["chat", "completions"] = "chat"
+    dataset: str = "builtin:chat"
+    """``builtin:chat``, ``builtin:coding``, ``synthetic``, a JSONL or ShareGPT JSON path."""
+    input_tokens: int | None = Field(default=None, ge=1)
+    """For ``synthetic``: prompt length in tokens."""
+    concurrency: list[int] = Field(default_factory=list)
+    rate: list[float] = Field(default_factory=list)
+    """Open-loop request rates (req/s); use with ``arrival``."""
+    arrival: Literal["constant", "poisson", "gamma"] = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    requests: int | None = Field(default=None, ge=1)
+    duration: Duration | None = None
+    warmup: int = Field(default=0, ge=0)
+    max_tokens: int = Field(default=256, ge=1)
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    stream: bool = True
+    seed: int = 0
+    repeats: int = Field(default=1, ge=1)
+    slo: dict[str, float] = Field(default_factory=dict)
+    """Goodput SLOs in ms, e.g. ``{ttft_ms: 500, tpot_ms: 50}``."""
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    max_error_rate: float = Field(default=0.05, ge=0, le=1)
+    """More failed requests than this fraction: ``bench_errors``."""
+    eval: EvalSpec | None = None
+
+    @model_validator(mode="after")
+    def _load_shape(self) -> WorkloadSpec:
+        if self.eval is None:
+            if self.concurrency and self.rate:
+                raise ValueError("give either 'concurrency' or 'rate', not both")
+            if not self.concurrency and not self.rate:
+                object.__setattr__(self, "concurrency", [1])
+            if any(c < 1 for c in self.concurrency):
+                raise ValueError("concurrency levels must be >= 1")
+            if any(r <= 0 for r in self.rate):
+                raise ValueError("request rates must be > 0")
+            if self.requests is None and self.duration is None:
+                object.__setattr__(self, "requests", 32)
+        return self
+
+    @property
+    def is_eval(self) -> bool:
+        return self.eval is not None
+
+
+class Objective(_Frozen):
+    """What "best" means: maximize or minimize one metric, ``WORKLOAD.LEVEL.METRIC``
+    written out or split into parts."""
+
+    maximize: str | None = None
+    minimize: str | None = None
+    workload: str | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> Objective:
+        if (self.maximize is None) == (self.minimize is None):
+            raise ValueError("give exactly one of 'maximize' or 'minimize'")
+        return self
+
+    @property
+    def metric(self) -> str:
+        return self.maximize or self.minimize or ""
+
+    @property
+    def direction(self) -> Literal["max", "min"]:
+        return "max" if self.maximize else "min"
+
+
+class SweepSpec(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    description: str = ""
+    server: ServerSpec
+    params: ParamsSpec = Field(default_factory=ParamsSpec)
+    workloads: list[WorkloadSpec] = Field(min_length=1)
+    objective: Objective | None = None
+    constraints: list[str] = Field(default_factory=list)
+    store: str | None = None
+    """Path of the results database; default ``servesweep.db`` beside the sweep file."""
