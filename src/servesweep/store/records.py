@@ -1,0 +1,85 @@
+"""What the store returns: frozen records of sweeps, trials and results.
+
+Reports are built from these alone (``SweepData``), so a report can be rendered from
+any store, finished or still running, and tests can craft them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from servesweep.bench.results import LevelResult
+from servesweep.models import Evidence, FailureClass, InstanceRecord, Outcome, Phase
+
+__all__ = ["SweepData", "SweepRecord", "TelemetryPoint", "TrialRecord"]
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    id: int
+    name: str
+    spec_path: str
+    spec_text: str
+    spec_hash: str
+    created_at: float
+    servesweep_version: str
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    """GPU names, driver, engine version, hostname, python... (no secrets)."""
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    id: int
+    sweep_id: int
+    seq: int
+    """Position in the plan (run order)."""
+    fingerprint: str
+    params: Mapping[str, Any]
+    outcome: Outcome
+    failure_class: FailureClass | None = None
+    evidence: Evidence | None = None
+    phase: Phase | None = None
+    """The phase the trial is in (running) or reached last."""
+    phase_started: Mapping[str, float] = field(default_factory=dict)
+    """Wall-clock start of each phase entered, by phase name."""
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Duration of each finished phase, by phase name (``stop``, ``release``...)."""
+    instance: InstanceRecord | None = None
+    log_path: str | None = None
+    attempts: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    in_plan: bool = True
+    """False for points that an edited sweep file no longer contains (history kept)."""
+    adopted: bool = False
+    """True when the trial used a server that was already running with its config."""
+    launch_command: str | None = None
+    """The exact command (or unit/container description) that started the instance."""
+
+
+@dataclass(frozen=True)
+class TelemetryPoint:
+    trial_id: int
+    t: float
+    """Wall-clock time."""
+    gpu: int
+    used_bytes: int
+    utilization_pct: float | None = None
+    power_w: float | None = None
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """Everything a report needs about one sweep."""
+
+    sweep: SweepRecord
+    trials: tuple[TrialRecord, ...]
+    results: Mapping[int, tuple[LevelResult, ...]]
+    """Level results by trial id (latest attempt only)."""
+    telemetry: tuple[TelemetryPoint, ...] = ()
+    objective: Mapping[str, Any] | None = None
+    """The sweep file's objective as a dict (see spec.schema.Objective)."""
+    constraints: tuple[str, ...] = ()
