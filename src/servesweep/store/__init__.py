@@ -1,1 +1,8 @@
-"""servesweep.store."""
+"""The results database: sweeps, trials, results, telemetry (SQLite by default)."""
+
+from __future__ import annotations
+
+from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.store.sqlite import Store, open_store
+
+__all__ = ["Store", "SweepData", "SweepRecord", "TelemetryPoint", "TrialRecord", "open_store"]

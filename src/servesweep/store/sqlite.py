@@ -1,0 +1,559 @@
+"""The SQLite results database (stdlib ``sqlite3``, WAL).
+
+Every method that changes state commits before it returns, so a servesweep
+killed at any moment leaves a consistent database that the next run resumes.
+Readers (``servesweep status``/``report``) can open the same file while a sweep
+runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from servesweep.bench.results import EvalTaskResult, LevelResult, RequestSample
+from servesweep.errors import ServesweepError, StoreError
+from servesweep.models import (
+    Evidence,
+    FailureClass,
+    InstanceRecord,
+    Outcome,
+    Phase,
+    ServerConfig,
+)
+from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.store.schema import CREATE_V1, MIGRATIONS, SCHEMA_VERSION
+
+__all__ = ["Store", "open_store"]
+
+_TRIAL_COLUMNS = (
+    "id, sweep_id, seq, fingerprint, params, outcome, failure_class, evidence, phase, "
+    "phase_started, phase_seconds, instance, log_path, attempts, started_at, finished_at, "
+    "in_plan, adopted, launch_command"
+)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def open_store(path: str | Path, *, readonly: bool = False) -> Store:
+    """Open (and create or migrate) the results database at ``path``."""
+    return Store(Path(path), readonly=readonly)
+
+
+class Store:
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        try:
+            if readonly:
+                if not path.exists():
+                    raise StoreError(f"no results database at {path}")
+                self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(path, timeout=30)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA foreign_keys=ON")
+            if not readonly:
+                self._migrate()
+            else:
+                self._check_version()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open results database {path}: {exc}") from exc
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with self._db:
+                yield self._db
+        except sqlite3.Error as exc:
+            raise StoreError(f"results database {self.path}: {exc}") from exc
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return list(self._db.execute(sql, args))
+        except sqlite3.Error as exc:
+            raise StoreError(f"results database {self.path}: {exc}") from exc
+
+    def _version(self) -> int:
+        row = self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'"
+        ).fetchone()
+        if row is None:
+            return 0
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _check_version(self) -> None:
+        version = self._version()
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer servesweep (schema {version}, "
+                f"this one knows {SCHEMA_VERSION}); upgrade servesweep"
+            )
+
+    def _migrate(self) -> None:
+        self._check_version()
+        version = self._version()
+        with self._db:
+            if version == 0:
+                self._db.executescript(CREATE_V1)
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+                return
+            while version < SCHEMA_VERSION:
+                self._db.executescript(MIGRATIONS[version])
+                version += 1
+                self._db.execute(
+                    "UPDATE meta SET value=? WHERE key='schema_version'", (str(version),)
+                )
+
+    # -- sweeps ---------------------------------------------------------------------
+
+    @staticmethod
+    def _sweep(row: sqlite3.Row) -> SweepRecord:
+        return SweepRecord(
+            id=row["id"],
+            name=row["name"],
+            spec_path=row["spec_path"],
+            spec_text=row["spec_text"],
+            spec_hash=row["spec_hash"],
+            created_at=row["created_at"],
+            servesweep_version=row["servesweep_version"],
+            environment=json.loads(row["environment"]),
+            finished_at=row["finished_at"],
+        )
+
+    def create_sweep(
+        self, name: str, spec_path: str, spec_text: str, spec_hash: str, version: str
+    ) -> SweepRecord:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO sweeps(name, spec_path, spec_text, spec_hash, created_at, "
+                "servesweep_version) VALUES (?, ?, ?, ?, ?, ?)",
+                (name, spec_path, spec_text, spec_hash, time.time(), version),
+            )
+            sweep_id = cur.lastrowid
+        assert sweep_id is not None
+        return self.sweep(sweep_id)
+
+    def sweep(self, sweep_id: int) -> SweepRecord:
+        rows = self._query("SELECT * FROM sweeps WHERE id=?", (sweep_id,))
+        if not rows:
+            raise StoreError(f"no sweep with id {sweep_id} in {self.path}")
+        return self._sweep(rows[0])
+
+    def latest_sweep(self, name: str | None = None) -> SweepRecord | None:
+        if name is None:
+            rows = self._query("SELECT * FROM sweeps ORDER BY id DESC LIMIT 1")
+        else:
+            rows = self._query(
+                "SELECT * FROM sweeps WHERE name=? ORDER BY id DESC LIMIT 1", (name,)
+            )
+        return self._sweep(rows[0]) if rows else None
+
+    def sweeps(self) -> list[SweepRecord]:
+        return [self._sweep(r) for r in self._query("SELECT * FROM sweeps ORDER BY id")]
+
+    def update_sweep_spec(
+        self, sweep_id: int, spec_path: str, spec_text: str, spec_hash: str
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE sweeps SET spec_path=?, spec_text=?, spec_hash=?, finished_at=NULL "
+                "WHERE id=?",
+                (spec_path, spec_text, spec_hash, sweep_id),
+            )
+
+    def set_environment(self, sweep_id: int, environment: Mapping[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE sweeps SET environment=? WHERE id=?", (_dumps(dict(environment)), sweep_id)
+            )
+
+    def finish_sweep(self, sweep_id: int, at: float | None = None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE sweeps SET finished_at=? WHERE id=?", (at or time.time(), sweep_id))
+
+    # -- trials ---------------------------------------------------------------------
+
+    @staticmethod
+    def _trial(row: sqlite3.Row) -> TrialRecord:
+        evidence = json.loads(row["evidence"]) if row["evidence"] else None
+        instance = json.loads(row["instance"]) if row["instance"] else None
+        return TrialRecord(
+            id=row["id"],
+            sweep_id=row["sweep_id"],
+            seq=row["seq"],
+            fingerprint=row["fingerprint"],
+            params=json.loads(row["params"]),
+            outcome=Outcome(row["outcome"]),
+            failure_class=FailureClass(row["failure_class"]) if row["failure_class"] else None,
+            evidence=Evidence.from_dict(evidence) if evidence else None,
+            phase=Phase(row["phase"]) if row["phase"] else None,
+            phase_started=json.loads(row["phase_started"]),
+            phase_seconds=json.loads(row["phase_seconds"]),
+            instance=InstanceRecord.from_dict(instance) if instance else None,
+            log_path=row["log_path"],
+            attempts=row["attempts"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            in_plan=bool(row["in_plan"]),
+            adopted=bool(row["adopted"]),
+            launch_command=row["launch_command"],
+        )
+
+    def sync_trials(self, sweep_id: int, configs: Sequence[ServerConfig]) -> list[TrialRecord]:
+        """Make the stored trials match the plan: add new points, renumber, and mark
+        points that the sweep file no longer has as out of plan (history kept)."""
+        with self._tx() as db:
+            db.execute("UPDATE trials SET in_plan=0 WHERE sweep_id=?", (sweep_id,))
+            for seq, config in enumerate(configs):
+                db.execute(
+                    "INSERT INTO trials(sweep_id, seq, fingerprint, params) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(sweep_id, fingerprint) DO UPDATE SET seq=excluded.seq, "
+                    "in_plan=1",
+                    (sweep_id, seq, config.fingerprint, _dumps(dict(config.params))),
+                )
+        return self.trials(sweep_id, in_plan_only=True)
+
+    def trials(self, sweep_id: int, *, in_plan_only: bool = False) -> list[TrialRecord]:
+        sql = f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE sweep_id=?"
+        if in_plan_only:
+            sql += " AND in_plan=1"
+        return [
+            self._trial(r) for r in self._query(sql + " ORDER BY in_plan DESC, seq", (sweep_id,))
+        ]
+
+    def trial(self, trial_id: int) -> TrialRecord:
+        rows = self._query(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE id=?", (trial_id,))
+        if not rows:
+            raise StoreError(f"no trial with id {trial_id} in {self.path}")
+        return self._trial(rows[0])
+
+    def begin_attempt(self, trial_id: int, at: float, log_path: str | None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE trials SET outcome='running', attempts=attempts+1, failure_class=NULL, "
+                "evidence=NULL, phase=NULL, phase_started='{}', phase_seconds='{}', "
+                "started_at=?, finished_at=NULL, adopted=0, log_path=? WHERE id=?",
+                (at, log_path, trial_id),
+            )
+
+    def enter_phase(self, trial_id: int, phase: Phase, at: float) -> None:
+        """Record that a trial entered ``phase`` (and the duration of the phase before)."""
+        trial = self.trial(trial_id)
+        started = dict(trial.phase_started)
+        seconds = dict(trial.phase_seconds)
+        if trial.phase is not None and trial.phase.value in started:
+            seconds[trial.phase.value] = max(0.0, at - started[trial.phase.value])
+        started[phase.value] = at
+        with self._tx() as db:
+            db.execute(
+                "UPDATE trials SET phase=?, phase_started=?, phase_seconds=? WHERE id=?",
+                (phase.value, _dumps(started), _dumps(seconds), trial_id),
+            )
+
+    def set_phase_seconds(self, trial_id: int, phase: Phase, seconds: float) -> None:
+        """Override a phase's measured duration (e.g. ``load`` split out of ``ready``)."""
+        trial = self.trial(trial_id)
+        values = dict(trial.phase_seconds)
+        values[phase.value] = seconds
+        with self._tx() as db:
+            db.execute("UPDATE trials SET phase_seconds=? WHERE id=?", (_dumps(values), trial_id))
+
+    def set_instance(
+        self,
+        trial_id: int,
+        instance: InstanceRecord | None,
+        *,
+        live: bool = True,
+        launch_command: str | None = None,
+        adopted: bool = False,
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE trials SET instance=?, instance_live=?, adopted=?, "
+                "launch_command=COALESCE(?, launch_command) WHERE id=?",
+                (
+                    _dumps(instance.to_dict()) if instance else None,
+                    1 if (instance and live) else 0,
+                    1 if adopted else 0,
+                    launch_command,
+                    trial_id,
+                ),
+            )
+
+    def mark_instance_gone(self, trial_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE trials SET instance_live=0 WHERE id=?", (trial_id,))
+
+    def live_instances(self, sweep_id: int | None = None) -> list[TrialRecord]:
+        """Trials whose instance may still be running (recorded and not yet stopped)."""
+        sql = f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE instance_live=1"
+        args: tuple[Any, ...] = ()
+        if sweep_id is not None:
+            sql += " AND sweep_id=?"
+            args = (sweep_id,)
+        return [self._trial(r) for r in self._query(sql + " ORDER BY id", args)]
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        outcome: Outcome,
+        at: float,
+        *,
+        failure_class: FailureClass | None = None,
+        evidence: Evidence | None = None,
+    ) -> None:
+        trial = self.trial(trial_id)
+        seconds = dict(trial.phase_seconds)
+        if trial.phase is not None and trial.phase.value in trial.phase_started:
+            seconds[trial.phase.value] = max(0.0, at - trial.phase_started[trial.phase.value])
+        with self._tx() as db:
+            db.execute(
+                "UPDATE trials SET outcome=?, failure_class=?, evidence=?, phase_seconds=?, "
+                "finished_at=?, phase=? WHERE id=?",
+                (
+                    outcome.value,
+                    failure_class.value if failure_class else None,
+                    _dumps(evidence.to_dict()) if evidence else None,
+                    _dumps(seconds),
+                    at,
+                    Phase.DONE.value
+                    if outcome is Outcome.OK
+                    else (trial.phase.value if trial.phase else None),
+                    trial_id,
+                ),
+            )
+
+    def reset_trial(self, trial_id: int) -> None:
+        """Make a finished trial pending again (``--retry-failed``)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE trials SET outcome='pending', failure_class=NULL, evidence=NULL WHERE id=?",
+                (trial_id,),
+            )
+
+    # -- results --------------------------------------------------------------------
+
+    def add_result(self, trial_id: int, result: LevelResult) -> int:
+        trial = self.trial(trial_id)
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO results(trial_id, attempt, workload, level, repeat, metrics, info, "
+                "warnings, started_at, duration_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    trial_id,
+                    trial.attempts,
+                    result.workload,
+                    result.level,
+                    result.repeat,
+                    _dumps(dict(result.metrics)),
+                    _dumps(dict(result.info)),
+                    _dumps(list(result.warnings)),
+                    result.started_at,
+                    result.duration_s,
+                ),
+            )
+            result_id = cur.lastrowid
+            assert result_id is not None
+            db.executemany(
+                "INSERT INTO samples(result_id, idx, ok, error, scheduled_at, sent_at, "
+                "first_token_at, finished_at, prompt_tokens, completion_tokens, "
+                "reasoning_tokens, chunk_gaps, chunk_tokens) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        result_id,
+                        s.index,
+                        1 if s.ok else 0,
+                        s.error,
+                        s.scheduled_at,
+                        s.sent_at,
+                        s.first_token_at,
+                        s.finished_at,
+                        s.prompt_tokens,
+                        s.completion_tokens,
+                        s.reasoning_tokens,
+                        _dumps(list(s.chunk_gaps)),
+                        _dumps(list(s.chunk_tokens)),
+                    )
+                    for s in result.samples
+                ],
+            )
+            db.executemany(
+                "INSERT INTO eval_results(result_id, task_id, sample, status, message, seconds) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (result_id, e.task_id, e.sample, e.status, e.message, e.seconds)
+                    for e in result.eval_results
+                ],
+            )
+        return result_id
+
+    def results(self, trial_id: int, *, with_samples: bool = True) -> list[LevelResult]:
+        """The level results of a trial's latest attempt."""
+        rows = self._query(
+            "SELECT * FROM results WHERE trial_id=? AND attempt=(SELECT attempts FROM trials "
+            "WHERE id=?) ORDER BY id",
+            (trial_id, trial_id),
+        )
+        return [self._result(row, with_samples) for row in rows]
+
+    def _result(self, row: sqlite3.Row, with_samples: bool) -> LevelResult:
+        samples: tuple[RequestSample, ...] = ()
+        if with_samples:
+            samples = tuple(
+                RequestSample(
+                    index=s["idx"],
+                    ok=bool(s["ok"]),
+                    error=s["error"],
+                    scheduled_at=s["scheduled_at"],
+                    sent_at=s["sent_at"],
+                    first_token_at=s["first_token_at"],
+                    finished_at=s["finished_at"],
+                    prompt_tokens=s["prompt_tokens"],
+                    completion_tokens=s["completion_tokens"],
+                    reasoning_tokens=s["reasoning_tokens"],
+                    chunk_gaps=tuple(json.loads(s["chunk_gaps"])),
+                    chunk_tokens=tuple(json.loads(s["chunk_tokens"])),
+                )
+                for s in self._query(
+                    "SELECT * FROM samples WHERE result_id=? ORDER BY idx", (row["id"],)
+                )
+            )
+        evals = tuple(
+            EvalTaskResult(
+                task_id=e["task_id"],
+                sample=e["sample"],
+                status=e["status"],
+                message=e["message"],
+                seconds=e["seconds"],
+            )
+            for e in self._query(
+                "SELECT * FROM eval_results WHERE result_id=? ORDER BY rowid", (row["id"],)
+            )
+        )
+        return LevelResult(
+            workload=row["workload"],
+            level=row["level"],
+            repeat=row["repeat"],
+            metrics=json.loads(row["metrics"]),
+            samples=samples,
+            warnings=tuple(json.loads(row["warnings"])),
+            info=json.loads(row["info"]),
+            started_at=row["started_at"],
+            duration_s=row["duration_s"],
+            eval_results=evals,
+        )
+
+    def add_telemetry(self, points: Iterable[TelemetryPoint]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO telemetry(trial_id, t, gpu, used_bytes, utilization_pct, power_w) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (p.trial_id, p.t, p.gpu, p.used_bytes, p.utilization_pct, p.power_w)
+                    for p in points
+                ],
+            )
+
+    def telemetry(self, sweep_id: int) -> list[TelemetryPoint]:
+        rows = self._query(
+            "SELECT telemetry.* FROM telemetry JOIN trials ON trials.id=telemetry.trial_id "
+            "WHERE trials.sweep_id=? ORDER BY t",
+            (sweep_id,),
+        )
+        return [
+            TelemetryPoint(
+                trial_id=r["trial_id"],
+                t=r["t"],
+                gpu=r["gpu"],
+                used_bytes=r["used_bytes"],
+                utilization_pct=r["utilization_pct"],
+                power_w=r["power_w"],
+            )
+            for r in rows
+        ]
+
+    def add_event(
+        self, sweep_id: int, kind: str, data: Mapping[str, Any], trial_id: int | None = None
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO events(sweep_id, trial_id, t, kind, data) VALUES (?, ?, ?, ?, ?)",
+                (sweep_id, trial_id, time.time(), kind, _dumps(dict(data))),
+            )
+
+    # -- questions ------------------------------------------------------------------
+
+    def phase_history(self, name: str, *, exclude_sweep: int | None = None) -> dict[str, float]:
+        """Mean seconds per phase over ok trials of earlier sweeps with this name
+        (and of the current one), for duration estimates."""
+        rows = self._query(
+            "SELECT trials.phase_seconds FROM trials JOIN sweeps ON sweeps.id=trials.sweep_id "
+            "WHERE sweeps.name=? AND trials.outcome='ok' AND (? IS NULL OR sweeps.id != ?)",
+            (name, exclude_sweep, exclude_sweep),
+        )
+        values: dict[str, list[float]] = {}
+        for row in rows:
+            for phase, seconds in json.loads(row["phase_seconds"]).items():
+                values.setdefault(phase, []).append(float(seconds))
+        return {phase: statistics.fmean(v) for phase, v in values.items() if v}
+
+    def load_sweep_data(
+        self, sweep_id: int | None = None, name: str | None = None, *, with_samples: bool = True
+    ) -> SweepData:
+        """Everything a report needs about one sweep (latest one when none is named)."""
+        if sweep_id is not None:
+            sweep = self.sweep(sweep_id)
+        else:
+            found = self.latest_sweep(name)
+            if found is None:
+                what = f"named {name!r} " if name else ""
+                raise StoreError(f"no sweep {what}in {self.path}")
+            sweep = found
+        trials = self.trials(sweep.id)
+        results = {t.id: tuple(self.results(t.id, with_samples=with_samples)) for t in trials}
+        objective: dict[str, Any] | None = None
+        constraints: tuple[str, ...] = ()
+        try:
+            from servesweep.spec.load import load_sweep_text
+
+            spec = load_sweep_text(sweep.spec_text, sweep.spec_path).spec
+            if spec.objective is not None:
+                objective = spec.objective.model_dump(exclude_none=True)
+            constraints = tuple(spec.constraints)
+        except (ImportError, ServesweepError):
+            pass  # an old or hand-edited sweep file must not block a report
+        return SweepData(
+            sweep=sweep,
+            trials=tuple(trials),
+            results=results,
+            telemetry=tuple(self.telemetry(sweep.id)),
+            objective=objective,
+            constraints=constraints,
+        )

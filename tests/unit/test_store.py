@@ -1,0 +1,163 @@
+"""The SQLite store: state changes are committed, resume-relevant questions answered."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from servesweep.bench.results import EvalTaskResult, LevelResult, RequestSample
+from servesweep.errors import StoreError
+from servesweep.models import (
+    Evidence,
+    FailureClass,
+    GpuHolder,
+    InstanceRecord,
+    Outcome,
+    Phase,
+    ServerConfig,
+)
+from servesweep.store import TelemetryPoint, open_store
+
+
+def _configs(*budgets: int) -> list[ServerConfig]:
+    return [ServerConfig.of({"budget": b, "topk": 4}) for b in budgets]
+
+
+def test_create_and_sync_trials(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    trials = store.sync_trials(sweep.id, _configs(4, 8))
+    assert [t.params["budget"] for t in trials] == [4, 8]
+    assert all(t.outcome is Outcome.PENDING for t in trials)
+    # an edited grid keeps history and adds new points
+    trials = store.sync_trials(sweep.id, _configs(8, 16))
+    assert [t.params["budget"] for t in trials] == [8, 16]
+    everything = store.trials(sweep.id)
+    assert {t.params["budget"]: t.in_plan for t in everything} == {4: False, 8: True, 16: True}
+
+
+def test_phases_outcome_and_evidence_survive_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(path)
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    (trial,) = store.sync_trials(sweep.id, _configs(4))
+    store.begin_attempt(trial.id, 100.0, "runs/1/server.log")
+    store.enter_phase(trial.id, Phase.STOP, 100.0)
+    store.enter_phase(trial.id, Phase.RELEASE, 101.5)
+    store.enter_phase(trial.id, Phase.START, 104.0)
+    evidence = Evidence(
+        message="memory not released",
+        gpu_holders=(GpuHolder(pid=7, used_bytes=2**30, name="python"),),
+        log_tail=("a", "b"),
+    )
+    store.finish_trial(
+        trial.id, Outcome.FAILED, 104.5, failure_class=FailureClass.GPU_BUSY, evidence=evidence
+    )
+    store.close()
+
+    again = open_store(path)
+    got = again.trial(trial.id)
+    assert got.outcome is Outcome.FAILED
+    assert got.failure_class is FailureClass.GPU_BUSY
+    assert got.evidence == evidence
+    assert got.phase_seconds == {"stop": 1.5, "release": 2.5, "start": 0.5}
+    assert got.attempts == 1
+
+
+def test_results_of_latest_attempt_only(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    (trial,) = store.sync_trials(sweep.id, _configs(4))
+    sample = RequestSample(
+        index=0,
+        ok=True,
+        sent_at=0.0,
+        first_token_at=0.1,
+        finished_at=0.5,
+        completion_tokens=5,
+        chunk_gaps=(0.1, 0.1),
+        chunk_tokens=(1, 2, 2),
+    )
+    store.begin_attempt(trial.id, 1.0, None)
+    store.add_result(trial.id, LevelResult("chat", "c1", 0, {"ttft_p99_ms": 100.0}, (sample,)))
+    store.begin_attempt(trial.id, 2.0, None)
+    result = LevelResult(
+        "coding",
+        "eval",
+        0,
+        {"pass_rate": 0.5},
+        eval_results=(EvalTaskResult("t1", 0, "pass"), EvalTaskResult("t2", 0, "fail", "boom")),
+    )
+    store.add_result(trial.id, result)
+    (got,) = store.results(trial.id)
+    assert got.workload == "coding"
+    assert got.metrics == {"pass_rate": 0.5}
+    assert [e.status for e in got.eval_results] == ["pass", "fail"]
+
+
+def test_samples_round_trip(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    (trial,) = store.sync_trials(sweep.id, _configs(4))
+    store.begin_attempt(trial.id, 1.0, None)
+    sample = RequestSample(
+        index=3, ok=False, error="http_500", sent_at=0.25, chunk_gaps=(0.01,), chunk_tokens=(3,)
+    )
+    store.add_result(trial.id, LevelResult("chat", "c8", 1, {"failed": 1.0}, (sample,)))
+    (got,) = store.results(trial.id)
+    assert got.samples == (sample,)
+    assert got.repeat == 1
+
+
+def test_live_instances_and_history(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    a, b = store.sync_trials(sweep.id, _configs(4, 8))
+    inst = InstanceRecord(launcher="subprocess", pids=(123,), pgid=123, port=8000, gpus=(0,))
+    store.begin_attempt(a.id, 0.0, None)
+    store.set_instance(a.id, inst, launch_command="sim --budget 4")
+    assert [t.id for t in store.live_instances(sweep.id)] == [a.id]
+    assert store.trial(a.id).instance == inst
+    store.mark_instance_gone(a.id)
+    assert store.live_instances(sweep.id) == []
+    store.enter_phase(a.id, Phase.LOAD, 10.0)
+    store.finish_trial(a.id, Outcome.OK, 14.0)
+    assert store.phase_history("demo") == {"load": 4.0}
+    assert store.trial(a.id).phase is Phase.DONE
+
+
+def test_telemetry_and_sweep_data(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    (trial,) = store.sync_trials(sweep.id, _configs(4))
+    store.add_telemetry([TelemetryPoint(trial.id, 5.0, 0, 2**30, 50.0, 300.0)])
+    data = store.load_sweep_data(name="demo")
+    assert data.sweep.id == sweep.id
+    assert data.telemetry[0].used_bytes == 2**30
+    with pytest.raises(StoreError, match="no sweep named 'other'"):
+        store.load_sweep_data(name="other")
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    open_store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="newer servesweep"):
+        open_store(path)
+
+
+def test_readonly_missing_database(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no results database"):
+        open_store(tmp_path / "missing.db", readonly=True)
+
+
+def test_garbage_file_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="cannot open results database"):
+        open_store(path)
