@@ -13,8 +13,8 @@ from enum import Enum
 from typing import Any
 
 __all__ = [
-    "FailureClass",
     "Evidence",
+    "FailureClass",
     "GpuHolder",
     "GpuState",
     "InstanceRecord",

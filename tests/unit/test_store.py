@@ -114,7 +114,7 @@ def test_samples_round_trip(tmp_path: Path) -> None:
 def test_live_instances_and_history(tmp_path: Path) -> None:
     store = open_store(tmp_path / "s.db")
     sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
-    a, b = store.sync_trials(sweep.id, _configs(4, 8))
+    a, _b = store.sync_trials(sweep.id, _configs(4, 8))
     inst = InstanceRecord(launcher="subprocess", pids=(123,), pgid=123, port=8000, gpus=(0,))
     store.begin_attempt(a.id, 0.0, None)
     store.set_instance(a.id, inst, launch_command="sim --budget 4")

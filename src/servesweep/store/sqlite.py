@@ -332,6 +332,10 @@ class Store:
         seconds = dict(trial.phase_seconds)
         if trial.phase is not None and trial.phase.value in trial.phase_started:
             seconds[trial.phase.value] = max(0.0, at - trial.phase_started[trial.phase.value])
+        if outcome is Outcome.OK:
+            last_phase: str | None = Phase.DONE.value
+        else:
+            last_phase = trial.phase.value if trial.phase else None
         with self._tx() as db:
             db.execute(
                 "UPDATE trials SET outcome=?, failure_class=?, evidence=?, phase_seconds=?, "
@@ -342,9 +346,7 @@ class Store:
                     _dumps(evidence.to_dict()) if evidence else None,
                     _dumps(seconds),
                     at,
-                    Phase.DONE.value
-                    if outcome is Outcome.OK
-                    else (trial.phase.value if trial.phase else None),
+                    last_phase,
                     trial_id,
                 ),
             )
