@@ -8,6 +8,7 @@ the report reads :class:`Objective`. Durations accept ``30``, ``"30s"``, ``"5m"`
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -47,14 +48,20 @@ _SIZE_UNITS = {
 }
 
 
+def _seconds(seconds: float, value: Any) -> float:
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '30s', '5m', '1h30m')")
+    if seconds < 0:
+        raise ValueError(f"duration must not be negative: {value!r}")
+    return seconds
+
+
 def parse_duration(value: Any) -> float:
     """Seconds from a number or a string like ``"5m"``, ``"1h30m"``, ``"250ms"``."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"duration must not be negative: {value!r}")
-        return float(value)
+        return _seconds(float(value), value)
     if isinstance(value, str):
         text = value.strip().lower()
         try:
@@ -62,9 +69,7 @@ def parse_duration(value: Any) -> float:
         except ValueError:
             pass
         else:
-            if seconds < 0:
-                raise ValueError(f"duration must not be negative: {value!r}")
-            return seconds
+            return _seconds(seconds, value)
         pos = 0
         total = 0.0
         for match in _DURATION_PART.finditer(text):

@@ -1,0 +1,377 @@
+"""Metric references, constraints and the objective.
+
+A metric reference names one number measured for a trial:
+
+- ``WORKLOAD.LEVEL.METRIC``: one load level of a workload, e.g. ``chat.c1.ttft_p99_ms``
+  or ``chat.r2.5.output_throughput`` (levels are ``c<concurrency>`` or ``r<rate>``,
+  see :func:`servesweep.models.level_label`; a rate label may contain a dot);
+- ``WORKLOAD.METRIC``: an eval workload (``coding.pass_rate``), or a load workload
+  with exactly one level;
+- ``METRIC``: a trial metric, the seconds a lifecycle phase took (``load_s``...).
+
+A constraint is ``REF OP NUMBER`` with OP one of ``< <= > >= == !=``:
+``chat.c1.ttft_p99_ms < 500``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from servesweep.errors import ConfigError
+from servesweep.models import level_label, parse_level
+from servesweep.spec.schema import SweepSpec, WorkloadSpec
+
+__all__ = [
+    "EVAL_METRICS",
+    "LEVEL_METRICS",
+    "OPERATORS",
+    "TRIAL_METRICS",
+    "Constraint",
+    "MetricRef",
+    "objective_direction",
+    "parse_constraint",
+    "parse_metric_ref",
+    "resolve_objective",
+    "validate_constraints",
+    "validate_ref",
+    "workload_levels",
+]
+
+_LATENCIES = ("ttft", "tpot", "itl", "e2e", "chunk_gap")
+_STATS = ("mean", "median", "p90", "p99", "max")
+
+LEVEL_METRICS: frozenset[str] = frozenset(
+    {
+        "completed",
+        "failed",
+        "error_rate",
+        "duration_s",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "input_throughput",
+        "goodput",
+        "concurrency_mean",
+        "tokens_per_chunk_mean",
+        "acceptance_length",
+        "schedule_lag_p99_ms",
+        "loop_lag_p99_ms",
+        "achieved_rate",
+        "prompt_tokens_mean",
+        "completion_tokens_mean",
+        "gpu_mem_used_max_mib",
+        "gpu_util_mean_pct",
+        "gpu_power_mean_w",
+    }
+    | {f"{m}_{s}_ms" for m in _LATENCIES for s in _STATS}
+)
+"""Metrics the load generator produces for every load level."""
+
+EVAL_METRICS: frozenset[str] = frozenset({"pass_rate", "passed", "total"})
+"""Metrics of an eval workload (no level)."""
+
+TRIAL_METRICS: frozenset[str] = frozenset(
+    {"stop_s", "release_s", "start_s", "load_s", "ready_s", "bench_s"}
+)
+"""Seconds each lifecycle phase of a trial took."""
+
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_-]*"
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_LEVEL = rf"c\d+|r(?:{_NUMBER}|inf)"
+_REF = re.compile(
+    rf"^(?:(?P<workload>{_NAME})\.)?(?:(?P<level>{_LEVEL})\.)?(?P<metric>[A-Za-z_][A-Za-z0-9_]*)$"
+)
+_CONSTRAINT = re.compile(
+    r"^\s*(?P<ref>[^\s<>=!]+)\s*(?P<op><=|>=|==|!=|<|>)\s*(?P<value>[-+]?[^\s]+)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class MetricRef:
+    """A reference to one metric: ``workload.level.metric`` with optional parts."""
+
+    workload: str | None
+    level: str | None
+    metric: str
+    text: str
+    """As the user wrote it."""
+
+    @property
+    def key(self) -> str:
+        """The canonical text: ``chat.c1.ttft_p99_ms``."""
+        return ".".join(p for p in (self.workload, self.level, self.metric) if p)
+
+    @property
+    def is_trial_metric(self) -> bool:
+        return self.workload is None and self.metric in TRIAL_METRICS
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def parse_metric_ref(text: str) -> MetricRef:
+    """Parse ``WORKLOAD.LEVEL.METRIC``, ``WORKLOAD.METRIC`` or ``METRIC`` (syntax only).
+
+    The level is normalised (``r2.50`` -> ``r2.5``, ``c08`` -> ``c8``).
+    Use :func:`validate_ref` to check it against a sweep.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"not a metric reference: {text!r}")
+    stripped = text.strip()
+    match = _REF.match(stripped)
+    if match is None:
+        raise ConfigError(
+            f"not a metric reference: {text!r} "
+            "(use WORKLOAD.LEVEL.METRIC like 'chat.c1.ttft_p99_ms', or WORKLOAD.METRIC)"
+        )
+    workload, level, metric = match.group("workload", "level", "metric")
+    if level is not None:
+        try:
+            concurrency, rate = parse_level(level)
+        except ValueError:
+            raise ConfigError(f"not a load level in {text!r}: {level!r}") from None
+        level = level_label(concurrency, rate)
+    return MetricRef(workload=workload, level=level, metric=metric, text=stripped)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``REF OP NUMBER``: a condition a trial must meet to be a candidate for best."""
+
+    ref: MetricRef
+    op: str
+    value: float
+    text: str
+
+    def check(self, value: float | None) -> bool | None:
+        """Whether a measured value satisfies the constraint; None when it is missing."""
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        return OPERATORS[self.op](float(value), self.value)
+
+    def __str__(self) -> str:
+        return f"{self.ref.key} {self.op} {self.value:g}"
+
+
+def parse_constraint(text: str) -> Constraint:
+    """Parse ``REF OP NUMBER`` (syntax only; see :func:`validate_constraints`)."""
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"a constraint must be a string like 'chat.c1.ttft_p99_ms < 500', got {text!r}"
+        )
+    match = _CONSTRAINT.match(text)
+    if match is None:
+        raise ConfigError(
+            f"not a constraint: {text!r} (use 'REF OP NUMBER' with OP one of "
+            "< <= > >= == !=, e.g. 'chat.c1.ttft_p99_ms < 500')"
+        )
+    raw = match.group("value")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"constraint {text!r}: not a number: {raw!r}") from None
+    if math.isnan(value):
+        raise ConfigError(f"constraint {text!r}: not a number: {raw!r}")
+    ref = parse_metric_ref(match.group("ref"))
+    return Constraint(ref=ref, op=match.group("op"), value=value, text=text.strip())
+
+
+def workload_levels(workload: WorkloadSpec) -> tuple[str, ...]:
+    """The level labels of a workload in run order (``()`` for an eval)."""
+    if workload.is_eval:
+        return ()
+    if workload.rate:
+        return tuple(dict.fromkeys(level_label(rate=r) for r in workload.rate))
+    return tuple(dict.fromkeys(level_label(concurrency=c) for c in workload.concurrency or [1]))
+
+
+def _suggest(word: str, options: Iterable[str]) -> str:
+    match = difflib.get_close_matches(word, sorted(options), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
+    """Check that a reference names a workload, level and metric of this sweep.
+
+    Returns the reference with the level filled in where the workload has exactly
+    one. Raises ConfigError (without file or key; the caller adds them).
+    """
+    if ref.workload is None:
+        if ref.level is None and ref.metric in TRIAL_METRICS:
+            return ref
+        if ref.metric in LEVEL_METRICS or ref.metric in EVAL_METRICS:
+            first = spec.workloads[0]
+            levels = workload_levels(first)
+            example = (
+                f"{first.name}.{levels[0]}.{ref.metric}" if levels else f"{first.name}.{ref.metric}"
+            )
+            raise ConfigError(f"{ref.text!r} does not say which workload: write e.g. {example!r}")
+        names = {w.name for w in spec.workloads}
+        hint = _suggest(ref.metric, TRIAL_METRICS | names)
+        raise ConfigError(
+            f"unknown metric {ref.text!r}{hint} (use WORKLOAD.LEVEL.METRIC, WORKLOAD.METRIC "
+            f"or a trial metric: {', '.join(sorted(TRIAL_METRICS))})"
+        )
+    workloads = {w.name: w for w in spec.workloads}
+    workload = workloads.get(ref.workload)
+    if workload is None:
+        hint = _suggest(ref.workload, workloads)
+        raise ConfigError(
+            f"{ref.text!r} names unknown workload {ref.workload!r}{hint} "
+            f"(workloads: {', '.join(workloads)})"
+        )
+    if workload.is_eval:
+        if ref.metric not in EVAL_METRICS:
+            hint = _suggest(ref.metric, EVAL_METRICS)
+            raise ConfigError(
+                f"{ref.text!r}: {ref.metric!r} is not a metric of eval workload "
+                f"{workload.name!r}{hint} (eval metrics: {', '.join(sorted(EVAL_METRICS))})"
+            )
+        if ref.level is not None:
+            raise ConfigError(
+                f"{ref.text!r}: eval workload {workload.name!r} has no load levels; "
+                f"write {workload.name}.{ref.metric}"
+            )
+        return ref
+    levels = workload_levels(workload)
+    if ref.metric not in LEVEL_METRICS:
+        if ref.level is None and re.fullmatch(_LEVEL, ref.metric):
+            raise ConfigError(
+                f"{ref.text!r} names a level but no metric: "
+                f"write e.g. '{ref.text}.output_throughput'"
+            )
+        hint = _suggest(ref.metric, LEVEL_METRICS)
+        raise ConfigError(
+            f"{ref.text!r}: unknown metric {ref.metric!r}{hint} "
+            "(see docs/sweep-file.md for the catalog)"
+        )
+    if ref.level is None:
+        if len(levels) == 1:
+            return replace(ref, level=levels[0])
+        raise ConfigError(
+            f"{ref.text!r}: workload {workload.name!r} has {len(levels)} levels "
+            f"({', '.join(levels)}); name one, e.g. {workload.name}.{levels[0]}.{ref.metric}"
+        )
+    if ref.level not in levels:
+        raise ConfigError(
+            f"{ref.text!r}: workload {workload.name!r} has no level {ref.level!r} "
+            f"(levels: {', '.join(levels)})"
+        )
+    return ref
+
+
+def validate_constraints(spec: SweepSpec) -> tuple[Constraint, ...]:
+    """Parse and check every constraint of the sweep; the error names the constraint
+    (key ``constraints.N``)."""
+    out: list[Constraint] = []
+    for index, text in enumerate(spec.constraints):
+        key = f"constraints.{index}"
+        try:
+            constraint = parse_constraint(text)
+            ref = validate_ref(constraint.ref, spec)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key=key) from None
+        out.append(replace(constraint, ref=ref))
+    return tuple(out)
+
+
+def objective_direction(spec: SweepSpec) -> Literal["max", "min"]:
+    """``max`` or ``min``; ``max`` when the sweep file has no objective."""
+    return spec.objective.direction if spec.objective else "max"
+
+
+def _default_objective(spec: SweepSpec) -> MetricRef:
+    for workload in spec.workloads:
+        levels = workload_levels(workload)
+        if levels:
+            text = f"{workload.name}.{levels[0]}.output_throughput"
+            return MetricRef(workload.name, levels[0], "output_throughput", text)
+    first = spec.workloads[0]
+    return MetricRef(first.name, None, "pass_rate", f"{first.name}.pass_rate")
+
+
+def resolve_objective(spec: SweepSpec) -> MetricRef:
+    """The metric the objective optimises, as a full reference.
+
+    ``maximize``/``minimize`` may be a full reference or a bare metric; a bare level
+    metric takes its workload from ``objective.workload`` (default: the first
+    workload) and its level from ``concurrency`` or ``rate`` (default: the
+    workload's first level). Without an objective: the first load workload's first
+    level's ``output_throughput`` (or the first eval's ``pass_rate``), maximised.
+    """
+    objective = spec.objective
+    if objective is None:
+        return _default_objective(spec)
+    field = "objective.maximize" if objective.maximize is not None else "objective.minimize"
+    try:
+        ref = parse_metric_ref(objective.metric)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key=field) from None
+    parts_given = (
+        objective.workload is not None
+        or objective.concurrency is not None
+        or objective.rate is not None
+    )
+    if objective.concurrency is not None and objective.rate is not None:
+        raise ConfigError("give either 'concurrency' or 'rate', not both", key="objective")
+    if ref.workload is not None or ref.is_trial_metric:
+        if parts_given:
+            what = "a full reference" if ref.workload else "a trial metric"
+            raise ConfigError(
+                f"{objective.metric!r} is {what}; drop objective.workload/concurrency/rate",
+                key="objective",
+            )
+        try:
+            return validate_ref(ref, spec)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key=field) from None
+    workloads = {w.name: w for w in spec.workloads}
+    name = objective.workload or spec.workloads[0].name
+    workload = workloads.get(name)
+    if workload is None:
+        hint = _suggest(name, workloads)
+        raise ConfigError(
+            f"unknown workload {name!r}{hint} (workloads: {', '.join(workloads)})",
+            key="objective.workload",
+        )
+    level: str | None = None
+    level_key = "objective"
+    if objective.concurrency is not None:
+        level = level_label(concurrency=objective.concurrency)
+        level_key = "objective.concurrency"
+    elif objective.rate is not None:
+        level = level_label(rate=objective.rate)
+        level_key = "objective.rate"
+    if workload.is_eval:
+        if level is not None:
+            raise ConfigError(f"eval workload {name!r} has no load levels", key=level_key)
+        full = MetricRef(name, None, ref.metric, objective.metric)
+    else:
+        levels = workload_levels(workload)
+        if level is None:
+            level = levels[0]
+        elif level not in levels:
+            raise ConfigError(
+                f"workload {name!r} has no level {level!r} (levels: {', '.join(levels)})",
+                key=level_key,
+            )
+        full = MetricRef(name, level, ref.metric, objective.metric)
+    try:
+        return validate_ref(full, spec)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key=field) from None

@@ -1,0 +1,221 @@
+"""Expand the ``params`` section of a sweep file into server configs.
+
+Order: the grid's product in the order the keys are written (the last key varies
+fastest), each combined with every row of ``zip`` when both are given
+(``grid × zip``), or the zip rows alone; then the explicit ``points`` in order.
+Then ``exclude`` removes configs (an exclusion matches a config when every one of
+its keys matches; ``a-b`` and ``a_b`` are the same key), ``when`` keeps only the
+configs where every expression holds, and duplicates (same fingerprint) are
+dropped, the first kept. A sweep without params has one config: the defaults.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servesweep.errors import ConfigError
+from servesweep.models import ServerConfig
+from servesweep.spec.schema import ParamsSpec, SweepSpec
+from servesweep.spec.when import WhenExpr, compile_when
+
+__all__ = [
+    "MAX_CONFIGS",
+    "Expansion",
+    "expand_configs",
+    "expand_params",
+    "param_key",
+    "param_names",
+    "same_value",
+]
+
+MAX_CONFIGS = 100_000
+"""More candidate configs than this is a mistake in the sweep file, not a plan."""
+
+
+def param_key(name: str) -> str:
+    """The dash/underscore-blind form of a param name (``a_b`` -> ``a-b``)."""
+    return name.replace("_", "-")
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equality of param values that does not confuse ``True`` with ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        ka = {param_key(str(k)): v for k, v in a.items()}
+        kb = {param_key(str(k)): v for k, v in b.items()}
+        return ka.keys() == kb.keys() and all(same_value(ka[k], kb[k]) for k in ka)
+    return bool(a == b)
+
+
+def param_names(params: ParamsSpec) -> tuple[str, ...]:
+    """Every param name the sweep varies, as first written: grid, zip, then points."""
+    seen: dict[str, str] = {}
+    sources: list[Sequence[str]] = [list(params.grid), list(params.zip)]
+    sources += [list(point) for point in params.points]
+    for names in sources:
+        for name in names:
+            seen.setdefault(param_key(name), name)
+    return tuple(seen.values())
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The configs of a sweep and how many candidates each step removed."""
+
+    configs: tuple[ServerConfig, ...]
+    candidates: int
+    excluded: int
+    filtered: int
+    """Removed by ``when``."""
+    duplicates: int
+
+
+def _check_unique(names: Sequence[str], key: str) -> None:
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(param_key(name), name)
+        if other != name:
+            raise ConfigError(
+                f"param {name!r} is the same as {other!r} (dashes and underscores are equal)",
+                key=f"{key}.{name}",
+            )
+
+
+def _check_sections(params: ParamsSpec) -> None:
+    _check_unique(list(params.grid), "params.grid")
+    _check_unique(list(params.zip), "params.zip")
+    for name, values in params.grid.items():
+        if not values:
+            raise ConfigError("empty list: give at least one value", key=f"params.grid.{name}")
+    grid_keys = {param_key(n): n for n in params.grid}
+    lengths = {name: len(values) for name, values in params.zip.items()}
+    for name, values in params.zip.items():
+        if param_key(name) in grid_keys:
+            raise ConfigError(
+                f"param {name!r} is both in grid and in zip; keep it in one",
+                key=f"params.zip.{name}",
+            )
+        if not values:
+            raise ConfigError("empty list: give at least one value", key=f"params.zip.{name}")
+    if len(set(lengths.values())) > 1:
+        first = next(iter(lengths))
+        for name, length in lengths.items():
+            if length != lengths[first]:
+                raise ConfigError(
+                    f"zip lists must have equal lengths: {name!r} has {length} values, "
+                    f"{first!r} has {lengths[first]}",
+                    key=f"params.zip.{name}",
+                )
+    for index, point in enumerate(params.points):
+        _check_unique(list(point), f"params.points.{index}")
+    known = {param_key(n) for n in param_names(params)}
+    for index, exclusion in enumerate(params.exclude):
+        key = f"params.exclude.{index}"
+        if not exclusion:
+            raise ConfigError("an empty exclusion would remove every config", key=key)
+        for name in exclusion:
+            if param_key(name) not in known:
+                raise ConfigError(_unknown_param(name, params), key=f"{key}.{name}")
+    size = math.prod(len(v) for v in params.grid.values()) * max(lengths.values(), default=1)
+    if size + len(params.points) > MAX_CONFIGS:
+        raise ConfigError(
+            f"the params expand to {size + len(params.points)} configs "
+            f"(more than {MAX_CONFIGS}); sweep fewer values or use 'points'",
+            key="params",
+        )
+
+
+def _unknown_param(name: str, params: ParamsSpec) -> str:
+    import difflib
+
+    names = param_names(params)
+    hint = difflib.get_close_matches(name, list(names), n=1)
+    if hint:
+        return f"unknown param {name!r} (did you mean {hint[0]!r}?)"
+    listed = ", ".join(names) or "none"
+    return f"unknown param {name!r} (swept params: {listed})"
+
+
+def compile_whens(params: ParamsSpec) -> tuple[WhenExpr, ...]:
+    """Parse every ``when`` expression; errors carry the key ``params.when.N``."""
+    names = frozenset(param_names(params))
+    out = []
+    for index, text in enumerate(params.when):
+        try:
+            out.append(compile_when(text, names))
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key=f"params.when.{index}") from None
+    return tuple(out)
+
+
+def _candidates(params: ParamsSpec) -> Iterator[dict[str, Any]]:
+    grid_names = list(params.grid)
+    zip_names = list(params.zip)
+    zip_rows = [
+        dict(zip(zip_names, row, strict=True)) for row in zip(*params.zip.values(), strict=True)
+    ]
+    if grid_names or zip_rows:
+        for combo in itertools.product(*params.grid.values()):
+            base = dict(zip(grid_names, combo, strict=True))
+            for row in zip_rows or [{}]:
+                yield {**base, **row}
+    elif not params.points:
+        yield {}
+    for point in params.points:
+        yield dict(point)
+
+
+def _excluded(config: Mapping[str, Any], exclusions: Sequence[Mapping[str, Any]]) -> bool:
+    norm = {param_key(k): v for k, v in config.items()}
+    for exclusion in exclusions:
+        if all(
+            param_key(k) in norm and same_value(norm[param_key(k)], v) for k, v in exclusion.items()
+        ):
+            return True
+    return False
+
+
+def expand_params(params: ParamsSpec) -> Expansion:
+    """Expand params into configs, with counts of what each step removed."""
+    _check_sections(params)
+    whens = compile_whens(params)
+    configs: list[ServerConfig] = []
+    seen: set[str] = set()
+    candidates = excluded = filtered = duplicates = 0
+    for values in _candidates(params):
+        candidates += 1
+        if _excluded(values, params.exclude):
+            excluded += 1
+            continue
+        if not _holds(whens, values):
+            filtered += 1
+            continue
+        config = ServerConfig.of(values)
+        if config.fingerprint in seen:
+            duplicates += 1
+            continue
+        seen.add(config.fingerprint)
+        configs.append(config)
+    return Expansion(tuple(configs), candidates, excluded, filtered, duplicates)
+
+
+def _holds(whens: Sequence[WhenExpr], values: Mapping[str, Any]) -> bool:
+    for index, expr in enumerate(whens):
+        try:
+            if not expr.evaluate(values):
+                return False
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key=f"params.when.{index}") from None
+    return True
+
+
+def expand_configs(spec: SweepSpec) -> list[ServerConfig]:
+    """The sweep's server configs in run order (see the module docstring)."""
+    return list(expand_params(spec.params).configs)

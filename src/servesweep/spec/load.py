@@ -1,0 +1,282 @@
+"""Load a sweep file: read it, parse the YAML, validate it, check it.
+
+Every mistake is one :class:`~servesweep.errors.ConfigError` whose ``str()`` is a
+single line naming the file, the line where it is known, and the key::
+
+    sweep.yaml:7: server.timeouts.release: not a duration: '5 minutes' (use seconds or e.g.
+    '30s', '5m', '1h30m')
+
+(wrapped here; the message itself is one line).
+
+Pydantic's and PyYAML's exceptions never leave this module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from servesweep.errors import ConfigError
+from servesweep.spec.check import check_spec
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.source import read_yaml
+
+__all__ = ["MAX_FILE_BYTES", "LoadedSweep", "load_sweep", "load_sweep_text"]
+
+MAX_FILE_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class LoadedSweep:
+    """A validated sweep file and where it came from."""
+
+    spec: SweepSpec
+    path: Path | None
+    text: str
+    spec_hash: str
+    """sha256 (hex) of the text."""
+    lines: Mapping[str, int]
+    """Dotted key path (``server.timeouts.release``, ``workloads.0.name``) -> 1-based line."""
+
+    @property
+    def name(self) -> str:
+        return str(self.path) if self.path is not None else "<string>"
+
+    def line_of(self, key: str) -> int | None:
+        """The line of a key, or of the closest enclosing key that is written."""
+        return _line_of(self.lines, key)
+
+    def error(self, message: str, key: str | None = None) -> ConfigError:
+        """A ConfigError about this file (for checks made by other layers)."""
+        line = self.line_of(key) if key else None
+        return ConfigError(message, file=self.name, line=line, key=key)
+
+
+def _line_of(lines: Mapping[str, int], key: str | None) -> int | None:
+    parts = key.split(".") if key else []
+    while parts:
+        line = lines.get(".".join(parts))
+        if line is not None:
+            return line
+        parts.pop()
+    return None
+
+
+def load_sweep(path: str | Path) -> LoadedSweep:
+    """Read and validate a sweep file; raises ConfigError (one line) on any mistake."""
+    path = Path(path)
+    name = str(path)
+    try:
+        if path.is_dir():
+            raise ConfigError("is a directory, not a sweep file", file=name)
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"file is {size} bytes; a sweep file is at most {MAX_FILE_BYTES}", file=name
+            )
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=name) from None
+    except PermissionError:
+        raise ConfigError("permission denied: cannot read the file", file=name) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8",
+            file=name,
+            line=line,
+        ) from None
+    return _load(text, name, path)
+
+
+def load_sweep_text(text: str, name: str = "<string>") -> LoadedSweep:
+    """Validate sweep-file text; ``name`` is what errors call the file."""
+    return _load(text, name, None)
+
+
+def _load(text: str, name: str, path: Path | None) -> LoadedSweep:
+    source = read_yaml(text.lstrip("\ufeff"), name)
+    lines = types.MappingProxyType(dict(source.lines))
+    data = source.data
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"the top level must be a mapping (name:, server:, params:, workloads:...), "
+            f"got {_kind(data)}",
+            file=name,
+            line=lines.get(""),
+        )
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _translate(exc, data, name, lines) from None
+    try:
+        check_spec(spec)
+    except ConfigError as exc:
+        raise ConfigError(
+            exc.message, file=name, line=_line_of(lines, exc.key), key=exc.key
+        ) from None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return LoadedSweep(spec=spec, path=path, text=text, spec_hash=digest, lines=lines)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"a boolean ({value!r})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({_short(value)})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---- pydantic errors -> one line ------------------------------------------------
+
+
+def _existing_prefix(data: Any, loc: Sequence[int | str]) -> list[int | str]:
+    """The longest prefix of ``loc`` that names something present in ``data``."""
+    out: list[int | str] = []
+    node = data
+    for part in loc:
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_dict or in_list):
+            break
+        node = node[part]
+        out.append(part)
+    return out
+
+
+def _unwrap(tp: Any) -> Any:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else tp
+    return tp
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    tp: Any = SweepSpec
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(str(part))
+            if field is None:
+                return None
+            tp = field.annotation
+        elif get_origin(tp) in (list, dict):
+            tp = get_args(tp)[-1]
+        else:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unknown_key(key: str, parent: Sequence[int | str]) -> str:
+    model = _model_at(parent)
+    if model is None:
+        return "unknown key"
+    fields = list(model.model_fields)
+    close = difflib.get_close_matches(key.replace("-", "_"), fields, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key {key!r} (did you mean {close[0]!r}?)"
+    for name, info in model.model_fields.items():
+        child = _unwrap(info.annotation)
+        if isinstance(child, type) and issubclass(child, BaseModel) and key in child.model_fields:
+            return f"unknown key {key!r} (it belongs under '{name}')"
+    return f"unknown key {key!r} (known keys: {', '.join(fields)})"
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list (e.g. [4, 8])",
+    "dict_type": "a mapping (key: value)",
+    "model_type": "a mapping (key: value)",
+    "model_attributes_type": "a mapping (key: value)",
+}
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+
+
+def _message(error: ErrorDetails, key: str, parent: Sequence[int | str]) -> str:
+    kind = error["type"]
+    value = error.get("input")
+    ctx = error.get("ctx") or {}
+    if kind == "missing":
+        return "missing required key"
+    if kind == "extra_forbidden":
+        return _unknown_key(key.rsplit(".", 1)[-1], parent)
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}, got {_kind(value)}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()), "?")
+        return f"out of range: {_short(value)} (must be {_BOUNDS[kind]} {bound})"
+    if kind == "literal_error":
+        return f"{_short(value)} is not one of {ctx.get('expected', '?')}"
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return "must not be empty"
+    if kind == "string_pattern_mismatch" and key.endswith("name"):
+        return (
+            f"not a valid name: {_short(value)} (use letters, digits, '_' and '-', "
+            "starting with a letter or '_')"
+        )
+    if kind in ("value_error", "assertion_error"):
+        message = str(error["msg"])
+        for prefix in ("Value error, ", "Assertion failed, "):
+            message = message.removeprefix(prefix)
+        return message
+    return f"{error['msg']} (got {_short(value)})"
+
+
+def _translate(exc: ValidationError, data: Any, name: str, lines: Mapping[str, int]) -> ConfigError:
+    found: dict[str, list[tuple[ErrorDetails, list[int | str]]]] = {}
+    for error in exc.errors(include_url=False):
+        loc = list(error["loc"])
+        path = loc if error["type"] == "missing" else _existing_prefix(data, loc)
+        key = ".".join(str(p) for p in path)
+        found.setdefault(key, []).append((error, path))
+    key, errors = next(iter(found.items()))
+    error, path = errors[0]
+    if len(errors) > 1 and len(error["loc"]) > len(path):
+        # one value failed every member of a union (a param value of an odd type)
+        message = f"unsupported value: {_kind(error.get('input'))}"
+    else:
+        message = _message(error, key, path[:-1])
+    if len(found) > 1:
+        message += f" (and {len(found) - 1} more problem{'s' if len(found) > 2 else ''})"
+    return ConfigError(message, file=name, line=_line_of(lines, key), key=key or None)
