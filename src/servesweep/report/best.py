@@ -1,0 +1,417 @@
+"""The best configuration of a sweep under an objective and constraints.
+
+How it decides (also in docs/reports.md):
+
+1. Candidates are the trials still in the plan whose outcome is ``ok``; every other
+   trial is excluded with its reason (failed with class and evidence, not measured).
+2. A candidate missing a value for an objective or a constraint metric is excluded
+   ("missing metric"); one violating a constraint is excluded with the value.
+3. Candidates are ranked by the objectives in order (the first decides, the next
+   ones break exact ties), values being the mean over repeats.
+4. Values equal within ``rel_tol`` (relative) are a tie: the result says so and
+   picks the first trial in run order, deterministically.
+5. When the runner-up differs from the winner by less than the spread measured
+   across repeats (max - min), a note says the difference is within noise.
+6. With several objectives the Pareto set (candidates no other candidate beats
+   on every objective) is given too; the winner is the best on the first
+   objective, which is always in the Pareto set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servesweep.errors import ConfigError
+from servesweep.models import Outcome
+from servesweep.report.data import MetricStats, config_label, format_number, swept_params
+from servesweep.report.refs import ResultIndex, objective_of
+from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
+from servesweep.store.records import SweepData, TrialRecord
+
+__all__ = ["BestResult", "Candidate", "Exclusion", "best_to_json", "find_best", "format_best"]
+
+DEFAULT_REL_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A feasible configuration with its objective values (mean over repeats)."""
+
+    trial: TrialRecord
+    label: str
+    values: tuple[float, ...]
+    """One value per objective, in the order of ``BestResult.objectives``."""
+    stats: tuple[MetricStats, ...]
+    constraint_values: tuple[float, ...] = ()
+    """One value per constraint, in the order of ``BestResult.constraints``."""
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A configuration that cannot be the best, and why."""
+
+    trial: TrialRecord
+    label: str
+    kind: str
+    """``failed``, ``not_measured``, ``not_in_plan``, ``missing_metric`` or ``constraint``."""
+    reason: str
+    """One line a person can read."""
+    metric: str | None = None
+    value: float | None = None
+    constraint: str | None = None
+
+
+@dataclass(frozen=True)
+class BestResult:
+    """What :func:`find_best` decided, with everything needed to explain it."""
+
+    objectives: tuple[tuple[str, str], ...]
+    """(metric reference, ``max``/``min``), the first one decides."""
+    constraints: tuple[str, ...]
+    winner: Candidate | None
+    ranking: tuple[Candidate, ...] = ()
+    """Every feasible candidate, best first."""
+    ties: tuple[Candidate, ...] = ()
+    """Other candidates equal to the winner within tolerance."""
+    pareto: tuple[Candidate, ...] = ()
+    """Non-dominated candidates (only with several objectives)."""
+    excluded: tuple[Exclusion, ...] = ()
+    notes: tuple[str, ...] = ()
+    """Tie explanations, noise warnings, metrics no trial measured."""
+    rel_tol: float = DEFAULT_REL_TOL
+    sweep_name: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.winner is not None
+
+    @property
+    def trial(self) -> TrialRecord | None:
+        return None if self.winner is None else self.winner.trial
+
+    @property
+    def value(self) -> float | None:
+        return None if self.winner is None else self.winner.values[0]
+
+
+def _direction(value: str) -> str:
+    text = value.strip().lower()
+    if text in ("max", "maximize", "maximise"):
+        return "max"
+    if text in ("min", "minimize", "minimise"):
+        return "min"
+    raise ConfigError(f"direction must be 'max' or 'min', got {value!r}", key="direction")
+
+
+def _objectives(
+    data: SweepData,
+    index: ResultIndex,
+    objective: str | None,
+    direction: str,
+    objectives: Sequence[tuple[str, str]],
+) -> list[tuple[MetricRef, str]]:
+    out: list[tuple[MetricRef, str]] = []
+    if objective is not None:
+        out.append((parse_metric_ref(objective), _direction(direction)))
+    out.extend((parse_metric_ref(text), _direction(d)) for text, d in objectives)
+    if not out:
+        own = objective_of(data, index)
+        if own is None:
+            raise ConfigError(
+                "no objective: the sweep file has none and nothing was measured; "
+                "give one, e.g. --objective chat.c1.output_throughput"
+            )
+        out.append(own)
+    return out
+
+
+def _missing_reason(index: ResultIndex, ref: MetricRef) -> str:
+    """Why no trial could have a value for ``ref``, when that is the case."""
+    if ref.workload is None:
+        return ""
+    if ref.workload not in index.workloads():
+        known = ", ".join(index.workloads()) or "none"
+        return f"no workload {ref.workload!r} was measured (workloads: {known})"
+    levels = index.workload_levels(ref.workload)
+    if ref.level is None and len(levels) > 1:
+        return f"{ref.text!r} names no level; {ref.workload} has {', '.join(levels)}"
+    if ref.level is not None and ref.level not in levels:
+        return f"{ref.workload} has no level {ref.level} (levels: {', '.join(levels)})"
+    return ""
+
+
+def _ahead(a: float, b: float, direction: str, rel_tol: float) -> int:
+    """1 when a is better than b, -1 when worse, 0 when equal within tolerance."""
+    if math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12):
+        return 0
+    better = a > b if direction == "max" else a < b
+    return 1 if better else -1
+
+
+def _dominates(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> bool:
+    cmp = [_ahead(x, y, d, rel_tol) for x, y, d in zip(a.values, b.values, dirs, strict=True)]
+    return all(c >= 0 for c in cmp) and any(c > 0 for c in cmp)
+
+
+def _exclude_unfinished(trial: TrialRecord, label: str) -> Exclusion | None:
+    if not trial.in_plan:
+        return Exclusion(trial, label, "not_in_plan", "no longer in the sweep file")
+    if trial.outcome is Outcome.FAILED:
+        cls = trial.failure_class.value if trial.failure_class else "unclassified"
+        why = trial.evidence.summary() if trial.evidence else "no evidence recorded"
+        return Exclusion(trial, label, "failed", f"failed: {cls}: {why}")
+    if trial.outcome is not Outcome.OK:
+        return Exclusion(trial, label, "not_measured", f"not measured: {trial.outcome.value}")
+    return None
+
+
+def find_best(
+    data: SweepData,
+    objective: str | None = None,
+    direction: str = "max",
+    constraints: Sequence[str] = (),
+    *,
+    objectives: Sequence[tuple[str, str]] = (),
+    rel_tol: float = DEFAULT_REL_TOL,
+) -> BestResult:
+    """The best ok trial of a sweep under objectives and constraints.
+
+    ``objective``/``direction`` and then ``objectives`` (pairs of metric reference
+    and ``max``/``min``) are ranked in order; without any, the sweep file's
+    objective is used. ``constraints`` (``chat.c1.ttft_p99_ms < 500``) replace the
+    sweep file's constraints when given. Raises ConfigError for a malformed
+    reference or constraint; an empty feasible set is a result (``feasible`` False,
+    every configuration in ``excluded`` with its reason).
+    """
+    index = ResultIndex(data)
+    objs = _objectives(data, index, objective, direction, objectives)
+    texts = tuple(constraints) if constraints else tuple(data.constraints)
+    parsed: list[Constraint] = [parse_constraint(t) for t in texts]
+    params = swept_params(data)
+    dirs = [d for _, d in objs]
+    candidates: list[Candidate] = []
+    excluded: list[Exclusion] = []
+    for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
+        label = config_label(trial, params)
+        gone = _exclude_unfinished(trial, label)
+        if gone is not None:
+            excluded.append(gone)
+            continue
+        stats: list[MetricStats] = []
+        missing: str | None = None
+        for ref, _ in objs:
+            found = index.stats(trial, ref)
+            if found is None or not math.isfinite(found.mean):
+                missing = ref.key
+                break
+            stats.append(found)
+        if missing is not None:
+            excluded.append(
+                Exclusion(trial, label, "missing_metric", f"missing metric {missing}", missing)
+            )
+            continue
+        cvalues: list[float] = []
+        violation: Exclusion | None = None
+        for con in parsed:
+            value = index.value(trial, con.ref)
+            ok = con.check(value)
+            if ok is None:
+                violation = Exclusion(
+                    trial,
+                    label,
+                    "missing_metric",
+                    f"missing metric {con.ref.key} (constraint {con})",
+                    metric=con.ref.key,
+                    constraint=str(con),
+                )
+                break
+            assert value is not None
+            if not ok:
+                violation = Exclusion(
+                    trial,
+                    label,
+                    "constraint",
+                    f"constraint {con} violated: {con.ref.key} = {format_number(value)}",
+                    metric=con.ref.key,
+                    value=value,
+                    constraint=str(con),
+                )
+                break
+            cvalues.append(value)
+        if violation is not None:
+            excluded.append(violation)
+            continue
+        values = tuple(s.mean for s in stats)
+        candidates.append(Candidate(trial, label, values, tuple(stats), tuple(cvalues)))
+
+    notes: list[str] = []
+    for ref in [r for r, _ in objs] + [c.ref for c in parsed]:
+        why = _missing_reason(index, ref)
+        if why and why not in notes:
+            notes.append(why)
+    ranking = _rank(candidates, dirs, rel_tol)
+    winner = ranking[0] if ranking else None
+    ties: tuple[Candidate, ...] = ()
+    pareto: tuple[Candidate, ...] = ()
+    if winner is not None:
+        ties = tuple(c for c in ranking[1:] if not _differs(c, winner, dirs, rel_tol))
+        if ties:
+            others = ", ".join(f"#{c.trial.id}" for c in ties)
+            notes.append(
+                f"tie: #{winner.trial.id} and {others} are equal on every objective within "
+                f"{rel_tol:g} relative; picked #{winner.trial.id}, the first in run order"
+            )
+        notes.extend(_noise_notes(ranking, len(ties), objs[0][0].key))
+        if len(objs) > 1:
+            pareto = tuple(
+                c for c in ranking if not any(_dominates(o, c, dirs, rel_tol) for o in ranking)
+            )
+    return BestResult(
+        objectives=tuple((r.key, d) for r, d in objs),
+        constraints=tuple(str(c) for c in parsed),
+        winner=winner,
+        ranking=tuple(ranking),
+        ties=ties,
+        pareto=pareto,
+        excluded=tuple(excluded),
+        notes=tuple(notes),
+        rel_tol=rel_tol,
+        sweep_name=data.sweep.name,
+    )
+
+
+def _differs(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> bool:
+    return any(
+        _ahead(x, y, d, rel_tol) != 0 for x, y, d in zip(a.values, b.values, dirs, strict=True)
+    )
+
+
+def _rank(candidates: list[Candidate], dirs: Sequence[str], rel_tol: float) -> list[Candidate]:
+    """Best first: objectives in order (values within tolerance count as equal), then
+    run order. A stable insertion sort keeps the tolerance comparison exact."""
+    ranked: list[Candidate] = []
+    for cand in sorted(candidates, key=lambda c: (c.trial.seq, c.trial.id)):
+        pos = len(ranked)
+        for i, other in enumerate(ranked):
+            if _better(cand, other, dirs, rel_tol):
+                pos = i
+                break
+        ranked.insert(pos, cand)
+    return ranked
+
+
+def _better(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> bool:
+    for x, y, d in zip(a.values, b.values, dirs, strict=True):
+        cmp = _ahead(x, y, d, rel_tol)
+        if cmp:
+            return cmp > 0
+    return False
+
+
+def _noise_notes(ranking: Sequence[Candidate], n_ties: int, key: str) -> list[str]:
+    if len(ranking) <= n_ties + 1:
+        return []
+    winner, runner = ranking[0], ranking[n_ties + 1]
+    spreads = [s for s in (winner.stats[0].spread, runner.stats[0].spread) if s is not None]
+    if not spreads:
+        return []
+    delta = abs(winner.values[0] - runner.values[0])
+    noise = max(spreads)
+    if delta <= noise:
+        return [
+            f"runner-up #{runner.trial.id} is within run-to-run noise on {key}: "
+            f"difference {format_number(delta)} <= spread {format_number(noise)} across repeats"
+        ]
+    return []
+
+
+def format_best(result: BestResult) -> str:
+    """A plain-text explanation of the decision, for the terminal."""
+    objs = ", ".join(f"{d} {k}" for k, d in result.objectives)
+    cons = "; ".join(result.constraints) or "none"
+    lines: list[str] = []
+    if result.winner is None:
+        lines.append(f"no feasible configuration (objective: {objs}; constraints: {cons})")
+    else:
+        win = result.winner
+        lines.append(f"best: {win.label}")
+        for (key, d), stats in zip(result.objectives, win.stats, strict=True):
+            spread = (
+                ""
+                if stats.spread is None
+                else f" (repeats {stats.n}: "
+                + (f"{format_number(stats.min)}..{format_number(stats.max)})")
+            )
+            lines.append(f"  {d} {key} = {format_number(stats.mean)}{spread}")
+        for con, value in zip(result.constraints, win.constraint_values, strict=True):
+            lines.append(f"  constraint {con}: {format_number(value)} (met)")
+        if win.trial.launch_command:
+            lines.append(f"  launch: {win.trial.launch_command}")
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    if result.pareto:
+        lines.append(f"Pareto set ({objs}):")
+        for cand in result.pareto:
+            vals = ", ".join(format_number(v) for v in cand.values)
+            lines.append(f"  {cand.label}: {vals}")
+    if len(result.ranking) > 1:
+        lines.append("ranking:")
+        for i, cand in enumerate(result.ranking, 1):
+            vals = ", ".join(format_number(v) for v in cand.values)
+            lines.append(f"  {i}. {cand.label}: {vals}")
+    if result.excluded:
+        lines.append("excluded:")
+        for exc in result.excluded:
+            lines.append(f"  {exc.label}: {exc.reason}")
+    if result.winner is None:
+        lines.append(
+            "try: loosen a constraint (--constraint), check the failures above "
+            "(servesweep report), or rerun failed trials (servesweep run --retry-failed)"
+        )
+    return "\n".join(lines)
+
+
+def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:
+    return {
+        "trial": cand.trial.id,
+        "seq": cand.trial.seq,
+        "fingerprint": cand.trial.fingerprint,
+        "params": dict(cand.trial.params),
+        "label": cand.label,
+        "values": {k: v for (k, _), v in zip(result.objectives, cand.values, strict=True)},
+        "stats": {k: s.to_dict() for (k, _), s in zip(result.objectives, cand.stats, strict=True)},
+        "constraint_values": dict(zip(result.constraints, cand.constraint_values, strict=True)),
+        "launch_command": cand.trial.launch_command,
+    }
+
+
+def best_to_json(result: BestResult) -> dict[str, Any]:
+    """The decision as JSON-ready data (``servesweep best --json``)."""
+    return {
+        "sweep": result.sweep_name,
+        "feasible": result.feasible,
+        "objectives": [{"metric": k, "direction": d} for k, d in result.objectives],
+        "constraints": list(result.constraints),
+        "rel_tol": result.rel_tol,
+        "best": None if result.winner is None else _candidate_json(result, result.winner),
+        "ties": [_candidate_json(result, c) for c in result.ties],
+        "pareto": [_candidate_json(result, c) for c in result.pareto],
+        "ranking": [_candidate_json(result, c) for c in result.ranking],
+        "excluded": [
+            {
+                "trial": e.trial.id,
+                "label": e.label,
+                "kind": e.kind,
+                "reason": e.reason,
+                "failure_class": e.trial.failure_class.value if e.trial.failure_class else None,
+                "metric": e.metric,
+                "value": e.value,
+                "constraint": e.constraint,
+            }
+            for e in result.excluded
+        ],
+        "notes": list(result.notes),
+    }

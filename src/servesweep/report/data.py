@@ -1,0 +1,276 @@
+"""Views of a :class:`~servesweep.store.records.SweepData` that every report format shares.
+
+One place decides how results are flattened (trial x workload x level x repeat), how
+repeats are aggregated (mean with min/max/stdev), which params were swept, how many
+GPUs a trial used and how much GPU time each phase cost. Renderers only format.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servesweep.bench.results import LevelResult
+from servesweep.models import Outcome, parse_level
+from servesweep.store.records import SweepData, TrialRecord
+
+__all__ = [
+    "GPU_PHASES",
+    "KEY_METRICS",
+    "LevelStats",
+    "MetricStats",
+    "PhaseCost",
+    "aggregate_levels",
+    "config_label",
+    "format_number",
+    "metric_names",
+    "outcome_counts",
+    "phase_costs",
+    "swept_params",
+    "trial_gpu_count",
+]
+
+GPU_PHASES: tuple[str, ...] = ("stop", "release", "start", "load", "ready", "bench")
+"""Phases whose duration is charged as GPU time (the GPUs are reserved for the sweep)."""
+
+KEY_METRICS: tuple[str, ...] = (
+    "output_throughput",
+    "request_throughput",
+    "ttft_median_ms",
+    "ttft_p99_ms",
+    "tpot_median_ms",
+    "itl_p99_ms",
+    "e2e_median_ms",
+    "acceptance_length",
+    "error_rate",
+    "pass_rate",
+)
+"""Metrics shown in the terminal table when present, in this order."""
+
+
+@dataclass(frozen=True)
+class MetricStats:
+    """One metric across the repeats of one workload level."""
+
+    mean: float
+    min: float
+    max: float
+    stdev: float | None
+    """Sample standard deviation; None with a single repeat."""
+    n: int
+
+    @property
+    def spread(self) -> float | None:
+        """max - min across repeats: the run-to-run noise; None without repeats."""
+        return None if self.n < 2 else self.max - self.min
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> MetricStats:
+        if not values:
+            raise ValueError("MetricStats.of needs at least one value")
+        stdev = statistics.stdev(values) if len(values) > 1 else None
+        return cls(
+            mean=statistics.fmean(values),
+            min=min(values),
+            max=max(values),
+            stdev=stdev,
+            n=len(values),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mean": finite(self.mean),
+            "min": finite(self.min),
+            "max": finite(self.max),
+            "stdev": finite(self.stdev),
+            "n": self.n,
+        }
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """All repeats of one workload level of one trial."""
+
+    trial_id: int
+    workload: str
+    level: str
+    repeats: tuple[LevelResult, ...]
+    metrics: Mapping[str, MetricStats]
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for res in self.repeats:
+            for warning in res.warnings:
+                seen.setdefault(warning, None)
+        return tuple(seen)
+
+
+def finite(value: float | None) -> float | None:
+    """``value`` when it is a finite number, else None (JSON has no NaN/inf)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def level_sort_key(level: str) -> tuple[int, float, str]:
+    """Concurrency levels first, by size, then request rates, then anything else."""
+    try:
+        conc, rate = parse_level(level)
+    except ValueError:
+        return (2, 0.0, level)
+    if conc is not None:
+        return (0, float(conc), level)
+    return (1, rate if rate is not None else 0.0, level)
+
+
+def aggregate_levels(data: SweepData, trial_id: int) -> list[LevelStats]:
+    """The trial's results grouped by (workload, level), repeats aggregated.
+
+    Workloads keep their order of appearance; levels are sorted (c1, c8, r2...).
+    """
+    groups: dict[tuple[str, str], list[LevelResult]] = {}
+    for res in data.results.get(trial_id, ()):
+        groups.setdefault((res.workload, res.level), []).append(res)
+    workload_order = {w: i for i, w in enumerate(dict.fromkeys(k[0] for k in groups))}
+    out: list[LevelStats] = []
+    for (workload, level), reps in sorted(
+        groups.items(), key=lambda kv: (workload_order[kv[0][0]], level_sort_key(kv[0][1]))
+    ):
+        reps.sort(key=lambda r: r.repeat)
+        values: dict[str, list[float]] = {}
+        for res in reps:
+            for name, value in res.metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values.setdefault(name, []).append(float(value))
+        metrics = {name: MetricStats.of(vals) for name, vals in values.items()}
+        out.append(LevelStats(trial_id, workload, level, tuple(reps), metrics))
+    return out
+
+
+def metric_names(levels: Iterable[LevelStats]) -> list[str]:
+    """Every metric name seen, key metrics first, then the rest alphabetically."""
+    seen: set[str] = set()
+    for lvl in levels:
+        seen.update(lvl.metrics)
+    key = [m for m in KEY_METRICS if m in seen]
+    return key + sorted(seen - set(key))
+
+
+def swept_params(data: SweepData) -> list[str]:
+    """Param names that take more than one value across the sweep's trials (all
+    params when every trial has the same ones), in order of first appearance."""
+    names: dict[str, None] = {}
+    for trial in data.trials:
+        for name in trial.params:
+            names.setdefault(name, None)
+    varying = [n for n in names if len({_hashable(t.params.get(n)) for t in data.trials}) > 1]
+    return varying or list(names)
+
+
+def all_params(data: SweepData) -> list[str]:
+    names: dict[str, None] = {}
+    for trial in data.trials:
+        for name in trial.params:
+            names.setdefault(name, None)
+    return list(names)
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def config_label(trial: TrialRecord, params: Sequence[str] | None = None) -> str:
+    """``#3 budget=12 topk=6``: the trial id and its (swept) params."""
+    names = list(params) if params is not None else list(trial.params)
+    bits = [f"{n}={format_value(trial.params.get(n))}" for n in names if n in trial.params]
+    return f"#{trial.id} " + (" ".join(bits) if bits else "(defaults)")
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format_number(value)
+    return str(value)
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """Short human form: 4 significant digits, no exponent for usual magnitudes."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.{max(digits - len(str(int(magnitude))), 1)}f}".rstrip("0").rstrip(".")
+    return f"{value:.{digits}g}"
+
+
+def format_stats(stats: MetricStats | None) -> str:
+    """``123.4`` or, with repeats, ``123.4 ±2.1`` (the stdev across repeats)."""
+    if stats is None:
+        return "-"
+    text = format_number(stats.mean)
+    if stats.n > 1 and stats.stdev is not None:
+        text += f" ±{format_number(stats.stdev)}"
+    return text
+
+
+def trial_gpu_count(data: SweepData, trial: TrialRecord) -> int | None:
+    """How many GPUs the trial held: its instance's GPUs, else the GPUs its telemetry
+    saw, else None (unknown)."""
+    if trial.instance is not None and trial.instance.gpus:
+        return len(trial.instance.gpus)
+    seen = {p.gpu for p in data.telemetry if p.trial_id == trial.id}
+    return len(seen) or None
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """Time spent in one phase over the whole sweep."""
+
+    phase: str
+    seconds: float
+    gpu_hours: float
+    """seconds x GPUs of each trial / 3600; trials with an unknown GPU count count one GPU."""
+
+
+def phase_costs(data: SweepData) -> tuple[list[PhaseCost], int]:
+    """Wall seconds and GPU-hours per phase; also how many trials had an unknown GPU
+    count (charged as one GPU each)."""
+    seconds = dict.fromkeys(GPU_PHASES, 0.0)
+    gpu_seconds = dict.fromkeys(GPU_PHASES, 0.0)
+    unknown = 0
+    for trial in data.trials:
+        gpus = trial_gpu_count(data, trial)
+        if gpus is None and trial.phase_seconds:
+            unknown += 1
+        for phase, secs in trial.phase_seconds.items():
+            if phase not in seconds or not math.isfinite(secs):
+                continue
+            seconds[phase] += secs
+            gpu_seconds[phase] += secs * (gpus or 1)
+    costs = [PhaseCost(p, seconds[p], gpu_seconds[p] / 3600.0) for p in GPU_PHASES]
+    return costs, unknown
+
+
+def outcome_counts(data: SweepData) -> dict[str, int]:
+    """Trials by outcome, every outcome listed (zero included)."""
+    counts = {o.value: 0 for o in Outcome}
+    for trial in data.trials:
+        counts[trial.outcome.value] += 1
+    return counts

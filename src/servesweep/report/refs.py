@@ -1,0 +1,142 @@
+"""Metric references resolved against measured results.
+
+Parsing is :mod:`servesweep.spec.constraints`' job (``parse_metric_ref``,
+``parse_constraint``); this module answers "what value did trial T measure for
+``chat.c1.ttft_p99_ms``" from a :class:`SweepData`, repeats aggregated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from servesweep.errors import ConfigError
+from servesweep.models import level_label
+from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
+from servesweep.spec.constraints import TRIAL_METRICS, MetricRef, parse_metric_ref
+from servesweep.store.records import SweepData, TrialRecord
+
+__all__ = ["ResultIndex", "objective_of", "ref_label"]
+
+
+def ref_label(ref: MetricRef) -> str:
+    return ref.key
+
+
+class ResultIndex:
+    """Aggregated results of every trial of a sweep, computed once."""
+
+    def __init__(self, data: SweepData) -> None:
+        self.data = data
+        self.levels: dict[int, list[LevelStats]] = {
+            t.id: aggregate_levels(data, t.id) for t in data.trials
+        }
+
+    def level(self, trial_id: int, workload: str, level: str) -> LevelStats | None:
+        for lvl in self.levels.get(trial_id, ()):
+            if lvl.workload == workload and lvl.level == level:
+                return lvl
+        return None
+
+    def workload_levels(self, workload: str) -> list[str]:
+        """Every level of a workload measured in any trial, sorted."""
+        found = {
+            lvl.level
+            for levels in self.levels.values()
+            for lvl in levels
+            if lvl.workload == workload
+        }
+        return sorted(found, key=level_sort_key)
+
+    def workloads(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for trial in self.data.trials:
+            for lvl in self.levels.get(trial.id, ()):
+                seen.setdefault(lvl.workload, None)
+        return list(seen)
+
+    def is_eval(self, workload: str) -> bool:
+        for levels in self.levels.values():
+            for lvl in levels:
+                if lvl.workload != workload:
+                    continue
+                if "pass_rate" in lvl.metrics or any(r.eval_results for r in lvl.repeats):
+                    return True
+        return False
+
+    def stats(self, trial: TrialRecord, ref: MetricRef) -> MetricStats | None:
+        """The measured value of ``ref`` for ``trial`` (mean over repeats), or None."""
+        if ref.workload is None:
+            if ref.metric in TRIAL_METRICS:
+                secs = trial.phase_seconds.get(ref.metric.removesuffix("_s"))
+                return None if secs is None else MetricStats.of([float(secs)])
+            return None
+        candidates = [lvl for lvl in self.levels.get(trial.id, ()) if lvl.workload == ref.workload]
+        if ref.level is not None:
+            candidates = [lvl for lvl in candidates if lvl.level == ref.level]
+        elif len(candidates) > 1:
+            return None  # ambiguous: the reference must name a level
+        if not candidates:
+            return None
+        lvl = candidates[0]
+        found = lvl.metrics.get(ref.metric)
+        if found is None and ref.metric in ("pass_rate", "passed", "total"):
+            return _eval_stat(lvl, ref.metric)
+        return found
+
+    def value(self, trial: TrialRecord, ref: MetricRef) -> float | None:
+        stats = self.stats(trial, ref)
+        return None if stats is None else stats.mean
+
+
+def _eval_stat(lvl: LevelStats, metric: str) -> MetricStats | None:
+    values: list[float] = []
+    for res in lvl.repeats:
+        if not res.eval_results:
+            continue
+        passed = sum(1 for e in res.eval_results if e.status == "pass")
+        total = len(res.eval_results)
+        values.append({"pass_rate": passed / total, "passed": passed, "total": total}[metric])
+    return MetricStats.of(values) if values else None
+
+
+def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[MetricRef, str] | None:
+    """The sweep's own objective as (full reference, ``max``/``min``).
+
+    Reads ``SweepData.objective`` (the sweep file's ``objective`` as a dict): a full
+    reference, or a bare metric completed with ``workload``/``concurrency``/``rate``
+    (default: the first workload and its first level measured). Without an objective:
+    the first load workload's first level's ``output_throughput``, maximised (or the
+    first eval's ``pass_rate``). None when nothing was measured at all.
+    """
+    index = index or ResultIndex(data)
+    objective: Mapping[str, Any] = data.objective or {}
+    if objective:
+        text = objective.get("maximize") or objective.get("minimize")
+        if not isinstance(text, str):
+            raise ConfigError("the sweep's objective names no metric", key="objective")
+        direction = "max" if objective.get("maximize") else "min"
+        ref = parse_metric_ref(text)
+        if ref.workload is not None or ref.metric in TRIAL_METRICS:
+            return ref, direction
+        workloads = index.workloads()
+        workload = objective.get("workload") or (workloads[0] if workloads else None)
+        if workload is None:
+            return None
+        level: str | None = None
+        if objective.get("concurrency") is not None:
+            level = level_label(concurrency=int(objective["concurrency"]))
+        elif objective.get("rate") is not None:
+            level = level_label(rate=float(objective["rate"]))
+        elif not index.is_eval(workload):
+            levels = index.workload_levels(workload)
+            level = levels[0] if levels else None
+        return MetricRef(workload, level, ref.metric, text), direction
+    for workload in index.workloads():
+        if not index.is_eval(workload):
+            levels = index.workload_levels(workload)
+            text = f"{workload}.{levels[0]}.output_throughput"
+            return MetricRef(workload, levels[0], "output_throughput", text), "max"
+    for workload in index.workloads():
+        return MetricRef(workload, None, "pass_rate", f"{workload}.pass_rate"), "max"
+    return None

@@ -1,0 +1,175 @@
+"""Crafted SweepData for report tests: small factories with explicit numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servesweep.bench.results import EvalTaskResult, LevelResult
+from servesweep.models import Evidence, FailureClass, InstanceRecord, Outcome, fingerprint
+from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+
+T0 = 1_790_000_000.0
+"""Wall-clock start of every crafted sweep."""
+
+
+def trial(
+    tid: int,
+    params: Mapping[str, Any],
+    outcome: str = "ok",
+    *,
+    failure: str | None = None,
+    evidence: Evidence | None = None,
+    phases: Mapping[str, float] | None = None,
+    gpus: Sequence[int] = (0, 1),
+    launch_command: str | None = None,
+    seq: int | None = None,
+    start: float | None = None,
+    in_plan: bool = True,
+) -> TrialRecord:
+    """A trial whose phases run back to back from ``start`` (default T0 + 100 * tid)."""
+    phases = dict(
+        phases
+        if phases is not None
+        else {"stop": 1.0, "release": 0.5, "start": 0.5, "load": 20.0, "ready": 1.0, "bench": 30.0}
+    )
+    begin = start if start is not None else T0 + 100.0 * tid
+    started: dict[str, float] = {}
+    t = begin
+    for name, secs in phases.items():
+        started[name] = t
+        t += secs
+    return TrialRecord(
+        id=tid,
+        sweep_id=1,
+        seq=seq if seq is not None else tid,
+        fingerprint=fingerprint(params),
+        params=dict(params),
+        outcome=Outcome(outcome),
+        failure_class=FailureClass(failure) if failure else None,
+        evidence=evidence,
+        phase_started=started,
+        phase_seconds=phases,
+        instance=InstanceRecord(launcher="subprocess", pids=(1000 + tid,), gpus=tuple(gpus)),
+        log_path=f"runs/{tid}/server.log",
+        attempts=1,
+        started_at=begin,
+        finished_at=t,
+        in_plan=in_plan,
+        launch_command=launch_command
+        if launch_command is not None
+        else "vllm serve m " + " ".join(f"--{k} {v}" for k, v in params.items()),
+    )
+
+
+def level(
+    workload: str, lvl: str, repeat: int = 0, warnings: Sequence[str] = (), **metrics: float
+) -> LevelResult:
+    return LevelResult(
+        workload=workload,
+        level=lvl,
+        repeat=repeat,
+        metrics=metrics,
+        warnings=tuple(warnings),
+        started_at=T0,
+        duration_s=10.0,
+    )
+
+
+def eval_level(workload: str, statuses: Mapping[str, str], repeat: int = 0) -> LevelResult:
+    tasks = tuple(EvalTaskResult(task_id=k, sample=0, status=v) for k, v in statuses.items())
+    passed = sum(1 for v in statuses.values() if v == "pass")
+    return LevelResult(
+        workload=workload,
+        level="c1",
+        repeat=repeat,
+        metrics={"pass_rate": passed / len(tasks), "passed": passed, "total": len(tasks)},
+        eval_results=tasks,
+        started_at=T0,
+        duration_s=5.0,
+    )
+
+
+def sweep_data(
+    trials: Sequence[TrialRecord],
+    results: Mapping[int, Sequence[LevelResult]],
+    *,
+    telemetry: Sequence[TelemetryPoint] = (),
+    objective: Mapping[str, Any] | None = None,
+    constraints: Sequence[str] = (),
+    name: str = "demo",
+    sweep_id: int = 1,
+) -> SweepData:
+    return SweepData(
+        sweep=SweepRecord(
+            id=sweep_id,
+            name=name,
+            spec_path=f"{name}.yaml",
+            spec_text="",
+            spec_hash="h",
+            created_at=T0,
+            servesweep_version="0.1.0",
+            environment={"gpus": ["NVIDIA H200", "NVIDIA H200"]},
+        ),
+        trials=tuple(trials),
+        results={tid: tuple(res) for tid, res in results.items()},
+        telemetry=tuple(telemetry),
+        objective=objective,
+        constraints=tuple(constraints),
+    )
+
+
+def throughput_sweep() -> SweepData:
+    """Four configs of a chat workload at c1 and c8, one eval, one failure."""
+    oom = Evidence(
+        message="server exited while loading (exit code 1)",
+        reason="oom",
+        exit_code=1,
+        matched_line="torch.OutOfMemoryError: CUDA out of memory on GPU 1",
+        log_tail=("loading weights", "torch.OutOfMemoryError: CUDA out of memory on GPU 1"),
+        log_path="runs/4/server.log",
+    )
+    trials = [
+        trial(1, {"budget": 4, "topk": 2}),
+        trial(2, {"budget": 8, "topk": 4}),
+        trial(3, {"budget": 12, "topk": 6}),
+        trial(
+            4,
+            {"budget": 16, "topk": 8},
+            "failed",
+            failure="start_crash",
+            evidence=oom,
+            phases={"stop": 1.0, "release": 0.5, "start": 0.5, "load": 12.0},
+        ),
+    ]
+    results = {
+        1: [
+            level("chat", "c1", output_throughput=100.0, ttft_p99_ms=120.0, tpot_median_ms=9.0),
+            level("chat", "c8", output_throughput=600.0, ttft_p99_ms=300.0, tpot_median_ms=12.0),
+            eval_level("coding", {"t1": "pass", "t2": "pass", "t3": "fail"}),
+        ],
+        2: [
+            level("chat", "c1", output_throughput=150.0, ttft_p99_ms=200.0, tpot_median_ms=6.0),
+            level("chat", "c8", output_throughput=800.0, ttft_p99_ms=450.0, tpot_median_ms=9.0),
+            eval_level("coding", {"t1": "pass", "t2": "pass", "t3": "pass"}),
+        ],
+        3: [
+            level("chat", "c1", output_throughput=170.0, ttft_p99_ms=650.0, tpot_median_ms=5.0),
+            level("chat", "c8", output_throughput=900.0, ttft_p99_ms=900.0, tpot_median_ms=8.0),
+            eval_level("coding", {"t1": "pass", "t2": "fail", "t3": "fail"}),
+        ],
+        4: [],
+    }
+    telemetry = [
+        TelemetryPoint(trial_id=tid, t=T0 + 100.0 * tid + dt, gpu=g, used_bytes=int(mib * 2**20))
+        for tid in (1, 2, 3)
+        for dt, mib in ((0.0, 500), (5.0, 40_000), (30.0, 70_000), (50.0, 72_000))
+        for g in (0, 1)
+    ]
+    return sweep_data(
+        trials,
+        results,
+        telemetry=telemetry,
+        objective={"maximize": "chat.c1.output_throughput"},
+        constraints=["chat.c1.ttft_p99_ms < 500"],
+    )
