@@ -305,14 +305,40 @@ def _default_objective(spec: SweepSpec) -> MetricRef:
     return MetricRef(first.name, None, "pass_rate", f"{first.name}.pass_rate")
 
 
+def _first_workload_for(metric: str, spec: SweepSpec) -> str:
+    """The first workload that measures ``metric`` (an eval for eval metrics)."""
+    want_eval = metric in EVAL_METRICS
+    for workload in spec.workloads:
+        if workload.is_eval == want_eval:
+            return workload.name
+    return spec.workloads[0].name
+
+
+def _check_parts_agree(
+    full: MetricRef, workload: str | None, level: str | None, level_key: str
+) -> None:
+    """A full reference plus objective.workload/concurrency/rate: they must agree."""
+    if workload is not None and workload != full.workload:
+        raise ConfigError(
+            f"{full.text!r} names workload {full.workload!r}, not {workload!r}",
+            key="objective.workload",
+        )
+    if level is not None and level != full.level:
+        raise ConfigError(
+            f"{full.text!r} names level {full.level!r}, not {level!r}",
+            key=level_key,
+        )
+
+
 def resolve_objective(spec: SweepSpec) -> MetricRef:
     """The metric the objective optimises, as a full reference.
 
-    ``maximize``/``minimize`` may be a full reference or a bare metric; a bare level
+    ``maximize``/``minimize`` may be a full reference or a bare metric. A bare
     metric takes its workload from ``objective.workload`` (default: the first
-    workload) and its level from ``concurrency`` or ``rate`` (default: the
-    workload's first level). Without an objective: the first load workload's first
-    level's ``output_throughput`` (or the first eval's ``pass_rate``), maximised.
+    workload that measures it: an eval for ``pass_rate``, a load workload otherwise)
+    and its level from ``concurrency`` or ``rate`` (default: the workload's first
+    level). Without an objective: the first load workload's first level's
+    ``output_throughput`` (or the first eval's ``pass_rate``), maximised.
     """
     objective = spec.objective
     if objective is None:
@@ -322,33 +348,8 @@ def resolve_objective(spec: SweepSpec) -> MetricRef:
         ref = parse_metric_ref(objective.metric)
     except ConfigError as exc:
         raise ConfigError(exc.message, key=field) from None
-    parts_given = (
-        objective.workload is not None
-        or objective.concurrency is not None
-        or objective.rate is not None
-    )
     if objective.concurrency is not None and objective.rate is not None:
         raise ConfigError("give either 'concurrency' or 'rate', not both", key="objective")
-    if ref.workload is not None or ref.is_trial_metric:
-        if parts_given:
-            what = "a full reference" if ref.workload else "a trial metric"
-            raise ConfigError(
-                f"{objective.metric!r} is {what}; drop objective.workload/concurrency/rate",
-                key="objective",
-            )
-        try:
-            return validate_ref(ref, spec)
-        except ConfigError as exc:
-            raise ConfigError(exc.message, key=field) from None
-    workloads = {w.name: w for w in spec.workloads}
-    name = objective.workload or spec.workloads[0].name
-    workload = workloads.get(name)
-    if workload is None:
-        hint = _suggest(name, workloads)
-        raise ConfigError(
-            f"unknown workload {name!r}{hint} (workloads: {', '.join(workloads)})",
-            key="objective.workload",
-        )
     level: str | None = None
     level_key = "objective"
     if objective.concurrency is not None:
@@ -357,6 +358,22 @@ def resolve_objective(spec: SweepSpec) -> MetricRef:
     elif objective.rate is not None:
         level = level_label(rate=objective.rate)
         level_key = "objective.rate"
+    if ref.workload is not None or ref.is_trial_metric:
+        try:
+            full = validate_ref(ref, spec)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key=field) from None
+        _check_parts_agree(full, objective.workload, level, level_key)
+        return full
+    workloads = {w.name: w for w in spec.workloads}
+    name = objective.workload or _first_workload_for(ref.metric, spec)
+    workload = workloads.get(name)
+    if workload is None:
+        hint = _suggest(name, workloads)
+        raise ConfigError(
+            f"unknown workload {name!r}{hint} (workloads: {', '.join(workloads)})",
+            key="objective.workload",
+        )
     if workload.is_eval:
         if level is not None:
             raise ConfigError(f"eval workload {name!r} has no load levels", key=level_key)

@@ -263,6 +263,28 @@ def _message(error: ErrorDetails, key: str, parent: Sequence[int | str]) -> str:
     return f"{error['msg']} (got {_short(value)})"
 
 
+def _explained_missing(
+    found: Mapping[str, list[tuple[ErrorDetails, list[int | str]]]],
+) -> int:
+    """Missing keys that an unknown key beside them probably misspells."""
+    unknown = {
+        (tuple(path[:-1]), str(path[-1]))
+        for errors in found.values()
+        for error, path in errors[:1]
+        if error["type"] == "extra_forbidden" and path
+    }
+    count = 0
+    for errors in found.values():
+        error, path = errors[0]
+        if error["type"] != "missing" or not path:
+            continue
+        parent, name = tuple(path[:-1]), str(path[-1])
+        typos = [u for p, u in unknown if p == parent]
+        if difflib.get_close_matches(name, typos, n=1, cutoff=0.6):
+            count += 1
+    return count
+
+
 def _translate(exc: ValidationError, data: Any, name: str, lines: Mapping[str, int]) -> ConfigError:
     found: dict[str, list[tuple[ErrorDetails, list[int | str]]]] = {}
     for error in exc.errors(include_url=False):
@@ -270,13 +292,18 @@ def _translate(exc: ValidationError, data: Any, name: str, lines: Mapping[str, i
         path = loc if error["type"] == "missing" else _existing_prefix(data, loc)
         key = ".".join(str(p) for p in path)
         found.setdefault(key, []).append((error, path))
-    key, errors = next(iter(found.items()))
-    error, path = errors[0]
+    # the first problem in file order; a missing key last (an unknown key is
+    # usually its misspelling and says more)
+    order = sorted(found, key=lambda k: (_line_of(lines, k) is None, _line_of(lines, k) or 0))
+    key = order[0]
+    error, path = found[key][0]
+    errors = found[key]
     if len(errors) > 1 and len(error["loc"]) > len(path):
         # one value failed every member of a union (a param value of an odd type)
         message = f"unsupported value: {_kind(error.get('input'))}"
     else:
         message = _message(error, key, path[:-1])
-    if len(found) > 1:
-        message += f" (and {len(found) - 1} more problem{'s' if len(found) > 2 else ''})"
+    more = len(found) - 1 - _explained_missing(found)
+    if more > 0:
+        message += f" (and {more} more problem{'s' if more > 1 else ''})"
     return ConfigError(message, file=name, line=_line_of(lines, key), key=key or None)

@@ -259,8 +259,9 @@ class WorkloadSpec(_Frozen):
     """``builtin:chat``, ``builtin:coding``, ``synthetic``, a JSONL or ShareGPT JSON path."""
     input_tokens: int | None = Field(default=None, ge=1)
     """For ``synthetic``: prompt length in tokens."""
-    concurrency: list[int] = Field(default_factory=list)
-    rate: list[float] = Field(default_factory=list)
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    """Closed-loop levels: this many requests in flight."""
+    rate: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
     """Open-loop request rates (req/s); use with ``arrival``."""
     arrival: Literal["constant", "poisson", "gamma"] = "poisson"
     burstiness: float = Field(default=1.0, gt=0)

@@ -50,8 +50,15 @@ def _yaml_message(exc: yaml.YAMLError) -> tuple[str, int | None]:
         mark = exc.problem_mark or exc.context_mark
         if mark is not None:
             line = mark.line + 1
-        parts = [p for p in (exc.context, exc.problem) if p]
+        problem = exc.problem or ""
+        if problem.startswith("could not determine a constructor for the tag"):
+            tag = problem.rsplit(" ", 1)[-1].replace("tag:yaml.org,2002:", "!!")
+            return f"YAML tag {tag} is not allowed (only plain values, lists and mappings)", line
+        parts = [p for p in (exc.context, problem) if p]
         text = ", ".join(parts) or "invalid YAML"
+        context = exc.context_mark
+        if context is not None and mark is not None and context.line != mark.line:
+            text += f" (it starts on line {context.line + 1})"
     elif isinstance(exc, yaml.reader.ReaderError):
         text = f"unreadable character {chr(exc.character)!r} at position {exc.position}"
     else:
