@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Set up servesweep on a fresh Debian machine (Python >= 3.10, root for the system
+# packages). Idempotent and quick when everything is already there.
+#
+#   dev/setup.sh            the venv (.venv) with servesweep installed (enough for the quickstart)
+#   dev/setup.sh --test     also the test tools and what the integration tests start for real:
+#                           Chromium, Docker, bubblewrap, iproute2, llama-cpp-python
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv with $($PYTHON --version 2>&1)"
+    "$PYTHON" -m venv .venv
+fi
+
+stamp=".venv/.servesweep-installed"
+extras=""
+[ "$want_test" = 1 ] && extras="[dev]"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! grep -qx "$extras" "$stamp" 2>/dev/null; then
+    say "installing servesweep$extras into .venv"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
+    printf '%s\n' "$extras" > "$stamp"
+fi
+
+[ "$want_test" = 1 ] || exit 0
+
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v systemd-nspawn >/dev/null 2>&1 || missing+=(systemd-container)
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        say "missing system packages: ${missing[*]} (run as root, or install them); continuing"
+    else
+        say "installing system packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+fi
+
+./dev/install-llamacpp.sh .venv/bin/python >&2

@@ -1,0 +1,568 @@
+"""The ``servesweep`` command: parse options, call a library entry point, print.
+
+Every error is handled in :func:`main`, in one place: a servesweep error becomes one
+line on stderr and an exit code (see docs/architecture.md); nothing a user can
+cause prints a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+from servesweep import __version__
+from servesweep.errors import ConfigError, Interrupted, ServesweepError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
+
+
+def _console(stderr: bool = False) -> Console:
+    no_color = bool(os.environ.get("NO_COLOR"))
+    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True)
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _install_signal_handlers() -> None:
+    """First SIGINT/SIGTERM: stop cleanly (raise Interrupted); second: exit at once.
+    The store commits every change, so an immediate exit still leaves it consistent."""
+    state = {"count": 0}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        state["count"] += 1
+        if state["count"] > 1:
+            sys.stderr.write("servesweep: second interrupt, exiting now\n")
+            os._exit(EXIT_INTERRUPTED)
+        raise Interrupted(f"received {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="servesweep")
+def cli() -> None:
+    """Sweep the launch configuration of an LLM inference server, safely, and tell
+    which configuration is best, with evidence."""
+
+
+# -- run ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--store", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
+@click.option("--fresh", is_flag=True, help="Start a new sweep instead of continuing the last.")
+@click.option("--retry-failed", is_flag=True, help="Run failed and interrupted trials again.")
+@click.option("--fail-fast", is_flag=True, help="Stop the sweep at the first failed trial.")
+@click.option("--keep-running", is_flag=True, help="Leave the last server running at the end.")
+@click.option("--trial", "only", type=int, multiple=True, help="Run only this trial id.")
+@click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
+@click.option(
+    "--events",
+    type=str,
+    default=None,
+    help="Write one JSON object per state change to FILE or - (stdout).",
+)
+def run(
+    sweep_file: Path,
+    store: Path | None,
+    fresh: bool,
+    retry_failed: bool,
+    fail_fast: bool,
+    keep_running: bool,
+    only: tuple[int, ...],
+    quiet: bool,
+    events: str | None,
+) -> None:
+    """Run (or continue) the sweep in SWEEP_FILE."""
+    from servesweep.cli.display import ProgressDisplay
+    from servesweep.sweep.events import JsonLinesObserver, Observer, Tee
+    from servesweep.sweep.orchestrator import RunOptions, run_sweep
+
+    console = _console()
+    events_to_stdout = events == "-"
+    display = ProgressDisplay(_console(stderr=events_to_stdout), quiet=quiet or events_to_stdout)
+    observers: list[Observer] = [display]
+    events_file = None
+    if events:
+        if events_to_stdout:
+            observers.append(JsonLinesObserver(sys.stdout))
+        else:
+            try:
+                events_file = open(events, "a", encoding="utf-8")  # noqa: SIM115
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot write events to {events}: {exc.strerror}", key="--events"
+                ) from exc
+            observers.append(JsonLinesObserver(events_file))
+    options = RunOptions(
+        store=store,
+        fresh=fresh,
+        retry_failed=retry_failed,
+        fail_fast=fail_fast,
+        keep_running=keep_running,
+        only=only,
+    )
+    _install_signal_handlers()
+    try:
+        summary = run_sweep(sweep_file, options, Tee(observers))
+    finally:
+        display.close()
+        if events_file is not None:
+            events_file.close()
+    if not events_to_stdout:
+        _print_results(console, summary.store_path, summary.sweep.id)
+    raise _Exit(summary.exit_code)
+
+
+def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
+    from servesweep.report import find_best, format_best, render
+    from servesweep.store import open_store
+
+    with open_store(store_path, readonly=True) as store:
+        data = store.load_sweep_data(sweep_id, with_samples=False)
+    console.print(
+        render(data, "table", color=console.is_terminal and not console.no_color),
+        markup=False,
+        highlight=False,
+    )
+    if data.objective or data.constraints:
+        console.print(format_best(find_best(data)), markup=False, highlight=False)
+
+
+# -- plan, status ---------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results database (for duration estimates).",
+)
+def plan(sweep_file: Path, store: Path | None) -> None:
+    """Print the trials SWEEP_FILE expands to, the restarts, and an estimate."""
+    from servesweep.spec.load import load_sweep
+    from servesweep.spec.plan import build_plan, estimate_duration, format_plan
+    from servesweep.store import open_store
+    from servesweep.sweep.orchestrator import store_path_for
+
+    loaded = load_sweep(sweep_file)
+    the_plan = build_plan(loaded.spec)
+    path = store_path_for(loaded, store)
+    history: dict[str, float] = {}
+    if path.exists():
+        with open_store(path, readonly=True) as db:
+            history = db.phase_history(loaded.spec.name)
+    estimate = estimate_duration(the_plan, history) if history else None
+    note = f"from earlier sweeps in {path}" if history else None
+    click.echo(format_plan(the_plan, estimate, note))
+
+
+def _resolve_store(target: str | None) -> tuple[Path, str | None]:
+    """``[FILE|DB]`` -> (database path, sweep name or None)."""
+    from servesweep.spec.load import load_sweep
+    from servesweep.sweep.orchestrator import store_path_for
+
+    if target is None:
+        path = Path("servesweep.db")
+        if not path.exists():
+            raise ConfigError("no servesweep.db here; name a sweep file or a results database")
+        return path, None
+    candidate = Path(target)
+    if candidate.suffix in (".yaml", ".yml"):
+        loaded = load_sweep(candidate)
+        return store_path_for(loaded), loaded.spec.name
+    if not candidate.exists():
+        raise ConfigError(f"{target}: no such sweep file or results database")
+    return candidate, None
+
+
+@cli.command()
+@click.argument("target", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(target: str | None, as_json: bool) -> None:
+    """Where a sweep stands (works while another process runs it)."""
+    import time
+
+    from servesweep.store import open_store
+
+    path, name = _resolve_store(target)
+    with open_store(path, readonly=True) as store:
+        sweep = store.latest_sweep(name)
+        if sweep is None:
+            raise ConfigError(f"no sweep{' named ' + repr(name) if name else ''} in {path}")
+        trials = store.trials(sweep.id, in_plan_only=True)
+    now = time.time()
+    rows: list[dict[str, Any]] = []
+    for t in trials:
+        in_phase = None
+        if t.outcome.value == "running" and t.phase is not None:
+            started = t.phase_started.get(t.phase.value)
+            in_phase = None if started is None else round(now - started, 1)
+        rows.append(
+            {
+                "trial": t.id,
+                "params": dict(t.params),
+                "outcome": t.outcome.value,
+                "phase": t.phase.value if t.phase else None,
+                "seconds_in_phase": in_phase,
+                "failure_class": t.failure_class.value if t.failure_class else None,
+                "message": t.evidence.summary() if t.evidence else None,
+                "attempts": t.attempts,
+            }
+        )
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"sweep": sweep.name, "id": sweep.id, "store": str(path), "trials": rows}, indent=2
+            )
+        )
+        return
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
+    click.echo(
+        f"sweep {sweep.name} (#{sweep.id}) in {path}: "
+        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    )
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row["params"].items()) or "(defaults)"
+        line = f"  {row['trial']:>4}  {row['outcome']:<11} {params}"
+        if row["outcome"] == "running":
+            line += f"  [{row['phase']} {row['seconds_in_phase']}s]"
+        if row["failure_class"]:
+            line += f"  {row['failure_class']}: {row['message']}"
+        click.echo(line)
+
+
+# -- report, best, compare ------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("target", required=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "csv", "json", "html"]),
+    default="table",
+)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
+@click.option("--sweep", "sweep_id", type=int, help="Sweep id in the database (default: latest).")
+def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None) -> None:
+    """Render a sweep's results (finished or still running)."""
+    from servesweep.report import render
+    from servesweep.store import open_store
+
+    path, name = _resolve_store(target)
+    with open_store(path, readonly=True) as store:
+        data = store.load_sweep_data(
+            sweep_id, None if sweep_id else name, with_samples=fmt in ("html", "json")
+        )
+    console = _console()
+    text = render(
+        data,
+        fmt,
+        color=out is None and fmt == "table" and console.is_terminal and not console.no_color,
+    )
+    if out is not None:
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {out}: {exc.strerror}", key="--out") from exc
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text)
+
+
+@cli.command()
+@click.argument("target", required=False)
+@click.option("--objective", help="Metric to optimise, e.g. chat.c1.output_throughput.")
+@click.option("--minimize", is_flag=True, help="Minimise the objective (default: maximise).")
+@click.option(
+    "--constraint",
+    "constraints",
+    multiple=True,
+    help="e.g. 'chat.c1.ttft_p99_ms < 500' (repeatable).",
+)
+@click.option("--json", "as_json", is_flag=True)
+def best(
+    target: str | None,
+    objective: str | None,
+    minimize: bool,
+    constraints: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """The best configuration under the objective and constraints."""
+    from servesweep.report import best_to_json, find_best, format_best
+    from servesweep.store import open_store
+
+    path, name = _resolve_store(target)
+    with open_store(path, readonly=True) as store:
+        data = store.load_sweep_data(None, name, with_samples=False)
+    result = find_best(data, objective, "min" if minimize else "max", constraints)
+    if as_json:
+        click.echo(json.dumps(best_to_json(result), indent=2))
+    else:
+        click.echo(format_best(result))
+    if not result.feasible:
+        raise _Exit(EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--trial-a", type=int)
+@click.option("--trial-b", type=int)
+def compare(a: str, b: str, trial_a: int | None, trial_b: int | None) -> None:
+    """Two sweeps (or two configurations) side by side."""
+    from servesweep.report import compare as do_compare
+    from servesweep.report import format_comparison
+    from servesweep.store import open_store
+
+    datas = []
+    for target in (a, b):
+        path, name = _resolve_store(target)
+        with open_store(path, readonly=True) as store:
+            datas.append(store.load_sweep_data(None, name, with_samples=False))
+    click.echo(format_comparison(do_compare(datas[0], datas[1], trial_a=trial_a, trial_b=trial_b)))
+
+
+# -- apply, wait-gpus, doctor ---------------------------------------------------------
+
+
+@cli.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--trial", "trial_id", type=int, help="Use the params of this trial.")
+@click.option("--set", "sets", multiple=True, help="key=value param (repeatable).")
+@click.option("--best", "use_best", is_flag=True, help="Use the best configuration of the sweep.")
+@click.option("--store", type=click.Path(dir_okay=False, path_type=Path))
+def apply(
+    sweep_file: Path,
+    trial_id: int | None,
+    sets: tuple[str, ...],
+    use_best: bool,
+    store: Path | None,
+) -> None:
+    """Move the server to one configuration safely and leave it running."""
+    from servesweep.sweep.apply import apply_config, parse_sets
+
+    chosen = sum(1 for x in (trial_id is not None, bool(sets), use_best) if x)
+    if chosen != 1:
+        raise ConfigError("give exactly one of --trial ID, --set key=value..., --best")
+    _install_signal_handlers()
+    result = apply_config(
+        sweep_file,
+        trial_id=trial_id,
+        params=parse_sets(sets) if sets else None,
+        best=use_best,
+        store=store,
+    )
+    click.echo(result.message)
+    raise _Exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+@cli.command("wait-gpus")
+@click.option("--gpus", required=True, help="GPU indexes: 0-7 or 0,1,2.")
+@click.option("--tolerance", default="1GiB", show_default=True, help="Used memory allowed per GPU.")
+@click.option("--timeout", default="5m", show_default=True)
+@click.option("--settle", default="0.2s", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto")
+@click.option("--fake-gpus", type=click.Path(file_okay=False), help="Fake GPU directory.")
+def wait_gpus(
+    gpus: str, tolerance: str, timeout: str, settle: str, backend: str, fake_gpus: str | None
+) -> None:
+    """Wait until GPUs are free (the release gate for shell scripts)."""
+    from servesweep.sweep.tools import wait_gpus as do_wait
+
+    ok, message = do_wait(gpus, tolerance, timeout, settle, backend, fake_gpus)
+    click.echo(message, err=not ok)
+    raise _Exit(EXIT_OK if ok else EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("sweep_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--backend", type=click.Choice(["auto", "nvml", "fake", "none"]), default="auto")
+@click.option("--fake-gpus", type=click.Path(file_okay=False))
+def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str | None) -> None:
+    """GPUs, their holders, the port owner, the unit, and whether generation works."""
+    from servesweep.sweep.tools import doctor as do_doctor
+    from servesweep.sweep.tools import format_doctor
+
+    report_data = do_doctor(sweep_file, backend, fake_gpus)
+    click.echo(
+        json.dumps(report_data, indent=2, default=str) if as_json else format_doctor(report_data)
+    )
+
+
+# -- bench, sim -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--url", required=True, help="Base URL of an OpenAI-compatible server.")
+@click.option("--model", help="Model name (default: ask /v1/models).")
+@click.option("--concurrency", default="", help="Closed-loop levels, e.g. 1,4,16.")
+@click.option("--rate", default="", help="Open-loop request rates (req/s), e.g. 2,5.")
+@click.option("--requests", type=int, default=32, show_default=True)
+@click.option("--dataset", default="builtin:chat", show_default=True)
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--endpoint", type=click.Choice(["chat", "completions"]), default="chat")
+@click.option("--api-key-env", help="Environment variable holding the API key.")
+@click.option("--json", "as_json", is_flag=True)
+def bench(
+    url: str,
+    model: str | None,
+    concurrency: str,
+    rate: str,
+    requests: int,
+    dataset: str,
+    max_tokens: int,
+    endpoint: str,
+    api_key_env: str | None,
+    as_json: bool,
+) -> None:
+    """Benchmark an already-running server, without a sweep file."""
+    from servesweep.bench.standalone import format_results, run_standalone
+
+    def numbers(text: str, kind: type[float] | type[int], flag: str) -> list[Any]:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(
+                f"not a comma-separated list of numbers: {text!r}", key=flag
+            ) from None
+
+    levels = numbers(concurrency, int, "--concurrency")
+    rates = numbers(rate, float, "--rate")
+    if not levels and not rates:
+        levels = [1]
+    _install_signal_handlers()
+    results = run_standalone(
+        url,
+        model=model,
+        concurrency=levels,
+        requests=requests,
+        rate=rates,
+        dataset=dataset,
+        max_tokens=max_tokens,
+        endpoint=endpoint,
+        api_key_env=api_key_env,
+    )
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "level": r.level,
+                        "metrics": dict(r.metrics),
+                        "warnings": list(r.warnings),
+                        "info": dict(r.info),
+                    }
+                    for r in results
+                ],
+                indent=2,
+                default=str,
+            )
+        )
+    else:
+        _console().print(format_results(results))
+
+
+@cli.command(
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    }
+)
+@click.pass_context
+def sim(ctx: click.Context) -> None:
+    """Run the simulated inference engine (see `servesweep sim --help`)."""
+    from servesweep.sim import main as sim_main
+
+    raise _Exit(sim_main(list(ctx.args)))
+
+
+@cli.command(
+    "fake-gpus",
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    },
+)
+@click.pass_context
+def fake_gpus_cmd(ctx: click.Context) -> None:
+    """Create, show or hold fake GPUs (see `servesweep fake-gpus --help`)."""
+    from servesweep.sim.fakegpu import main as fake_main
+
+    raise _Exit(fake_main(list(ctx.args)))
+
+
+# -- the one place errors become exit codes -------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    err = _console(stderr=True)
+    try:
+        cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="servesweep",
+            standalone_mode=False,
+        )
+        code = EXIT_OK
+    except _Exit as done:
+        code = done.code
+    except click.exceptions.Exit as done:
+        code = done.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = EXIT_USAGE
+    except click.exceptions.Abort:
+        code = EXIT_INTERRUPTED
+    except (Interrupted, KeyboardInterrupt) as exc:
+        err.print(f"servesweep: interrupted ({exc or 'SIGINT'})", markup=False)
+        code = EXIT_INTERRUPTED
+    except ConfigError as exc:
+        err.print(f"servesweep: {exc}", markup=False, highlight=False)
+        code = EXIT_USAGE
+    except ServesweepError as exc:
+        err.print(f"servesweep: {exc}", markup=False, highlight=False)
+        code = EXIT_FAILED
+    except BrokenPipeError:
+        code = EXIT_OK
+    except Exception as exc:
+        if os.environ.get("SERVESWEEP_DEBUG"):
+            raise
+        err.print(
+            f"servesweep: internal error: {type(exc).__name__}: {exc} "
+            "(a bug; rerun with SERVESWEEP_DEBUG=1 for the traceback and report it)",
+            markup=False,
+            highlight=False,
+        )
+        code = EXIT_INTERNAL
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Run a sweep file: plan, resume, run every pending trial, clean up.
+
+``run_sweep`` is the library entry point behind ``servesweep run``. It is
+idempotent: run it again on the same file and it continues where the last run
+stopped — finished trials are skipped, a trial left ``running`` by a crash is run
+again after its recorded instance has been stopped (or adopted when it already
+runs the next trial's configuration), so two servers never share the GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesweep import __version__
+from servesweep.errors import ConfigError, Interrupted, TrialFailed
+from servesweep.models import Outcome
+from servesweep.servers.engines import get_preset
+from servesweep.servers.gpu import open_probe
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.launchers import make_launcher
+from servesweep.servers.lifecycle import ServerLifecycle
+from servesweep.spec.expand import expand_configs
+from servesweep.spec.load import LoadedSweep, load_sweep
+from servesweep.spec.schema import SweepSpec
+from servesweep.store import Store, SweepRecord, TrialRecord, open_store
+from servesweep.sweep.events import NullObserver, Observer
+from servesweep.sweep.runner import TrialRunner
+
+__all__ = ["RunOptions", "SweepSummary", "open_sweep", "run_sweep", "store_path_for"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    store: Path | None = None
+    """Results database; default: the sweep file's ``store`` or ``servesweep.db`` beside it."""
+    fresh: bool = False
+    """Start a new sweep instead of continuing the latest one of this name."""
+    retry_failed: bool = False
+    fail_fast: bool = False
+    keep_running: bool = False
+    """Leave the last instance running at the end (default: stop it)."""
+    only: tuple[int, ...] = ()
+    """Run only these trial ids (others stay as they are)."""
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    sweep: SweepRecord
+    store_path: Path
+    trials: tuple[TrialRecord, ...]
+    ran: tuple[int, ...] = ()
+    """Ids of the trials this invocation ran."""
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def count(self, outcome: Outcome) -> int:
+        return sum(1 for t in self.trials if t.outcome is outcome)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(t.outcome is Outcome.FAILED for t in self.trials) else 0
+
+
+def store_path_for(loaded: LoadedSweep, override: Path | None = None) -> Path:
+    if override is not None:
+        return override
+    base = loaded.path.parent if loaded.path is not None else Path.cwd()
+    if loaded.spec.store:
+        path = Path(loaded.spec.store)
+        return path if path.is_absolute() else base / path
+    return base / "servesweep.db"
+
+
+def open_sweep(loaded: LoadedSweep, store: Store, *, fresh: bool = False) -> SweepRecord:
+    """Find the sweep of this file in the store (or create it) and sync its trials."""
+    spec_path = str(loaded.path) if loaded.path else "<string>"
+    sweep = None if fresh else store.latest_sweep(loaded.spec.name)
+    if sweep is None:
+        sweep = store.create_sweep(
+            loaded.spec.name, spec_path, loaded.text, loaded.spec_hash, __version__
+        )
+    elif sweep.spec_hash != loaded.spec_hash or sweep.spec_path != spec_path:
+        store.update_sweep_spec(sweep.id, spec_path, loaded.text, loaded.spec_hash)
+    store.sync_trials(sweep.id, expand_configs(loaded.spec))
+    return store.sweep(sweep.id)
+
+
+def _environment(probe: GpuProbe, spec: SweepSpec) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "servesweep": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "engine": spec.server.engine,
+        "launcher": spec.server.launcher,
+        "gpu_backend": probe.name,
+    }
+    try:
+        env.update({f"gpu.{k}": v for k, v in probe.describe().items()})
+    except Exception as exc:
+        env["gpu.error"] = str(exc)
+    return env
+
+
+def _api_key(spec: SweepSpec) -> str | None:
+    name = spec.server.api_key_env
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if value is None:
+        raise ConfigError(
+            f"environment variable {name} is not set (it holds the API key)",
+            key="server.api_key_env",
+        )
+    return value
+
+
+ProgressFn = Callable[[int, str, float, str], None]
+
+
+def run_sweep(
+    path: str | Path,
+    options: RunOptions | None = None,
+    observer: Observer | None = None,
+    *,
+    on_progress: ProgressFn | None = None,
+) -> SweepSummary:
+    """Run (or continue) the sweep in ``path``; returns when every trial is final.
+
+    Raises ConfigError for a bad sweep file and Interrupted (after stopping the
+    current instance and marking its trial ``interrupted``) on KeyboardInterrupt.
+    """
+    options = options or RunOptions()
+    observer = observer or NullObserver()
+    loaded = load_sweep(path)
+    spec = loaded.spec
+    api_key = _api_key(spec)
+    store_path = store_path_for(loaded, options.store)
+    store = open_store(store_path)
+    try:
+        return _run(loaded, store, store_path, options, observer, on_progress, api_key)
+    finally:
+        store.close()
+
+
+def _run(
+    loaded: LoadedSweep,
+    store: Store,
+    store_path: Path,
+    options: RunOptions,
+    observer: Observer,
+    on_progress: ProgressFn | None,
+    api_key: str | None,
+) -> SweepSummary:
+    spec = loaded.spec
+    sweep = open_sweep(loaded, store, fresh=options.fresh)
+    preset = get_preset(spec.server.engine)
+    launcher = make_launcher(spec.server)
+    probe = open_probe(spec.server.gpu_backend, spec.server.fake_gpu_dir)
+    lifecycle = ServerLifecycle(spec.server, preset, launcher, probe)
+    warnings: list[str] = list(getattr(launcher, "warnings", []) or [])
+    for warning in warnings:
+        observer.event("warning", {"message": warning})
+
+    log_root = (
+        Path(spec.server.log_dir)
+        if spec.server.log_dir
+        else store_path.parent / "runs" / f"{spec.name}-{sweep.id}"
+    )
+    runner = TrialRunner(
+        store=store,
+        sweep_id=sweep.id,
+        sweep_name=spec.name,
+        server=spec.server,
+        preset=preset,
+        lifecycle=lifecycle,
+        probe=probe,
+        workloads=spec.workloads,
+        log_root=log_root,
+        observer=observer,
+        api_key=api_key,
+    )
+
+    trials = store.trials(sweep.id, in_plan_only=True)
+    if options.retry_failed:
+        for trial in trials:
+            if trial.outcome in (Outcome.FAILED, Outcome.INTERRUPTED):
+                store.reset_trial(trial.id)
+        trials = store.trials(sweep.id, in_plan_only=True)
+    todo = [t for t in trials if not t.outcome.final and (not options.only or t.id in options.only)]
+    observer.event(
+        "sweep_started",
+        {
+            "sweep": sweep.id,
+            "name": spec.name,
+            "store": str(store_path),
+            "trials": len(trials),
+            "todo": len(todo),
+            "done": sum(1 for t in trials if t.outcome.final),
+        },
+    )
+
+    _recover_instances(store, runner, todo, observer)
+    if runner.current is None:
+        baseline = lifecycle.prepare(list(spec.server.gpus))
+        store.set_environment(
+            sweep.id,
+            {
+                **_environment(probe, spec),
+                "baseline_bytes": {str(k): v for k, v in baseline.items()},
+            },
+        )
+    ran: list[int] = []
+    runner.open()
+    try:
+        for trial in todo:
+            ran.append(trial.id)
+
+            def progress(phase: str, elapsed: float, line: str, _id: int = trial.id) -> None:
+                observer.event(
+                    "progress", {"trial": _id, "phase": phase, "elapsed": elapsed, "line": line}
+                )
+                if on_progress is not None:
+                    on_progress(_id, phase, elapsed, line)
+
+            done = runner.run_trial(store.trial(trial.id), progress)
+            if done.outcome is Outcome.FAILED and options.fail_fast:
+                observer.event(
+                    "warning", {"message": f"--fail-fast: stopping after trial {done.id}"}
+                )
+                break
+        if not options.keep_running:
+            _final_stop(runner, observer)
+        store.finish_sweep(sweep.id)
+    except (KeyboardInterrupt, Interrupted):
+        _interrupt(store, runner, ran, observer)
+        raise Interrupted("interrupted; the current instance was stopped") from None
+    finally:
+        runner.close()
+        probe.close()
+    final = store.trials(sweep.id, in_plan_only=True)
+    summary = SweepSummary(
+        sweep=store.sweep(sweep.id),
+        store_path=store_path,
+        trials=tuple(final),
+        ran=tuple(ran),
+        warnings=tuple(warnings),
+    )
+    observer.event(
+        "sweep_finished",
+        {o.value: summary.count(o) for o in Outcome} | {"sweep": sweep.id},
+    )
+    return summary
+
+
+def _recover_instances(
+    store: Store, runner: TrialRunner, todo: list[TrialRecord], observer: Observer
+) -> None:
+    """Deal with instances an earlier run left behind: adopt one that already runs
+    the next trial's config, stop every other one (never two servers on the GPUs)."""
+    next_fp = todo[0].fingerprint if todo else None
+    launcher = runner.lifecycle.launcher
+    for trial in store.live_instances():
+        instance = trial.instance
+        if instance is None:
+            continue
+        if not launcher.alive(instance):
+            store.mark_instance_gone(trial.id)
+            continue
+        same_slot = instance.port == runner.server.port or set(instance.gpus) & set(
+            runner.server.gpus
+        )
+        if not same_slot:
+            continue
+        if runner.current is None and instance.fingerprint == next_fp and next_fp is not None:
+            observer.event(
+                "warning",
+                {"message": f"found the instance of trial {trial.id} still running its config"},
+            )
+            runner.adopt(trial.id, instance)
+            continue
+        observer.event(
+            "warning",
+            {"message": f"stopping the instance of trial {trial.id} left by an earlier run"},
+        )
+        runner.lifecycle.stop(instance)
+        store.mark_instance_gone(trial.id)
+    for trial in store.trials(runner.sweep_id):
+        if trial.outcome is Outcome.RUNNING:
+            # the run that owned it died; its results are incomplete: run it again
+            store.reset_trial(trial.id)
+
+
+def _final_stop(runner: TrialRunner, observer: Observer) -> None:
+    if runner.current is None:
+        return
+    try:
+        runner.stop_current()
+    except TrialFailed as failure:
+        observer.event("warning", {"message": f"final stop: {failure}"})
+
+
+def _interrupt(store: Store, runner: TrialRunner, ran: list[int], observer: Observer) -> None:
+    observer.event("warning", {"message": "interrupted: stopping the current instance"})
+    try:
+        if runner.current is not None:
+            runner.lifecycle.stop(runner.current.instance)
+            store.mark_instance_gone(runner.current.trial_id)
+            runner.current = None
+    except TrialFailed as failure:
+        observer.event("warning", {"message": f"stop after interrupt: {failure}"})
+    for trial_id in ran:
+        trial = store.trial(trial_id)
+        if trial.outcome is Outcome.RUNNING:
+            store.finish_trial(trial_id, Outcome.INTERRUPTED, time.time())

@@ -1,0 +1,124 @@
+"""Standalone lifecycle tools: ``wait-gpus`` (the release gate for shell scripts)
+and ``doctor`` (what is on the GPUs, the port and the unit, and does it generate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from servesweep.errors import ConfigError, TrialFailed
+from servesweep.servers.gpu import open_probe
+from servesweep.servers.release import wait_released
+from servesweep.spec.schema import parse_duration, parse_size
+
+__all__ = ["doctor", "format_doctor", "parse_gpu_list", "wait_gpus"]
+
+
+def parse_gpu_list(text: str) -> list[int]:
+    """``0-3,6`` -> ``[0, 1, 2, 3, 6]``."""
+    gpus: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                if int(hi) < int(lo):
+                    raise ValueError(part)
+                gpus.extend(range(int(lo), int(hi) + 1))
+            else:
+                gpus.append(int(part))
+    except ValueError:
+        raise ConfigError(
+            f"not a GPU list: {text!r} (use e.g. 0-7 or 0,1,2)", key="--gpus"
+        ) from None
+    if not gpus or any(g < 0 for g in gpus):
+        raise ConfigError(f"not a GPU list: {text!r} (use e.g. 0-7 or 0,1,2)", key="--gpus")
+    return sorted(set(gpus))
+
+
+def _parse(kind: str, value: str, flag: str) -> float:
+    try:
+        return parse_size(value) if kind == "size" else parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key=flag) from None
+
+
+def wait_gpus(
+    gpus: str,
+    tolerance: str,
+    timeout: str,
+    settle: str,
+    backend: str = "auto",
+    fake_dir: str | None = None,
+) -> tuple[bool, str]:
+    """Wait until no process holds memory on the GPUs and used memory is within the
+    tolerance of zero; returns (free, message naming the holders if not)."""
+    indexes = parse_gpu_list(gpus)
+    probe = open_probe(backend, fake_dir)
+    try:
+        result = wait_released(
+            probe,
+            indexes,
+            {g: 0 for g in indexes},
+            old_pids=set(),
+            tolerance=int(_parse("size", tolerance, "--tolerance")),
+            settle=_parse("duration", settle, "--settle"),
+            timeout=_parse("duration", timeout, "--timeout"),
+            foreign_policy="wait",
+        )
+    except TrialFailed as failure:
+        return False, f"GPUs {gpus} not free: {failure.evidence.message}" + "".join(
+            f"\n  {h.describe()}  {h.cmdline[:120]}" for h in failure.evidence.gpu_holders
+        )
+    finally:
+        probe.close()
+    return True, f"GPUs {gpus} free after {result.seconds:.2f}s"
+
+
+def doctor(
+    sweep_file: Path | None, backend: str = "auto", fake_dir: str | None = None
+) -> dict[str, Any]:
+    from servesweep.servers.doctor import diagnose
+
+    spec = None
+    if sweep_file is not None:
+        from servesweep.spec.load import load_sweep
+
+        spec = load_sweep(sweep_file).spec.server
+        if backend == "auto":
+            backend = spec.gpu_backend
+        fake_dir = fake_dir or spec.fake_gpu_dir
+    probe = open_probe(backend, fake_dir)
+    try:
+        return diagnose(spec, probe)
+    finally:
+        probe.close()
+
+
+def format_doctor(report: dict[str, Any]) -> str:
+    """A readable rendering of ``doctor``'s JSON-able dict (nested keys indented)."""
+    lines: list[str] = []
+
+    def walk(value: Any, indent: int, key: str | None) -> None:
+        pad = "  " * indent
+        if isinstance(value, dict):
+            if key is not None:
+                lines.append(f"{pad}{key}:")
+            for k, v in value.items():
+                walk(v, indent + (1 if key is not None else 0), str(k))
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}:" if key is not None else "")
+            if not value:
+                lines[-1] += " (none)"
+            for item in value:
+                if isinstance(item, dict):
+                    lines.append(f"{pad}  - " + ", ".join(f"{k}={v}" for k, v in item.items()))
+                else:
+                    lines.append(f"{pad}  - {item}")
+        else:
+            lines.append(f"{pad}{key}: {value}")
+
+    walk(report, 0, None)
+    return "\n".join(line for line in lines if line != "")
