@@ -1,0 +1,196 @@
+"""The default launcher: the server as a child process in its own session.
+
+Identity: the main PID, its process group, and an instance tag
+(``SERVESWEEP_INSTANCE=<trial_key>-<hex>``) in the environment that every process of
+the instance inherits — so workers that called ``setsid`` or outlived their parent
+are still found. The tag is stored in ``InstanceRecord.invocation_id`` (for a
+subprocess, the instance's invocation is its tag). stdout and stderr are appended to
+the trial's log file after one header line that names the tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from servesweep.errors import LaunchError
+from servesweep.models import InstanceRecord
+from servesweep.servers import logs, procs
+from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+
+__all__ = ["SubprocessLauncher", "instance_pids", "log_marker", "stop_processes"]
+
+
+def log_marker(tag: str) -> str:
+    """The text of the header line a launcher writes before an instance's output."""
+    return f"servesweep instance {tag} starting"
+
+
+def write_header(log_path: Path, tag: str, argv: Sequence[str]) -> None:
+    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as fh:
+            fh.write(f"=== {log_marker(tag)} at {stamp}: {shlex.join(argv)}\n")
+    except OSError as exc:
+        raise LaunchError(f"cannot write the server log {log_path}: {exc}") from exc
+
+
+def child_env(request: LaunchRequest, tag: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(request.env)
+    if request.gpus and "CUDA_VISIBLE_DEVICES" not in request.env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in request.gpus)
+    env[procs.TAG_ENV] = tag
+    return env
+
+
+def instance_pids(instance: InstanceRecord) -> set[int]:
+    """Live PIDs of a locally started instance: the main PID's tree, its process
+    group and every process carrying its tag."""
+    found: set[int] = set()
+    tag = instance.invocation_id
+    main = instance.main_pid
+    if main is not None and procs.alive(main, instance.started_at, tag):
+        found |= procs.tree(main)
+    if instance.pgid is not None and instance.pgid > 1:
+        found |= procs.group_members(instance.pgid)
+    if tag:
+        found |= set(procs.tagged(tag))
+    found.discard(os.getpid())
+    return found
+
+
+def stop_processes(
+    discover: Callable[[], set[int]],
+    grace: float,
+    kill_timeout: float,
+    *,
+    pgid: int | None = None,
+    on_poll: Callable[[], None] | None = None,
+) -> StopResult:
+    """SIGTERM (and SIGCONT) every process ``discover`` finds, wait up to ``grace``,
+    SIGKILL what is left, wait up to ``kill_timeout``; never longer."""
+    t0 = time.monotonic()
+    pids = discover()
+    if not pids:
+        return StopResult(seconds=time.monotonic() - t0)
+    signalled = procs.signal_all(pids, signal.SIGTERM)
+    procs.signal_all(pids, signal.SIGCONT)
+    _signal_group(pgid, signal.SIGTERM)
+    left = procs.wait_gone(pids, grace, refresh=discover, on_poll=on_poll)
+    killed: tuple[int, ...] = ()
+    notes: list[str] = []
+    if left:
+        killed = procs.signal_all(left, signal.SIGKILL)
+        _signal_group(pgid, signal.SIGKILL)
+        notes.append(f"{len(left)} process(es) still running after {grace:g}s grace: SIGKILL")
+        left = procs.wait_gone(left, kill_timeout, refresh=discover, on_poll=on_poll)
+        if left:
+            notes.append(f"{len(left)} process(es) survived SIGKILL for {kill_timeout:g}s")
+    return StopResult(
+        seconds=time.monotonic() - t0,
+        signalled=signalled,
+        killed=killed,
+        survivors=tuple(sorted(left)),
+        notes=tuple(notes),
+    )
+
+
+def _signal_group(pgid: int | None, sig: signal.Signals) -> None:
+    if pgid is None or pgid <= 1 or pgid == os.getpgrp():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class SubprocessLauncher:
+    """Runs the server as a child process; see the module docstring."""
+
+    name = "subprocess"
+
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, request: LaunchRequest) -> InstanceRecord:
+        if not request.argv:
+            raise LaunchError("the server command is empty (check server.executable)")
+        tag = procs.new_instance_tag(request.trial_key)
+        log_path = Path(request.log_path)
+        write_header(log_path, tag, request.argv)
+        try:
+            with open(log_path, "ab") as log:
+                child = subprocess.Popen(
+                    list(request.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_env(request, tag),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except (OSError, ValueError) as exc:
+            raise LaunchError(
+                f"cannot run the server command {request.argv[0]!r}: {exc} "
+                "(check server.executable and PATH)"
+            ) from exc
+        self._children[child.pid] = child
+        return InstanceRecord(
+            launcher=self.name,
+            pids=(child.pid,),
+            pgid=child.pid,
+            invocation_id=tag,
+            port=request.port,
+            gpus=tuple(request.gpus),
+            log_path=str(log_path),
+            started_at=time.time(),
+            fingerprint=request.fingerprint,
+        )
+
+    def poll(self, instance: InstanceRecord) -> ExitStatus | None:
+        main = instance.main_pid
+        if main is None:
+            return ExitStatus()
+        child = self._children.get(main)
+        if child is not None:
+            code = child.poll()
+            if code is None:
+                return None
+            return ExitStatus(signal=-code) if code < 0 else ExitStatus(exit_code=code)
+        if procs.alive(main, instance.started_at, instance.invocation_id):
+            return None
+        return ExitStatus()  # not our child: the status is not known
+
+    def pids(self, instance: InstanceRecord) -> set[int]:
+        self._reap()
+        return instance_pids(instance)
+
+    def stop(self, instance: InstanceRecord, grace: float, kill_timeout: float) -> StopResult:
+        return stop_processes(
+            lambda: instance_pids(instance),
+            grace,
+            kill_timeout,
+            pgid=instance.pgid,
+            on_poll=self._reap,
+        )
+
+    def log_tail(self, instance: InstanceRecord, lines: int = 50) -> list[str]:
+        return logs.tail(instance.log_path, lines)
+
+    def alive(self, instance: InstanceRecord) -> bool:
+        self._reap()
+        main = instance.main_pid
+        if main is not None and procs.alive(main, instance.started_at, instance.invocation_id):
+            return True
+        return bool(instance.invocation_id and procs.tagged(instance.invocation_id))
+
+    def _reap(self) -> None:
+        for child in self._children.values():
+            child.poll()

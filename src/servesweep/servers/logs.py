@@ -1,0 +1,156 @@
+"""Server log files: incremental reading, fatal patterns, tails, progress.
+
+A log file is appended to by the server while servesweep reads it; lines may
+arrive half-written. :class:`LogWatcher` returns only complete lines (a partial
+last line is kept until its newline arrives, or returned by ``flush``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servesweep.servers.engines import FatalPattern
+
+__all__ = ["FatalMatch", "LogProgress", "LogWatcher", "match_fatal", "tail"]
+
+_MAX_READ = 4 * 2**20
+_MAX_LINE = 4096
+
+
+@dataclass(frozen=True)
+class FatalMatch:
+    pattern: FatalPattern
+    line: str
+
+
+@dataclass(frozen=True)
+class LogProgress:
+    last_line: str
+    """The last non-empty line (may be partial)."""
+    idle_s: float
+    """Seconds since the log last grew."""
+    size: int
+
+    def progressing(self, window_s: float) -> bool:
+        return self.idle_s <= window_s
+
+
+class LogWatcher:
+    """Reads the lines appended to a file since the last call.
+
+    ``start_after`` skips the file up to and including the last line containing that
+    marker (a launcher writes one per instance), so lines of an earlier instance
+    appended to the same file are not read again.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, start_after: str | None = None) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = b""
+        self._last_line = ""
+        self._last_growth = time.monotonic()
+        self._size = 0
+        if start_after:
+            self._offset = _marker_end(self.path, start_after)
+            self._size = self._offset
+
+    def read_new(self) -> list[str]:
+        """Complete lines appended since the last call (without newlines)."""
+        try:
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < self._offset:  # truncated or replaced
+                    self._offset = 0
+                    self._partial = b""
+                if size == self._offset:
+                    return []
+                fh.seek(self._offset)
+                data = fh.read(_MAX_READ)
+        except OSError:
+            return []
+        self._offset += len(data)
+        self._size = self._offset
+        self._last_growth = time.monotonic()
+        data = self._partial + data
+        parts = data.split(b"\n")
+        self._partial = parts.pop()
+        if len(self._partial) > _MAX_LINE * 16:  # a runaway line without newline
+            parts.append(self._partial)
+            self._partial = b""
+        lines = [p.rstrip(b"\r").decode(errors="replace") for p in parts]
+        for line in reversed(lines):
+            if line.strip():
+                self._last_line = line.strip()
+                break
+        partial = self._partial.decode(errors="replace").strip()
+        if partial:
+            self._last_line = partial
+        return lines
+
+    def flush(self) -> list[str]:
+        """New lines plus the partial last line, if any (use when the writer is gone)."""
+        lines = self.read_new()
+        if self._partial:
+            lines.append(self._partial.decode(errors="replace"))
+            self._partial = b""
+        return lines
+
+    def progress(self) -> LogProgress:
+        return LogProgress(
+            last_line=self._last_line[:_MAX_LINE],
+            idle_s=time.monotonic() - self._last_growth,
+            size=self._size,
+        )
+
+
+def _marker_end(path: Path, marker: str) -> int:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0
+    at = data.rfind(marker.encode())
+    if at < 0:
+        return 0
+    end = data.find(b"\n", at)
+    return len(data) if end < 0 else end + 1
+
+
+def match_fatal(lines: Iterable[str], patterns: Sequence[FatalPattern]) -> FatalMatch | None:
+    """The line matching the most specific pattern: patterns earlier in ``patterns``
+    win (``oom`` before a generic ``Traceback``); for one pattern, the first line."""
+    best: tuple[int, str] | None = None
+    for line in lines:
+        for rank, pattern in enumerate(patterns):
+            if best is not None and rank >= best[0]:
+                break
+            if pattern.pattern.search(line):
+                best = (rank, line.strip()[:_MAX_LINE])
+                break
+    if best is None:
+        return None
+    return FatalMatch(patterns[best[0]], best[1])
+
+
+def tail(path: str | os.PathLike[str] | None, n: int = 50) -> list[str]:
+    """The last ``n`` lines of a file (empty when it cannot be read)."""
+    if path is None or n <= 0:
+        return []
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            chunk = 8192
+            data = b""
+            while size > 0 and data.count(b"\n") <= n:
+                step = min(chunk, size)
+                size -= step
+                fh.seek(size)
+                data = fh.read(step) + data
+                chunk *= 2
+    except OSError:
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    return [line[:_MAX_LINE] for line in lines[-n:]]

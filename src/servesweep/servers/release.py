@@ -1,0 +1,260 @@
+"""The release gate: the old instance is gone and its GPU memory is back.
+
+Order of a restart: :func:`stop_instance` (every process of the old instance gone,
+or ``stop_failed`` with evidence), then :func:`wait_released` (no process of the old
+instance listed on the next trial's GPUs, used memory within ``tolerance`` of the
+baseline measured before the sweep, stable for ``settle`` seconds, or ``gpu_busy``
+naming the holders). The gate polls adaptively — 5 ms at first, backing off to
+50 ms — so it costs little beyond the physical release plus the settle window.
+
+Holders are sorted into three kinds:
+
+* the old instance (a PID of ``old_pids``): waited for; killed if still alive;
+* servesweep's own (a live process whose environment carries an instance tag,
+  ``SERVESWEEP_INSTANCE``, starting with ``own_tag_prefix`` — any tag when None):
+  an orphan of one of our earlier instances, killed and reported in ``cleaned``;
+* foreign (anything else alive): handled by ``foreign_policy`` — ``wait`` (until the
+  timeout), ``fail`` (``gpu_busy`` at once), ``kill-own`` (kill holders tagged by any
+  servesweep run, ``gpu_busy`` at once for others). A foreign holder blocks only
+  while used memory is over the tolerance and it holds more than the tolerance
+  itself: small resident processes present at baseline time do not.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from servesweep.errors import TrialFailed
+from servesweep.models import (
+    Evidence,
+    FailureClass,
+    GpuHolder,
+    GpuState,
+    InstanceRecord,
+    ProcessInfo,
+)
+from servesweep.servers import procs
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.launchers.base import Launcher, StopResult
+from servesweep.spec.schema import Timeouts
+
+__all__ = [
+    "FOREIGN_POLICIES",
+    "ReleaseResult",
+    "check_foreign_holders",
+    "describe_holder",
+    "measure_baseline",
+    "stop_instance",
+    "wait_released",
+]
+
+FOREIGN_POLICIES = ("wait", "fail", "kill-own")
+_FIRST_POLL = 0.005
+_MAX_POLL = 0.05
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    seconds: float
+    """Time spent in the gate, settle window included."""
+    polls: int
+    cleaned: tuple[ProcessInfo, ...] = ()
+    """Orphans of servesweep's own instances that the gate killed."""
+    released_s: float = 0.0
+    """When the condition first held for good (``seconds - released_s`` is the settle cost)."""
+
+
+def measure_baseline(probe: GpuProbe, gpus: Sequence[int]) -> dict[int, int]:
+    """Used bytes per GPU now (take it before the sweep starts anything)."""
+    return {state.index: state.used_bytes for state in probe.snapshot(list(gpus))}
+
+
+def stop_instance(launcher: Launcher, instance: InstanceRecord, timeouts: Timeouts) -> StopResult:
+    """Stop the whole instance; raise ``stop_failed`` naming every survivor."""
+    result = launcher.stop(instance, timeouts.stop, timeouts.kill)
+    if not result.survivors:
+        return result
+    infos = procs.describe_all(result.survivors)
+    stuck = [p for p in infos if p.state == "D"]
+    hint = (
+        "a process in state D is blocked in the kernel (often the GPU driver) and ignores "
+        "signals until the kernel call returns; check `cat /proc/PID/stack` and dmesg"
+        if stuck
+        else "check what these processes wait for and stop them by hand"
+    )
+    raise TrialFailed(
+        FailureClass.STOP_FAILED,
+        Evidence(
+            message=(
+                f"{len(infos)} process(es) of the old instance survived SIGKILL for "
+                f"{timeouts.kill:g}s: " + "; ".join(p.describe() for p in infos) + f" — {hint}"
+            ),
+            reason="unkillable" if stuck else "survivors",
+            processes=infos,
+            log_path=instance.log_path,
+            timings={"stop_s": result.seconds},
+            details={"notes": list(result.notes), "killed": list(result.killed)},
+        ),
+    )
+
+
+def describe_holder(holder: GpuHolder) -> GpuHolder:
+    """The holder with its name and command line filled in (when the process is visible)."""
+    if holder.name and holder.cmdline:
+        return holder
+    info = procs.describe(holder.pid)
+    if info.state == "gone":
+        return GpuHolder(holder.pid, holder.used_bytes, holder.name or "(exited)", holder.cmdline)
+    return GpuHolder(
+        holder.pid,
+        holder.used_bytes,
+        holder.name or info.name,
+        holder.cmdline or info.cmdline,
+    )
+
+
+def _merge_holders(states: Iterable[GpuState]) -> list[GpuHolder]:
+    by_pid: dict[int, GpuHolder] = {}
+    for state in states:
+        for h in state.holders:
+            old = by_pid.get(h.pid)
+            used = h.used_bytes + (old.used_bytes if old else 0)
+            by_pid[h.pid] = GpuHolder(h.pid, used, h.name, h.cmdline)
+    return [describe_holder(h) for _, h in sorted(by_pid.items())]
+
+
+def check_foreign_holders(probe: GpuProbe, gpus: Sequence[int]) -> list[GpuHolder]:
+    """Live processes holding memory on ``gpus`` (one entry per PID, memory summed),
+    with name and command line: the pre-sweep report."""
+    holders = _merge_holders(probe.snapshot(list(gpus)))
+    return [h for h in holders if not procs.is_gone(h.pid)]
+
+
+def _is_own(pid: int, prefix: str | None) -> bool:
+    tag = procs.tag_of(pid)
+    return tag is not None and (prefix is None or tag.startswith(prefix))
+
+
+def _kill(pid: int) -> ProcessInfo:
+    info = procs.describe(pid)
+    procs.signal_all(procs.tree(pid) or {pid}, signal.SIGKILL)
+    return info
+
+
+def _busy(
+    message: str,
+    states: Sequence[GpuState],
+    baseline: dict[int, int],
+    tolerance: int,
+    elapsed: float,
+    reason: str,
+) -> TrialFailed:
+    holders = tuple(_merge_holders(states))
+    over = {
+        s.index: {"used": s.used_bytes, "baseline": baseline.get(s.index, 0)}
+        for s in states
+        if s.used_bytes > baseline.get(s.index, 0) + tolerance
+    }
+    names = "; ".join(h.describe() + (f" {h.cmdline[:80]!r}" if h.cmdline else "") for h in holders)
+    text = message + (f"; holders: {names}" if names else "; no process is listed as holder")
+    return TrialFailed(
+        FailureClass.GPU_BUSY,
+        Evidence(
+            message=text,
+            reason=reason,
+            gpu_holders=holders,
+            timings={"release_s": elapsed},
+            details={"over_tolerance": over, "tolerance": tolerance},
+        ),
+    )
+
+
+def wait_released(
+    probe: GpuProbe,
+    gpus: Sequence[int],
+    baseline: dict[int, int],
+    *,
+    old_pids: set[int],
+    tolerance: int,
+    settle: float,
+    timeout: float,
+    foreign_policy: str,
+    own_tag_prefix: str | None = None,
+) -> ReleaseResult:
+    """Wait until the old instance's GPU memory is back (see the module docstring)."""
+    if foreign_policy not in FOREIGN_POLICIES:
+        raise ValueError(f"foreign_policy must be one of {FOREIGN_POLICIES}: {foreign_policy!r}")
+    gpu_list = list(gpus)
+    t0 = time.monotonic()
+    delay = _FIRST_POLL
+    polls = 0
+    ok_since: float | None = None
+    cleaned: dict[int, ProcessInfo] = {}
+    while True:
+        states = probe.snapshot(gpu_list)
+        polls += 1
+        now = time.monotonic()
+        blocking = False
+        foreign: list[GpuHolder] = []
+        for state in states:
+            for holder in state.holders:
+                pid = holder.pid
+                if pid in cleaned:
+                    blocking = True
+                    continue
+                gone = procs.is_gone(pid)
+                if pid in old_pids:
+                    blocking = True
+                    if not gone:
+                        cleaned[pid] = _kill(pid)
+                elif gone:
+                    blocking = True  # an exited process whose memory is being released
+                elif _is_own(pid, own_tag_prefix) or (
+                    foreign_policy == "kill-own" and _is_own(pid, None)
+                ):
+                    blocking = True
+                    cleaned[pid] = _kill(pid)
+                elif holder.used_bytes > tolerance:
+                    foreign.append(holder)
+        mem_ok = all(s.used_bytes <= baseline.get(s.index, 0) + tolerance for s in states)
+        if foreign and not mem_ok and foreign_policy != "wait":
+            raise _busy(
+                f"GPU(s) {_gpu_text(gpu_list)} held by a process that is not servesweep's "
+                f"(release policy {foreign_policy!r})",
+                states,
+                baseline,
+                tolerance,
+                now - t0,
+                "foreign_holder",
+            )
+        if mem_ok and not blocking:
+            if ok_since is None:
+                ok_since = now
+            if now - ok_since >= settle:
+                return ReleaseResult(
+                    seconds=now - t0,
+                    polls=polls,
+                    cleaned=tuple(cleaned[p] for p in sorted(cleaned)),
+                    released_s=ok_since - t0,
+                )
+        else:
+            ok_since = None
+        if now - t0 >= timeout:
+            raise _busy(
+                f"GPU memory on GPU(s) {_gpu_text(gpu_list)} not released within {timeout:g}s "
+                f"(tolerance {tolerance / 2**20:.0f} MiB over baseline)",
+                states,
+                baseline,
+                tolerance,
+                now - t0,
+                "foreign_holder" if foreign else "not_released",
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, _MAX_POLL)
+
+
+def _gpu_text(gpus: Sequence[int]) -> str:
+    return ",".join(str(g) for g in gpus) or "(all)"
