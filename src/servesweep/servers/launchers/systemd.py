@@ -1,0 +1,572 @@
+"""The systemd launcher: run each trial through an existing unit.
+
+servesweep never edits the unit file. The trial's command goes into a drop-in,
+``<unit_dir>/<unit>.d/servesweep.conf``: in ``execstart`` mode it replaces
+``ExecStart=`` and adds ``Environment=`` lines; in ``envfile`` mode it points
+``EnvironmentFile=`` at ``servesweep.env`` beside it, which sets ``SERVESWEEP_ARGS``
+(for a unit whose own ``ExecStart=`` uses ``$SERVESWEEP_ARGS``). Then
+``daemon-reload``, ``reset-failed`` and ``start --no-block``.
+
+Identity: systemd's ``InvocationID`` (new for every start), the unit's
+``ControlGroup`` and the main PID. ``pids`` reads every process of the unit's cgroup
+from the local cgroup file system, also when systemd runs in a container whose
+cgroup namespace nests the path (the systemd sandbox of the tests). Logs: the
+journal of that invocation only (``_SYSTEMD_INVOCATION_ID``), copied into the
+trial's log file while the instance runs. ``stop``: ``systemctl stop --no-block``,
+``grace`` seconds, then ``systemctl kill --signal=SIGKILL`` and SIGKILL to every
+local PID of the cgroup, then up to ``kill_timeout`` for the cgroup to empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from servesweep.errors import LaunchError
+from servesweep.models import InstanceRecord
+from servesweep.servers import logs, procs
+from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+from servesweep.servers.launchers.external import LogCopier, run_tool
+from servesweep.spec.schema import ServerSpec, SystemdSpec
+
+__all__ = [
+    "DROPIN_NAME",
+    "ENVFILE_NAME",
+    "SystemdLauncher",
+    "UnitCgroup",
+    "dropin_text",
+    "envfile_text",
+    "systemd_quote",
+    "unit_warnings",
+]
+
+DROPIN_NAME = "servesweep.conf"
+ENVFILE_NAME = "servesweep.env"
+
+_PROPS = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Type",
+    "KillMode",
+    "Restart",
+    "MainPID",
+    "InvocationID",
+    "ControlGroup",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "Result",
+    "TimeoutStopUSec",
+)
+_RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+# ExecMainCode is a CLD_* code of waitid(2).
+_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
+_START_WAIT = 15.0
+
+
+def systemd_quote(word: str) -> str:
+    """One word of an ``ExecStart=`` line: quoted for systemd's parser, with ``%``
+    specifiers and ``$`` variable expansion escaped so the word arrives verbatim."""
+    text = word.replace("%", "%%").replace("$", "$$")
+    if word and _SAFE_WORD.match(word):
+        return text
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{text}"'
+
+
+def _env_assignment(key: str, value: str) -> str:
+    """``"KEY=value"`` for an ``Environment=`` line (no ``$`` expansion there)."""
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        raise LaunchError(f"invalid environment variable name for systemd: {key!r}")
+    text = f"{key}={value}".replace("%", "%%")
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def _header(trial_key: str) -> str:
+    return (
+        f"# Written by servesweep for trial {trial_key}. The unit file itself is not changed;\n"
+        "# delete this file and run `systemctl daemon-reload` to restore the unit.\n"
+    )
+
+
+def dropin_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> str:
+    """The ``execstart`` drop-in: replace ExecStart with ``argv``, add ``env``."""
+    lines = [_header(trial_key), "[Service]", "ExecStart="]
+    lines.append("ExecStart=" + " ".join(systemd_quote(w) for w in argv))
+    lines += [f"Environment={_env_assignment(k, v)}" for k, v in sorted(env.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _envfile_value(value: str) -> str:
+    if "\n" in value:
+        raise LaunchError(f"a newline cannot go into an EnvironmentFile value: {value!r}")
+    if "'" not in value:
+        return f"'{value}'"
+    escaped = (
+        value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+    )
+    return f'"{escaped}"'
+
+
+def envfile_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> str:
+    """The ``envfile`` mode's EnvironmentFile: ``SERVESWEEP_PROGRAM`` (argv[0]),
+    ``SERVESWEEP_ARGS`` (the rest, space-separated for ``$SERVESWEEP_ARGS``) and ``env``."""
+    bad = [w for w in argv[1:] if not w or any(c.isspace() for c in w)]
+    if bad:
+        raise LaunchError(
+            f"systemd splits $SERVESWEEP_ARGS at whitespace, so argument {bad[0]!r} cannot "
+            "be passed in envfile mode; use systemd.mode: execstart"
+        )
+    lines = [_header(trial_key).rstrip("\n")]
+    lines.append(f"SERVESWEEP_PROGRAM={_envfile_value(argv[0])}")
+    lines.append(f"SERVESWEEP_ARGS={_envfile_value(' '.join(argv[1:]))}")
+    for key, value in sorted(env.items()):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise LaunchError(f"invalid environment variable name for systemd: {key!r}")
+        lines.append(f"{key}={_envfile_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def unit_warnings(unit: str, props: Mapping[str, str]) -> list[str]:
+    """What a unit's settings imply for a sweep, as advice (empty when all is well)."""
+    out: list[str] = []
+    kind = props.get("Type", "")
+    if kind in ("simple", "exec", "idle"):
+        out.append(
+            f"{unit} is Type={kind}: systemd reports it 'active' as soon as the process "
+            "starts, long before the engine can serve. servesweep's readiness gate waits "
+            "for a real generation; anything that trusts `systemctl is-active` or start "
+            "ordering does not (consider Type=notify)."
+        )
+    kill_mode = props.get("KillMode", "")
+    if kill_mode and kill_mode != "control-group":
+        effect = {
+            "mixed": "only the main process gets SIGTERM; workers get SIGKILL without a "
+            "chance to clean up",
+            "process": "only the main process is signalled; workers (vLLM EngineCore, "
+            "tensor-parallel workers) survive and keep GPU memory",
+            "none": "no process is signalled; every process survives and keeps GPU memory",
+        }.get(kill_mode, "not every process is signalled")
+        out.append(
+            f"{unit} has KillMode={kill_mode}: on `systemctl stop` {effect}. servesweep "
+            "kills what is left in the unit's cgroup after the grace period; set "
+            "KillMode=control-group to let systemd stop the whole instance."
+        )
+    restart = props.get("Restart", "")
+    if restart and restart != "no":
+        out.append(
+            f"{unit} has Restart={restart}: systemd restarts a crashed trial by itself; "
+            "servesweep counts the first exit as the end of the instance and stops the unit."
+        )
+    return out
+
+
+class UnitCgroup:
+    """Finds a unit's cgroup folder on this machine.
+
+    ``ControlGroup`` is relative to systemd's cgroup namespace. For the host's systemd
+    it lies right under the cgroup mount; for a systemd in a container (nspawn, the
+    test sandbox) it lies some folders deeper. The nesting found once is remembered.
+    """
+
+    def __init__(self) -> None:
+        self._prefix: dict[Path, Path] = {}
+
+    @staticmethod
+    def roots() -> list[Path]:
+        """Mount points of the cgroup v2 hierarchy and of the v1 ``name=systemd`` one."""
+        v2: list[Path] = []
+        v1: list[Path] = []
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+                for line in fh:
+                    left, _, right = line.partition(" - ")
+                    fields = left.split()
+                    rfields = right.split()
+                    if len(fields) < 5 or len(rfields) < 3:
+                        continue
+                    if rfields[0] == "cgroup2":
+                        v2.append(Path(fields[4]))
+                    elif rfields[0] == "cgroup" and "name=systemd" in rfields[2].split(","):
+                        v1.append(Path(fields[4]))
+        except OSError:
+            return []
+        return v2 + v1
+
+    def find(self, control_group: str, main_pid: int | None = None) -> Path | None:
+        """The folder of ``control_group`` (None when no local folder matches)."""
+        rel = control_group.strip("/")
+        if not rel:
+            return None
+        for root in self.roots():
+            prefix = self._prefix.get(root)
+            if prefix is not None and (prefix / rel).is_dir():
+                return prefix / rel
+        for root in self.roots():
+            for base in self._bases(root, rel):
+                folder = base / rel
+                if main_pid and not _holds_ns_pid(folder, main_pid):
+                    continue
+                self._prefix[root] = base
+                return folder
+        return None
+
+    @staticmethod
+    def _bases(root: Path, rel: str, depth: int = 4) -> Iterable[Path]:
+        """Folders up to ``depth`` levels below ``root`` that contain ``rel``."""
+        level = [root]
+        for _ in range(depth + 1):
+            nxt: list[Path] = []
+            for base in level:
+                if (base / rel).is_dir():
+                    yield base
+                with contextlib.suppress(OSError):
+                    nxt += [
+                        Path(e.path) for e in os.scandir(base) if e.is_dir(follow_symlinks=False)
+                    ]
+            level = nxt
+
+    @staticmethod
+    def procs(folder: Path) -> set[int]:
+        """Every PID in ``folder`` and the cgroups below it."""
+        out: set[int] = set()
+        for dirpath, _dirs, _files in os.walk(folder):
+            with contextlib.suppress(OSError), open(os.path.join(dirpath, "cgroup.procs")) as fh:
+                out.update(int(x) for x in fh.read().split())
+        return out
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The PID as the innermost PID namespace of the process sees it."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _holds_ns_pid(folder: Path, ns_pid: int) -> bool:
+    return any(pid == ns_pid or _ns_pid(pid) == ns_pid for pid in UnitCgroup.procs(folder))
+
+
+class SystemdLauncher:
+    """Runs trials through an existing systemd unit; see the module docstring."""
+
+    name = "systemd"
+
+    def __init__(self, spec: ServerSpec) -> None:
+        if spec.systemd is None:
+            raise LaunchError("launcher 'systemd' needs a 'systemd: {unit: ...}' section")
+        self.spec = spec
+        self.sd: SystemdSpec = spec.systemd
+        self.unit = self.sd.unit
+        self.warnings: list[str] = []
+        self.cgroups = UnitCgroup()
+        self._copiers: dict[str, LogCopier] = {}
+
+    # ---- systemctl and journalctl -------------------------------------------------
+
+    def systemctl(self, *args: str, check: bool = True, timeout: float = 30.0) -> str:
+        done = run_tool([*self.sd.systemctl, *args], timeout=timeout, check=check, what=self.unit)
+        return done.stdout
+
+    def show(self, props: Sequence[str] = _PROPS) -> dict[str, str]:
+        """``systemctl show`` of the unit as a dict."""
+        out = self.systemctl("show", "-p", ",".join(props), self.unit)
+        data: dict[str, str] = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                data[key] = value
+        return data
+
+    def journal_argv(self, invocation_id: str, *extra: str) -> list[str]:
+        return [
+            *self.sd.journalctl,
+            "-u",
+            self.unit,
+            f"_SYSTEMD_INVOCATION_ID={invocation_id}",
+            "-o",
+            "cat",
+            "--no-pager",
+            *extra,
+        ]
+
+    # ---- drop-in ----------------------------------------------------------------------
+
+    @property
+    def dropin_dir(self) -> Path:
+        return Path(self.sd.unit_dir) / f"{self.unit}.d"
+
+    def write_dropin(self, request: LaunchRequest, env: Mapping[str, str]) -> Path:
+        folder = self.dropin_dir
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.sd.mode == "execstart":
+                _write_atomic(
+                    folder / DROPIN_NAME, dropin_text(request.argv, env, request.trial_key)
+                )
+                with contextlib.suppress(FileNotFoundError):
+                    (folder / ENVFILE_NAME).unlink()
+            else:
+                envfile = folder / ENVFILE_NAME
+                _write_atomic(envfile, envfile_text(request.argv, env, request.trial_key))
+                text = f"{_header(request.trial_key)}[Service]\nEnvironmentFile={envfile}\n"
+                _write_atomic(folder / DROPIN_NAME, text)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot write the drop-in for {self.unit} in {folder}: {exc} "
+                "(check systemd.unit_dir; servesweep needs write access there)"
+            ) from exc
+        return folder / DROPIN_NAME
+
+    def restore(self) -> None:
+        """Remove servesweep's drop-in and reload: the unit runs its own ExecStart again."""
+        for name in (DROPIN_NAME, ENVFILE_NAME):
+            with contextlib.suppress(FileNotFoundError):
+                (self.dropin_dir / name).unlink()
+        with contextlib.suppress(OSError):
+            self.dropin_dir.rmdir()
+        self.systemctl("daemon-reload")
+
+    def check_unit(self) -> list[str]:
+        """The unit's warnings (Type, KillMode, Restart); LaunchError if it is not loaded."""
+        props = self.show()
+        self._require_loaded(props)
+        return unit_warnings(self.unit, props)
+
+    def _require_loaded(self, props: Mapping[str, str]) -> None:
+        state = props.get("LoadState", "")
+        if state != "loaded":
+            raise LaunchError(
+                f"unit {self.unit} is not loaded (LoadState={state or '?'}): servesweep manages "
+                "an existing unit through a drop-in; create the unit file first"
+            )
+
+    # ---- Launcher protocol ------------------------------------------------------------
+
+    def start(self, request: LaunchRequest) -> InstanceRecord:
+        if not request.argv:
+            raise LaunchError("the server command is empty (check server.executable)")
+        before = self.show()
+        self._require_loaded(before)
+        if before.get("ActiveState") in _RUNNING_STATES:
+            raise LaunchError(
+                f"unit {self.unit} is already {before['ActiveState']} (MainPID "
+                f"{before.get('MainPID', '?')}); stop the previous instance first"
+            )
+        tag = procs.new_instance_tag(request.trial_key)
+        env = dict(request.env)
+        if request.gpus and "CUDA_VISIBLE_DEVICES" not in env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in request.gpus)
+        env[procs.TAG_ENV] = tag
+        self.write_dropin(request, env)
+        self.systemctl("daemon-reload")
+        if self.sd.mode == "execstart":
+            self._check_execstart(request.argv)
+        # Clears a failed state and the start rate limit (StartLimitBurst).
+        self.systemctl("reset-failed", self.unit, check=False)
+        started_at = time.time()
+        self.systemctl("start", "--no-block", self.unit)
+        props = self._wait_started(before.get("InvocationID", ""))
+        self.warnings = unit_warnings(self.unit, props)
+        invocation = props["InvocationID"]
+        cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
+        ns_main = _int(props.get("MainPID"))
+        main = self._host_pid(cgroup, ns_main)
+        log_path = Path(request.log_path)
+        copier = LogCopier(
+            log_path,
+            invocation,
+            self.journal_argv(invocation, "-f", "-n", "all"),
+            self.journal_argv(invocation),
+        )
+        copier.start(request.argv)
+        self._copiers[invocation] = copier
+        return InstanceRecord(
+            launcher=self.name,
+            pids=(main,) if main else (),
+            unit=self.unit,
+            invocation_id=invocation,
+            cgroup=cgroup,
+            port=request.port,
+            gpus=tuple(request.gpus),
+            log_path=str(log_path),
+            started_at=started_at,
+            fingerprint=request.fingerprint,
+        )
+
+    def _check_execstart(self, argv: Sequence[str]) -> None:
+        shown = self.systemctl("show", "-p", "ExecStart", self.unit)
+        # systemd shows words unquoted, with ``$`` still doubled (expanded at exec time).
+        expected = " ".join(w.replace("$", "$$") for w in argv)
+        if f"argv[]={expected} ;" not in shown:
+            paths = self.systemctl("show", "-p", "DropInPaths", "--value", self.unit).strip()
+            raise LaunchError(
+                f"after daemon-reload, {self.unit}'s ExecStart is not the trial's command: "
+                f"another drop-in may override it (drop-ins: {paths or 'none'}); "
+                f"systemd shows: {shown.strip()[:300]}"
+            )
+
+    def _wait_started(self, old_invocation: str) -> dict[str, str]:
+        """Until systemd has a new invocation with a main PID (or it already ended)."""
+        deadline = time.monotonic() + _START_WAIT
+        delay = 0.01
+        props: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            props = self.show()
+            inv = props.get("InvocationID", "")
+            started = _int(props.get("MainPID")) or props.get("ActiveState") not in _RUNNING_STATES
+            if inv and inv != old_invocation and started:
+                return props
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        if props.get("InvocationID") and props.get("InvocationID") != old_invocation:
+            return props
+        raise LaunchError(
+            f"`systemctl start {self.unit}` queued, but no new invocation appeared within "
+            f"{_START_WAIT:g}s (ActiveState={props.get('ActiveState', '?')}); "
+            f"see `journalctl -u {self.unit}`"
+        )
+
+    def _host_pid(self, cgroup: str, ns_pid: int | None) -> int | None:
+        """systemd's MainPID as this machine's PID namespace sees it."""
+        if not ns_pid:
+            return None
+        folder = self.cgroups.find(cgroup, ns_pid)
+        if folder is None:
+            return None
+        for pid in UnitCgroup.procs(folder):
+            if pid == ns_pid or _ns_pid(pid) == ns_pid:
+                return pid
+        return None
+
+    def _state(self, instance: InstanceRecord) -> dict[str, str]:
+        return self.show()
+
+    def poll(self, instance: InstanceRecord) -> ExitStatus | None:
+        props = self._state(instance)
+        ours = props.get("InvocationID") == instance.invocation_id
+        running = props.get("ActiveState") in _RUNNING_STATES
+        if ours and running and props.get("SubState") != "auto-restart":
+            return None
+        if not ours:
+            if not props.get("InvocationID") and props.get("Result") == "success":
+                return ExitStatus(exit_code=0)  # a clean exit clears the invocation
+            return ExitStatus()  # a later invocation replaced it: its status is gone
+        return _exit_status(props)
+
+    def pids(self, instance: InstanceRecord) -> set[int]:
+        if instance.cgroup:
+            folder = self.cgroups.find(instance.cgroup)
+            if folder is not None:
+                return {p for p in UnitCgroup.procs(folder) if not procs.is_gone(p)}
+        main = instance.main_pid
+        if main is not None and procs.alive(main, instance.started_at):
+            return procs.tree(main)
+        return set()
+
+    def stop(self, instance: InstanceRecord, grace: float, kill_timeout: float) -> StopResult:
+        t0 = time.monotonic()
+        notes: list[str] = []
+        props = self._state(instance)
+        running = props.get("ActiveState") in _RUNNING_STATES
+        if running and props.get("InvocationID") != instance.invocation_id:
+            notes.append(
+                f"{self.unit} runs invocation {props.get('InvocationID')} (not "
+                f"{instance.invocation_id}); stopped it too"
+            )
+        first = self.pids(instance)
+        signalled: tuple[int, ...] = ()
+        killed: tuple[int, ...] = ()
+        if running or first:
+            self.systemctl("stop", "--no-block", self.unit)
+            signalled = tuple(sorted(first))
+            if not self._wait_down(instance, grace):
+                left = self.pids(instance)
+                notes.append(
+                    f"{self.unit} still {self.show(['ActiveState'])['ActiveState']} with "
+                    f"{len(left)} process(es) after {grace:g}s grace: SIGKILL to the cgroup"
+                )
+                self.systemctl("kill", "--signal=SIGKILL", self.unit, check=False)
+                killed = procs.signal_all(left, signal.SIGKILL)
+                if not self._wait_down(instance, kill_timeout):
+                    notes.append(f"processes survived SIGKILL for {kill_timeout:g}s")
+        survivors = tuple(sorted(self.pids(instance)))
+        copier = self._copiers.pop(instance.invocation_id or "", None)
+        if copier is not None:
+            copier.finish()
+        return StopResult(
+            seconds=time.monotonic() - t0,
+            signalled=signalled,
+            killed=killed,
+            survivors=survivors,
+            notes=tuple(notes),
+        )
+
+    def _wait_down(self, instance: InstanceRecord, timeout: float) -> bool:
+        """Until the cgroup is empty and systemd calls the unit stopped."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        delay = 0.005
+        while True:
+            if not self.pids(instance):
+                state = self.show(["ActiveState"]).get("ActiveState", "")
+                if state not in _RUNNING_STATES:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 0.1)
+
+    def log_tail(self, instance: InstanceRecord, lines: int = 50) -> list[str]:
+        if instance.invocation_id:
+            with contextlib.suppress(LaunchError):
+                done = run_tool(
+                    self.journal_argv(instance.invocation_id, "-n", str(lines)),
+                    timeout=15.0,
+                    check=True,
+                )
+                return done.stdout.splitlines()[-lines:]
+        return logs.tail(instance.log_path, lines)
+
+    def alive(self, instance: InstanceRecord) -> bool:
+        if self.pids(instance):
+            return True
+        props = self._state(instance)
+        return (
+            props.get("InvocationID") == instance.invocation_id
+            and props.get("ActiveState") in _RUNNING_STATES
+        )
+
+
+def _exit_status(props: Mapping[str, str]) -> ExitStatus:
+    code = _int(props.get("ExecMainCode"))
+    status = _int(props.get("ExecMainStatus"))
+    if code in (_CLD_KILLED, _CLD_DUMPED):
+        return ExitStatus(signal=status)
+    if code == _CLD_EXITED:
+        return ExitStatus(exit_code=status)
+    return ExitStatus()
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
