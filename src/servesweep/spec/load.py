@@ -117,6 +117,8 @@ def _load(text: str, name: str, path: Path | None) -> LoadedSweep:
             file=name,
             line=lines.get(""),
         )
+    # top-level keys starting with "x-" hold YAML anchors for reuse; they are not settings
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:

@@ -174,6 +174,7 @@ def format_plan(
         "trials:",
     ]
     width = max((len(t.config.label()) for t in plan.trials), default=0)
+    lines.append(f"  {'#':>3}  {'fingerprint':<12}  {'params'.ljust(width)}  | changes")
     previous: PlanTrial | None = None
     for trial in plan.trials:
         label = trial.config.label().ljust(width)

@@ -1,0 +1,258 @@
+"""Loading valid sweep files: the issue's example and its variations, line numbers,
+hashes, durations and sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+
+import servesweep.spec as spec_pkg
+from servesweep.errors import ConfigError
+from servesweep.spec import (
+    LoadedSweep,
+    expand_configs,
+    load_sweep,
+    load_sweep_text,
+    parse_duration,
+    parse_size,
+)
+
+ISSUE_EXAMPLE = """\
+name: ddtree-budget
+server: {engine: sglang, launcher: subprocess, model: /models/kimi, port: 30000, gpus: [0,1,2,3,4,5,6,7],
+         args: {tp-size: 8, speculative-algorithm: DFLASH}, timeouts: {release: 5m, ready: 15m}}
+params:
+  grid: {speculative-num-draft-tokens: [4, 8, 12, 16], speculative-eagle-topk: [4, 6]}
+  exclude: [{speculative-num-draft-tokens: 4, speculative-eagle-topk: 6}]
+workloads:
+  - {name: chat, dataset: builtin:chat, concurrency: [1, 8], requests: 64, max_tokens: 256}
+objective: {maximize: output_throughput, workload: chat, concurrency: 1}
+constraints: ["chat.c1.ttft_p99_ms < 500"]
+"""  # noqa: E501
+
+BLOCK_STYLE = """\
+name: ddtree-window
+description: draft budget against sliding window
+server:
+  engine: vllm
+  model: /models/llama
+  port: 8001
+  gpus: [0, 1]
+  env: {CUDA_DEVICE_MAX_CONNECTIONS: "1"}
+  timeouts:
+    stop: 45s
+    release: 2m30s
+    ready: 1h
+  release:
+    tolerance: 1GiB
+    settle: 500ms
+params:
+  grid:
+    tensor-parallel-size: [1, 2]
+  zip:
+    num_speculative_tokens: [4, 8]
+    window: [1024, 2048]
+  points:
+    - {tensor-parallel-size: 2, num_speculative_tokens: 16, window: 4096}
+  when:
+    - num_speculative_tokens * tensor_parallel_size <= 16
+workloads:
+  - name: chat
+    concurrency: [1, 4]
+    requests: 32
+  - name: open
+    dataset: synthetic
+    input_tokens: 512
+    rate: [2.5]
+    duration: 1m
+  - name: coding
+    eval: {suite: builtin:coding, limit: 5}
+objective:
+  minimize: open.r2.5.ttft_p99_ms
+constraints:
+  - coding.pass_rate >= 0.8
+  - chat.c4.error_rate == 0
+  - load_s < 600
+"""
+
+
+def test_issue_example_loads() -> None:
+    loaded = load_sweep_text(ISSUE_EXAMPLE, name="ddtree.yaml")
+    spec = loaded.spec
+    assert spec.name == "ddtree-budget"
+    assert spec.server.timeouts.release == 300.0
+    assert spec.server.timeouts.ready == 900.0
+    assert spec.server.gpus == list(range(8))
+    configs = expand_configs(spec)
+    assert len(configs) == 7
+    assert {"speculative-num-draft-tokens": 4, "speculative-eagle-topk": 6} not in [
+        dict(c.params) for c in configs
+    ]
+
+
+def test_block_style_with_zip_points_and_when_loads(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(BLOCK_STYLE)
+    loaded = load_sweep(path)
+    assert loaded.path == path
+    assert loaded.name == str(path)
+    spec = loaded.spec
+    assert spec.server.timeouts.release == 150.0
+    assert spec.server.timeouts.stop == 45.0
+    assert spec.server.release.tolerance == 2**30
+    assert spec.server.release.settle == 0.5
+    assert spec.workloads[1].duration == 60.0
+    got = [dict(c.params) for c in expand_configs(spec)]
+    assert got == [
+        {"tensor-parallel-size": 1, "num_speculative_tokens": 4, "window": 1024},
+        {"tensor-parallel-size": 1, "num_speculative_tokens": 8, "window": 2048},
+        {"tensor-parallel-size": 2, "num_speculative_tokens": 4, "window": 1024},
+        {"tensor-parallel-size": 2, "num_speculative_tokens": 8, "window": 2048},
+    ]
+
+
+def test_lines_map_key_paths_to_lines() -> None:
+    loaded = load_sweep_text(BLOCK_STYLE)
+    assert loaded.lines["name"] == 1
+    assert loaded.lines["server.timeouts.release"] == 11
+    assert loaded.lines["params.zip.window"] == 21
+    assert loaded.lines["params.points.0.window"] == 23
+    assert loaded.lines["params.when.0"] == 25
+    assert loaded.lines["workloads.1"] == 30
+    assert loaded.lines["workloads.1.rate"] == 33
+    assert loaded.lines["constraints.2"] == 42
+    assert loaded.line_of("workloads.1.rate.0") == 33
+    assert loaded.line_of("server.timeouts.kill") == 9
+    assert loaded.line_of("nothing.here") is None
+
+
+def test_loaded_sweep_is_frozen_and_hashes_the_text() -> None:
+    loaded = load_sweep_text(ISSUE_EXAMPLE)
+    assert loaded.spec_hash == hashlib.sha256(ISSUE_EXAMPLE.encode()).hexdigest()
+    assert loaded.text == ISSUE_EXAMPLE
+    assert loaded.path is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.text = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        loaded.lines["name"] = 3  # type: ignore[index]
+    assert isinstance(loaded, LoadedSweep)
+
+
+def test_error_helper_names_file_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(BLOCK_STYLE)
+    loaded = load_sweep(path)
+    err = loaded.error("GPU 7 does not exist", key="server.gpus")
+    assert str(err) == f"{path}:7: server.gpus: GPU 7 does not exist"
+
+
+def test_dates_stay_strings_and_bom_is_ignored() -> None:
+    text = "\ufeff" + ISSUE_EXAMPLE.replace("params:", "description: 2024-01-01\nparams:")
+    loaded = load_sweep_text(text)
+    assert loaded.spec.description == "2024-01-01"
+
+
+def test_minimal_file_has_one_default_config_and_defaults() -> None:
+    loaded = load_sweep_text("name: x\nserver: {engine: sim}\nworkloads: [{name: chat}]\n")
+    assert [dict(c.params) for c in expand_configs(loaded.spec)] == [{}]
+    workload = loaded.spec.workloads[0]
+    assert workload.concurrency == [1]
+    assert workload.requests == 32
+
+
+def test_yaml_anchors_merge_keys_and_x_keys() -> None:
+    text = (
+        "name: x\nserver: {engine: sim}\n"
+        "x-defaults: &d {requests: 8, max_tokens: 64}\n"
+        "workloads:\n  - {<<: *d, name: a}\n  - {<<: *d, name: b, requests: 16}\n"
+    )
+    a, b = load_sweep_text(text).spec.workloads
+    assert (a.requests, a.max_tokens, b.requests, b.max_tokens) == (8, 64, 16, 64)
+    with pytest.raises(ConfigError, match="unknown key 'defaults'"):
+        load_sweep_text(text.replace("x-defaults", "defaults"))
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        (30, 30.0),
+        (1.5, 1.5),
+        ("30", 30.0),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("1h 30m", 5400.0),
+        ("250ms", 0.25),
+        ("2d", 172800.0),
+        (" 2.5s ", 2.5),
+    ],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["5 minutes", "-5s", -1, "nan", float("nan"), "inf", True, "m5", ""]
+)
+def test_bad_durations(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [(1024, 1024), ("512MiB", 512 * 2**20), ("1GiB", 2**30), ("2GB", 2 * 10**9), ("1.5 kib", 1536)],
+)
+def test_sizes(text: object, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["512 bananas", "-1", -1, True, "GiB"])
+def test_bad_sizes(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(spec_pkg.__all__) == sorted(
+        [
+            "EVAL_METRICS",
+            "LEVEL_METRICS",
+            "TRIAL_METRICS",
+            "Constraint",
+            "LoadedSweep",
+            "MetricRef",
+            "Objective",
+            "ParamsSpec",
+            "Plan",
+            "PlanTrial",
+            "PlanWorkload",
+            "ServerSpec",
+            "SweepSpec",
+            "WhenExpr",
+            "WorkloadSpec",
+            "build_plan",
+            "compile_when",
+            "estimate_duration",
+            "expand_configs",
+            "format_duration",
+            "format_plan",
+            "load_sweep",
+            "load_sweep_text",
+            "objective_direction",
+            "param_key",
+            "parse_constraint",
+            "parse_duration",
+            "parse_metric_ref",
+            "parse_size",
+            "resolve_objective",
+            "validate_constraints",
+            "validate_ref",
+            "workload_levels",
+        ]
+    )
+    for name in spec_pkg.__all__:
+        assert hasattr(spec_pkg, name)
