@@ -28,16 +28,19 @@ def run_tool(
     timeout: float = 30.0,
     check: bool = True,
     what: str = "",
+    merge_stderr: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` and return its result; LaunchError when it cannot run, times out
-    or (with ``check``) exits non-zero, naming the command and its stderr."""
+    or (with ``check``) exits non-zero, naming the command and its stderr.
+    ``merge_stderr`` sends stderr into stdout, in the order it was written."""
     cmd = shlex.join(argv)
     label = f"{what}: " if what else ""
     try:
         done = subprocess.run(
             list(argv),
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             text=True,
             errors="replace",
             timeout=timeout,
@@ -52,7 +55,7 @@ def run_tool(
     except OSError as exc:
         raise LaunchError(f"{label}cannot run `{cmd}`: {exc}") from exc
     if check and done.returncode != 0:
-        detail = (done.stderr.strip() or done.stdout.strip())[-_DETAIL:]
+        detail = ((done.stderr or "").strip() or done.stdout.strip())[-_DETAIL:]
         raise LaunchError(f"{label}`{cmd}` exited with {done.returncode}: {detail}")
     return done
 
@@ -112,7 +115,7 @@ class LogCopier:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=2.0)
         try:
-            full = run_tool(self.dump_argv, timeout=timeout, check=False).stdout
+            full = run_tool(self.dump_argv, timeout=timeout, check=False, merge_stderr=True).stdout
         except LaunchError:
             return
         copied = self._copied_text()

@@ -299,6 +299,7 @@ class SystemdLauncher:
             "-o",
             "cat",
             "--no-pager",
+            "--quiet",
             *extra,
         ]
 
