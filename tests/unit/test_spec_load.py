@@ -256,3 +256,32 @@ def test_public_api_is_pinned() -> None:
     )
     for name in spec_pkg.__all__:
         assert hasattr(spec_pkg, name)
+
+
+def test_a_key_without_value_means_its_default() -> None:
+    text = (
+        "name: x\nserver: {engine: sim, args: , timeouts: {ready: }}\nparams:\n"
+        "workloads: [{name: chat, requests: }]\n"
+    )
+    spec = load_sweep_text(text).spec
+    assert spec.server.args == {}
+    assert spec.server.timeouts.ready == 900.0
+    assert spec.workloads[0].requests == 32
+    assert len(expand_configs(spec)) == 1
+
+
+def test_a_required_key_without_value_is_an_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_sweep_text("name:\nserver: {engine: sim}\nworkloads: [{name: a}]\n", name="e.yaml")
+    assert str(info.value) == "e.yaml:1: name: has no value (expected a string)"
+
+
+def test_a_single_when_or_constraint_may_be_a_string() -> None:
+    text = (
+        "name: x\nserver: {engine: sim}\nparams: {grid: {a: [1, 2]}, when: a > 1}\n"
+        "workloads: [{name: chat}]\nconstraints: chat.c1.error_rate == 0\n"
+    )
+    spec = load_sweep_text(text).spec
+    assert spec.params.when == ["a > 1"]
+    assert spec.constraints == ["chat.c1.error_rate == 0"]
+    assert [dict(c.params) for c in expand_configs(spec)] == [{"a": 2}]

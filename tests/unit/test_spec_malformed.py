@@ -170,19 +170,24 @@ def test_directory(tmp_path: Path) -> None:
         load_sweep(tmp_path)
 
 
-def test_unreadable_file(tmp_path: Path) -> None:
-    import os
-
+def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "secret.yaml"
     path.write_text("name: x\n")
-    path.chmod(0)
-    try:
-        if os.access(path, os.R_OK):
-            pytest.skip("running as root: permissions do not apply")
-        with pytest.raises(ConfigError, match="permission denied"):
-            load_sweep(path)
-    finally:
-        path.chmod(0o600)
+
+    def refuse(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)
+    assert str(info.value) == f"{path}: permission denied: cannot read the file"
+
+
+def test_file_too_large(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    path.write_bytes(b"#" * (4 * 2**20 + 1))
+    with pytest.raises(ConfigError, match="a sweep file is at most"):
+        load_sweep(path)
 
 
 def test_recursive_alias_is_refused() -> None:

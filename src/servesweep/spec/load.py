@@ -222,7 +222,7 @@ _TYPE_WORDS = {
     "string_type": "a string",
     "bool_type": "true or false",
     "bool_parsing": "true or false",
-    "list_type": "a list (e.g. [4, 8])",
+    "list_type": "a list ([a, b] or one '- item' per line)",
     "dict_type": "a mapping (key: value)",
     "model_type": "a mapping (key: value)",
     "model_attributes_type": "a mapping (key: value)",
@@ -243,6 +243,8 @@ def _message(error: ErrorDetails, key: str, parent: Sequence[int | str]) -> str:
         return "missing required key"
     if kind == "extra_forbidden":
         return _unknown_key(key.rsplit(".", 1)[-1], parent)
+    if kind in _TYPE_WORDS and value is None:
+        return f"has no value (expected {_TYPE_WORDS[kind]})"
     if kind in _TYPE_WORDS:
         return f"expected {_TYPE_WORDS[kind]}, got {_kind(value)}"
     if kind in _BOUNDS:

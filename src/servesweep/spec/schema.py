@@ -104,8 +104,32 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 ParamValue = str | int | float | bool | None | list[Any] | dict[str, Any]
 
 
+def _one_or_list(value: Any) -> Any:
+    """A single string where a list of strings is expected: a list of one."""
+    return [value] if isinstance(value, str) else value
+
+
+StrList = Annotated[list[str], BeforeValidator(_one_or_list)]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_default(cls, data: Any) -> Any:
+        """``key:`` written without a value means the key's default."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            key: value
+            for key, value in data.items()
+            if value is not None
+            or key not in fields
+            or fields[key].is_required()
+            or fields[key].default is None
+        }
 
 
 class Timeouts(_Frozen):
@@ -229,7 +253,7 @@ class ParamsSpec(_Frozen):
     points: list[dict[str, ParamValue]] = Field(default_factory=list)
     zip: dict[str, list[ParamValue]] = Field(default_factory=dict)
     exclude: list[dict[str, ParamValue]] = Field(default_factory=list)
-    when: list[str] = Field(default_factory=list)
+    when: StrList = Field(default_factory=list)
     """Python-like boolean expressions over param names, e.g. ``topk <= budget``."""
 
 
@@ -333,6 +357,6 @@ class SweepSpec(_Frozen):
     params: ParamsSpec = Field(default_factory=ParamsSpec)
     workloads: list[WorkloadSpec] = Field(min_length=1)
     objective: Objective | None = None
-    constraints: list[str] = Field(default_factory=list)
+    constraints: StrList = Field(default_factory=list)
     store: str | None = None
     """Path of the results database; default ``servesweep.db`` beside the sweep file."""
