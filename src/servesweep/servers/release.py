@@ -11,8 +11,9 @@ Holders are sorted into three kinds:
 
 * the old instance (a PID of ``old_pids``): waited for; killed if still alive;
 * servesweep's own (a live process whose environment carries an instance tag,
-  ``SERVESWEEP_INSTANCE``, starting with ``own_tag_prefix`` — any tag when None):
-  an orphan of one of our earlier instances, killed and reported in ``cleaned``;
+  ``SERVESWEEP_INSTANCE``, starting with ``own_tag_prefix``; ``""`` means any tag,
+  None means none): an orphan of one of our earlier instances, killed and reported
+  in ``cleaned``;
 * foreign (anything else alive): handled by ``foreign_policy`` — ``wait`` (until the
   timeout), ``fail`` (``gpu_busy`` at once), ``kill-own`` (kill holders tagged by any
   servesweep run, ``gpu_busy`` at once for others). A foreign holder blocks only
@@ -43,10 +44,12 @@ from servesweep.spec.schema import Timeouts
 
 __all__ = [
     "FOREIGN_POLICIES",
+    "Prepared",
     "ReleaseResult",
     "check_foreign_holders",
     "describe_holder",
     "measure_baseline",
+    "prepare_gpus",
     "stop_instance",
     "wait_released",
 ]
@@ -65,6 +68,18 @@ class ReleaseResult:
     """Orphans of servesweep's own instances that the gate killed."""
     released_s: float = 0.0
     """When the condition first held for good (``seconds - released_s`` is the settle cost)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The GPUs before the sweep: the baseline and what the foreign-holder check saw."""
+
+    baseline: dict[int, int]
+    holders: tuple[GpuHolder, ...] = ()
+    """Live holders found before the sweep (name and command line filled)."""
+    cleaned: tuple[ProcessInfo, ...] = ()
+    """servesweep's own leftover instances that were killed."""
+    waited_s: float = 0.0
 
 
 def measure_baseline(probe: GpuProbe, gpus: Sequence[int]) -> dict[int, int]:
@@ -134,8 +149,10 @@ def check_foreign_holders(probe: GpuProbe, gpus: Sequence[int]) -> list[GpuHolde
 
 
 def _is_own(pid: int, prefix: str | None) -> bool:
+    if prefix is None:
+        return False
     tag = procs.tag_of(pid)
-    return tag is not None and (prefix is None or tag.startswith(prefix))
+    return tag is not None and tag.startswith(prefix)
 
 
 def _kill(pid: int) -> ProcessInfo:
@@ -213,7 +230,7 @@ def wait_released(
                 elif gone:
                     blocking = True  # an exited process whose memory is being released
                 elif _is_own(pid, own_tag_prefix) or (
-                    foreign_policy == "kill-own" and _is_own(pid, None)
+                    foreign_policy == "kill-own" and _is_own(pid, "")
                 ):
                     blocking = True
                     cleaned[pid] = _kill(pid)
@@ -258,3 +275,91 @@ def wait_released(
 
 def _gpu_text(gpus: Sequence[int]) -> str:
     return ",".join(str(g) for g in gpus) or "(all)"
+
+
+def prepare_gpus(
+    probe: GpuProbe,
+    gpus: Sequence[int],
+    *,
+    tolerance: int,
+    settle: float,
+    timeout: float,
+    foreign_policy: str,
+    own_tag_prefix: str | None = None,
+) -> Prepared:
+    """Check the GPUs before the sweep and measure the baseline.
+
+    Holders that are servesweep's own (``own_tag_prefix``, or any servesweep tag under
+    ``kill-own``) are killed and their memory waited for. Other holders using more
+    than ``tolerance``: ``fail``/``kill-own`` raise ``gpu_busy`` naming them, ``wait``
+    waits up to ``timeout`` for them to exit. Smaller holders are reported and become
+    part of the baseline.
+    """
+    if foreign_policy not in FOREIGN_POLICIES:
+        raise ValueError(f"foreign_policy must be one of {FOREIGN_POLICIES}: {foreign_policy!r}")
+    gpu_list = list(gpus)
+    t0 = time.monotonic()
+    holders = check_foreign_holders(probe, gpu_list)
+    own = [
+        h
+        for h in holders
+        if _is_own(h.pid, own_tag_prefix) or (foreign_policy == "kill-own" and _is_own(h.pid, ""))
+    ]
+    own_pids = {h.pid for h in own}
+    big = [h for h in holders if h.pid not in own_pids and h.used_bytes > tolerance]
+    if big and foreign_policy != "wait":
+        raise _busy(
+            f"before the sweep, GPU(s) {_gpu_text(gpu_list)} are held by processes that are "
+            f"not servesweep's (release policy {foreign_policy!r}; use 'wait' to wait for them)",
+            probe.snapshot(gpu_list),
+            {},
+            tolerance,
+            0.0,
+            "foreign_holder",
+        )
+    cleaned = tuple(_kill(pid) for pid in sorted(own_pids))
+    departing = own_pids | {h.pid for h in big}
+    if departing:
+        states = probe.snapshot(gpu_list)
+        estimate = {
+            s.index: s.used_bytes - sum(h.used_bytes for h in s.holders if h.pid in departing)
+            for s in states
+        }
+        _wait_exit({h.pid for h in big}, probe, gpu_list, tolerance, timeout)
+        wait_released(
+            probe,
+            gpu_list,
+            estimate,
+            old_pids=departing,
+            tolerance=tolerance,
+            settle=settle,
+            timeout=max(0.0, timeout - (time.monotonic() - t0)),
+            foreign_policy="wait",
+        )
+    return Prepared(
+        baseline=measure_baseline(probe, gpu_list),
+        holders=tuple(holders),
+        cleaned=cleaned,
+        waited_s=time.monotonic() - t0,
+    )
+
+
+def _wait_exit(
+    pids: set[int], probe: GpuProbe, gpus: list[int], tolerance: int, timeout: float
+) -> None:
+    """Wait (never kill) until foreign processes have exited."""
+    t0 = time.monotonic()
+    delay = _FIRST_POLL
+    while any(not procs.is_gone(pid) for pid in pids):
+        if time.monotonic() - t0 >= timeout:
+            raise _busy(
+                f"GPU(s) {_gpu_text(gpus)} still held by processes that are not servesweep's "
+                f"after waiting {timeout:g}s",
+                probe.snapshot(gpus),
+                {},
+                tolerance,
+                time.monotonic() - t0,
+                "foreign_holder",
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
