@@ -1,0 +1,234 @@
+"""Prompt sets of the load generator and the request bodies made from them.
+
+Sources (``WorkloadSpec.dataset``):
+
+- ``builtin:chat`` (101 prompts) and ``builtin:coding`` (40 prompts): written for
+  servesweep, shipped as ``bench/data/*.jsonl``.
+- ``synthetic``: prompts of ``input_tokens`` tokens, built from a fixed word list.
+  The length is calibrated through the server's tokenizer (``Target.tokenize_path``)
+  when it has one; otherwise the documented fallback is 1.3 tokens per word.
+- a JSONL file: one object a line with ``prompt`` (text) or ``messages`` (chat
+  messages), optional ``max_tokens``.
+- a ShareGPT JSON file: a list of ``{"conversations": [{"from": "human", "value": ...}]}``;
+  the first human turn is the prompt.
+
+The order of requests is deterministic for a given seed (:func:`request_order`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from servesweep.errors import DatasetError
+
+__all__ = [
+    "FALLBACK_TOKENS_PER_WORD",
+    "Prompt",
+    "build_body",
+    "load_prompts",
+    "request_order",
+    "synthetic_prompts",
+]
+
+FALLBACK_TOKENS_PER_WORD = 1.3
+"""Tokens per word of English text assumed when the server has no ``/tokenize``."""
+
+_BUILTIN = {"builtin:chat": "chat.jsonl", "builtin:coding": "coding.jsonl"}
+_WORD_TEXT = (
+    "river stone window garden morning letter travel market winter signal yellow engine"
+    " harbor pocket silver number memory bridge candle forest question table paper orange"
+    " valley music planet corner station simple careful quiet bright narrow gentle honest"
+    " sudden distant ancient modern useful certain common follow answer gather borrow"
+    " measure wonder repair listen arrive remember"
+)
+_WORDS = tuple(_WORD_TEXT.split(" "))
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request's input: ``text`` or chat ``messages``; optional ``max_tokens``."""
+
+    text: str | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    max_tokens: int | None = None
+
+    def as_messages(self) -> list[dict[str, Any]]:
+        if self.messages is not None:
+            return [dict(m) for m in self.messages]
+        return [{"role": "user", "content": self.text or ""}]
+
+    def as_text(self) -> str:
+        if self.text is not None:
+            return self.text
+        return "\n".join(str(m.get("content", "")) for m in self.messages or ())
+
+
+def load_prompts(dataset: str, *, base_dir: str | Path | None = None) -> list[Prompt]:
+    """The prompts of a builtin set or a file (``synthetic`` is built by
+    :func:`synthetic_prompts`). Raises :class:`DatasetError` naming file and line."""
+    if dataset in _BUILTIN:
+        text = (
+            resources.files("servesweep.bench")
+            .joinpath("data")
+            .joinpath(_BUILTIN[dataset])
+            .read_text()
+        )
+        return _parse_jsonl(text, dataset)
+    if dataset.startswith("builtin:"):
+        names = ", ".join([*_BUILTIN, "synthetic"])
+        raise DatasetError(f"unknown builtin dataset {dataset!r}; builtin sets: {names}")
+    path = Path(dataset)
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot read the dataset: {exc}") from exc
+    if path.suffix == ".json" or text.lstrip().startswith("["):
+        return _parse_sharegpt(text, str(path))
+    return _parse_jsonl(text, str(path))
+
+
+def _parse_jsonl(text: str, name: str) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise DatasetError(f"{name}:{lineno}: not valid JSON: {exc}") from exc
+        prompts.append(_prompt_of(obj, f"{name}:{lineno}"))
+    if not prompts:
+        raise DatasetError(f"{name}: the dataset holds no prompt")
+    return prompts
+
+
+def _prompt_of(obj: Any, where: str) -> Prompt:
+    if not isinstance(obj, dict):
+        raise DatasetError(f"{where}: expected an object with 'prompt' or 'messages'")
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise DatasetError(f"{where}: 'max_tokens' must be a positive integer")
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise DatasetError(f"{where}: 'prompt' must be a non-empty string")
+        return Prompt(text=obj["prompt"], max_tokens=max_tokens)
+    messages = obj.get("messages")
+    if messages is None:
+        raise DatasetError(f"{where}: expected 'prompt' (a string) or 'messages' (a list)")
+    if not isinstance(messages, list) or not messages:
+        raise DatasetError(f"{where}: 'messages' must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise DatasetError(f"{where}: messages[{i}] needs 'role' and 'content'")
+    return Prompt(messages=tuple(messages), max_tokens=max_tokens)
+
+
+def _parse_sharegpt(text: str, name: str) -> list[Prompt]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        line = getattr(exc, "lineno", None)
+        where = f"{name}:{line}" if line else name
+        raise DatasetError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(data, list):
+        raise DatasetError(f"{name}: a ShareGPT file is a JSON list of conversations")
+    prompts: list[Prompt] = []
+    for i, item in enumerate(data):
+        convs = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(convs, list):
+            raise DatasetError(f"{name}: entry {i} has no 'conversations' list")
+        for turn in convs:
+            if (
+                isinstance(turn, dict)
+                and turn.get("from") in ("human", "user")
+                and isinstance(turn.get("value"), str)
+                and turn["value"]
+            ):
+                prompts.append(Prompt(text=turn["value"]))
+                break
+    if not prompts:
+        raise DatasetError(f"{name}: no conversation has a human turn")
+    return prompts
+
+
+def request_order(n_prompts: int, n_requests: int, seed: int) -> list[int]:
+    """Which prompt each request uses: a seeded shuffle, reshuffled each pass."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while len(order) < n_requests:
+        block = list(range(n_prompts))
+        rng.shuffle(block)
+        order.extend(block)
+    return order[:n_requests]
+
+
+def _words(n: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, n)))
+
+
+async def synthetic_prompts(
+    count: int,
+    input_tokens: int,
+    *,
+    seed: int = 0,
+    count_tokens: Callable[[str], Awaitable[int]] | None = None,
+) -> tuple[list[Prompt], dict[str, Any]]:
+    """``count`` prompts of about ``input_tokens`` tokens each, and how the length
+    was calibrated. With ``count_tokens`` (the server's tokenizer) the words-per-token
+    ratio is measured and the first prompt checked; else 1.3 tokens per word."""
+    rng = random.Random(seed)
+    ratio = FALLBACK_TOKENS_PER_WORD
+    info: dict[str, Any] = {"source": "fallback", "tokens_per_word": ratio}
+    if count_tokens is not None:
+        probe_words = max(32, int(input_tokens / ratio))
+        measured = await count_tokens(_words(probe_words, random.Random(seed + 1)))
+        if measured > 0:
+            ratio = measured / probe_words
+            info = {"source": "tokenize", "tokens_per_word": round(ratio, 4)}
+    n_words = max(1, round(input_tokens / ratio))
+    prompts = [Prompt(text=_words(n_words, rng)) for _ in range(count)]
+    if count_tokens is not None and prompts:
+        info["first_prompt_tokens"] = await count_tokens(prompts[0].as_text())
+    info["words_per_prompt"] = n_words
+    return prompts, info
+
+
+def build_body(
+    prompt: Prompt,
+    *,
+    model: str,
+    endpoint: str,
+    stream: bool,
+    max_tokens: int,
+    temperature: float,
+    ignore_eos: bool,
+    extras: Sequence[Mapping[str, Any]] = (),
+) -> bytes:
+    """The JSON body of one request. ``extras`` (the engine preset's fields, then
+    the workload's ``extra_body``) are merged last, so they can replace a default
+    such as ``stream_options``."""
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "chat":
+        body["messages"] = prompt.as_messages()
+    else:
+        body["prompt"] = prompt.as_text()
+    body["max_tokens"] = prompt.max_tokens or max_tokens
+    body["temperature"] = temperature
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    for extra in extras:
+        body.update(extra)
+    return json.dumps(body, separators=(",", ":")).encode()

@@ -1,0 +1,390 @@
+"""Run a workload against a target: every level (concurrency or rate) times every
+repeat, each measured into one :class:`LevelResult`.
+
+Per level: optional warm-up requests (excluded), spec-decode counters read before,
+GPU telemetry sampled during, the requests themselves (in this process, or split
+over worker processes whose samples are merged), counters read after, metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from time import monotonic_ns
+from typing import Any
+
+import aiohttp
+
+from servesweep.bench.client import build_headers, get_text, make_session, post_json
+from servesweep.bench.datasets import (
+    Prompt,
+    build_body,
+    load_prompts,
+    request_order,
+    synthetic_prompts,
+)
+from servesweep.bench.metrics import LevelContext, compute_level
+from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
+from servesweep.bench.results import LevelResult
+from servesweep.bench.specdecode import acceptance_from_counters, parse_counters
+from servesweep.bench.target import Target
+from servesweep.bench.telemetry import GpuSampler, summarize_gpu
+from servesweep.bench.workers import WorkerPool
+from servesweep.errors import BenchError
+from servesweep.models import level_label
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.spec.schema import WorkloadSpec
+
+__all__ = ["run_workload", "run_workload_sync"]
+
+_START_LEAD_NS = 20_000_000
+"""Requests of a level start this long after the plan is handed out."""
+_MAX_SYNTHETIC = 1000
+
+
+async def run_workload(
+    target: Target,
+    workload: WorkloadSpec,
+    *,
+    probe: GpuProbe | None = None,
+    gpus: Sequence[int] = (),
+    on_progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    base_dir: str | None = None,
+) -> list[LevelResult]:
+    """One :class:`LevelResult` per level x repeat (an eval workload: one result).
+
+    ``workers``: generator processes (default: ``workload.workers`` when the spec
+    has that field, else 1). ``base_dir``: where relative dataset paths start.
+    Raises :class:`BenchError` (``DatasetError``) when the workload cannot run at all;
+    failed requests are data in the result."""
+    if workload.eval is not None:
+        from servesweep.bench.evals import run_eval_workload  # type: ignore[attr-defined]
+
+        result: LevelResult = await run_eval_workload(target, workload)
+        return [result]
+    n_workers = max(1, workers or int(getattr(workload, "workers", 1) or 1))
+    headers = build_headers(target.api_key)
+    path = "/v1/chat/completions" if workload.endpoint == "chat" else "/v1/completions"
+    levels: list[tuple[int | None, float | None]] = [(c, None) for c in workload.concurrency]
+    levels += [(None, r) for r in workload.rate]
+    results: list[LevelResult] = []
+    async with make_session(target.timeout_s) as session:
+        prompts, data_info = await _prompts(target, workload, session, headers, base_dir)
+        extras = [dict(target.request_extras), dict(workload.extra_body)]
+        ignore_eos = workload.ignore_eos and target.supports_ignore_eos
+        bodies = [
+            build_body(
+                p,
+                model=target.model,
+                endpoint=workload.endpoint,
+                stream=workload.stream,
+                max_tokens=workload.max_tokens,
+                temperature=workload.temperature,
+                ignore_eos=ignore_eos,
+                extras=extras,
+            )
+            for p in prompts
+        ]
+        data_info["ignore_eos"] = ignore_eos
+        runner = _Runner(target, workload, session, headers, target.url(path), bodies, data_info)
+        pool = WorkerPool(n_workers, target.timeout_s) if n_workers > 1 else None
+        if pool is not None:
+            await pool.__aenter__()
+        try:
+            for conc, rate in levels:
+                for repeat in range(workload.repeats):
+                    res = await runner.level(conc, rate, repeat, pool, probe, gpus)
+                    results.append(res)
+                    if on_progress is not None:
+                        on_progress(_progress_line(res))
+        finally:
+            if pool is not None:
+                pool.close()
+    return results
+
+
+def run_workload_sync(
+    target: Target,
+    workload: WorkloadSpec,
+    *,
+    probe: GpuProbe | None = None,
+    gpus: Sequence[int] = (),
+    on_progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    base_dir: str | None = None,
+) -> list[LevelResult]:
+    """:func:`run_workload` for callers without an event loop."""
+    return asyncio.run(
+        run_workload(
+            target,
+            workload,
+            probe=probe,
+            gpus=gpus,
+            on_progress=on_progress,
+            workers=workers,
+            base_dir=base_dir,
+        )
+    )
+
+
+def _progress_line(r: LevelResult) -> str:
+    m = r.metrics
+    line = (
+        f"{r.workload} {r.level} #{r.repeat}: {m.get('completed', 0):.0f} ok, "
+        f"{m.get('failed', 0):.0f} failed, {m.get('request_throughput', 0):.1f} req/s, "
+        f"{m.get('output_throughput', 0):.0f} tok/s"
+    )
+    if "ttft_median_ms" in m:
+        line += f", TTFT p50 {m['ttft_median_ms']:.1f} ms"
+    return line
+
+
+async def _prompts(
+    target: Target,
+    workload: WorkloadSpec,
+    session: aiohttp.ClientSession,
+    headers: dict[str, str],
+    base_dir: str | None,
+) -> tuple[list[Prompt], dict[str, Any]]:
+    if workload.dataset != "synthetic":
+        prompts = load_prompts(workload.dataset, base_dir=base_dir)
+        return prompts, {"dataset": workload.dataset, "prompts": len(prompts)}
+    if workload.input_tokens is None:
+        raise BenchError(f"workload {workload.name}: dataset 'synthetic' needs 'input_tokens'")
+    count = min(_MAX_SYNTHETIC, (workload.requests or _MAX_SYNTHETIC) + workload.warmup)
+    count_tokens = None
+    if target.tokenize_path:
+        url = target.url(target.tokenize_path)
+
+        async def count_tokens(text: str) -> int:
+            answer = await post_json(session, url, {"model": target.model, "prompt": text}, headers)
+            n = answer.get("count") if isinstance(answer, dict) else None
+            if not isinstance(n, int):
+                tokens = answer.get("tokens") if isinstance(answer, dict) else None
+                n = len(tokens) if isinstance(tokens, list) else 0
+            return n
+
+    try:
+        prompts, info = await synthetic_prompts(
+            count, workload.input_tokens, seed=workload.seed, count_tokens=count_tokens
+        )
+    except BenchError as exc:  # the tokenizer endpoint failed: fall back, say so
+        prompts, info = await synthetic_prompts(count, workload.input_tokens, seed=workload.seed)
+        info["tokenize_error"] = str(exc)
+    return prompts, {"dataset": "synthetic", "prompts": len(prompts), "calibration": info}
+
+
+class _Runner:
+    def __init__(
+        self,
+        target: Target,
+        workload: WorkloadSpec,
+        session: aiohttp.ClientSession,
+        headers: dict[str, str],
+        url: str,
+        bodies: list[bytes],
+        data_info: dict[str, Any],
+    ) -> None:
+        self.target = target
+        self.w = workload
+        self.session = session
+        self.headers = headers
+        self.url = url
+        self.bodies = bodies
+        self.data_info = data_info
+        n = (workload.requests or len(bodies)) + workload.warmup
+        self.order = request_order(len(bodies), max(n, len(bodies)), workload.seed)
+
+    def _plan(self, **kw: Any) -> LevelPlan:
+        return LevelPlan(
+            url=self.url,
+            headers=self.headers,
+            bodies=self.bodies,
+            order=self.order,
+            stream=self.w.stream,
+            **kw,
+        )
+
+    async def _warmup(self, conc: int | None, rate: float | None) -> None:
+        w = self.w.warmup
+        if not w:
+            return
+        c = min(w, conc if conc is not None else max(1, round(rate or 1)))
+        t0 = monotonic_ns() + _START_LEAD_NS
+        # warm-up prompts come from the end of the order: not the measured ones
+        start = max(0, len(self.order) - w)
+        await run_plan(
+            self._plan(t0_ns=t0, first_index=start, count=w, concurrency=c), self.session
+        )
+
+    async def _counters(self) -> tuple[dict[str, float], str | None]:
+        names = list(self.target.spec_decode_counters.values())
+        if not names or not self.target.metrics_path:
+            return {}, None
+        try:
+            text = await get_text(
+                self.session, self.target.url(self.target.metrics_path), self.headers
+            )
+        except BenchError as exc:
+            return {}, str(exc)
+        return parse_counters(text, names), None
+
+    def _plans(
+        self, conc: int | None, rate: float | None, n_workers: int, t0: int, repeat: int
+    ) -> list[LevelPlan | None]:
+        w = self.w
+        deadline = t0 + int(w.duration * 1e9) if w.duration is not None else None
+        count = w.requests
+        if rate is not None:
+            n = count if count is not None else 0
+            if w.duration is not None:
+                by_time = max(1, int(rate * w.duration))
+                n = min(n, by_time) if count is not None else by_time
+            offsets = arrival_offsets(n, rate, w.arrival, w.burstiness, w.seed + repeat)
+            return [
+                self._plan(
+                    t0_ns=t0,
+                    first_index=k,
+                    stride=n_workers,
+                    offsets_ns=offsets[k::n_workers],
+                    deadline_ns=deadline,
+                )
+                for k in range(n_workers)
+            ]
+        c = conc or 1
+        plans: list[LevelPlan | None] = []
+        for k in range(n_workers):
+            share = c // n_workers + (1 if k < c % n_workers else 0)
+            n_k = (
+                None if count is None else count // n_workers + (1 if k < count % n_workers else 0)
+            )
+            if share == 0 or n_k == 0:
+                plans.append(None)
+                continue
+            plans.append(
+                self._plan(
+                    t0_ns=t0,
+                    first_index=k,
+                    stride=n_workers,
+                    count=n_k,
+                    deadline_ns=deadline,
+                    concurrency=share,
+                )
+            )
+        return plans
+
+    async def level(
+        self,
+        conc: int | None,
+        rate: float | None,
+        repeat: int,
+        pool: WorkerPool | None,
+        probe: GpuProbe | None,
+        gpus: Sequence[int],
+    ) -> LevelResult:
+        await self._warmup(conc, rate)
+        before, counter_error = await self._counters()
+        sampler = GpuSampler(probe, gpus) if probe is not None else None
+        if sampler is not None:
+            sampler.start()
+        started_at = time.time()
+        n_workers = pool.n if pool is not None else 1
+        t0 = monotonic_ns() + (_START_LEAD_NS * (5 if pool is not None else 1))
+        plans = self._plans(conc, rate, n_workers, t0, repeat)
+        try:
+            if pool is not None:
+                outputs = await pool.run(plans)
+            else:
+                plan = plans[0]
+                outputs = [] if plan is None else [await run_plan(plan, self.session)]
+        finally:
+            if sampler is not None:
+                sampler.stop()
+        after, counter_error_after = await self._counters()
+        return self._result(
+            conc,
+            rate,
+            repeat,
+            t0,
+            started_at,
+            outputs,
+            sampler,
+            before,
+            after,
+            counter_error or counter_error_after,
+            n_workers,
+        )
+
+    def _result(
+        self,
+        conc: int | None,
+        rate: float | None,
+        repeat: int,
+        t0: int,
+        started_at: float,
+        outputs: list[PlanOutput],
+        sampler: GpuSampler | None,
+        before: dict[str, float],
+        after: dict[str, float],
+        counter_error: str | None,
+        n_workers: int,
+    ) -> LevelResult:
+        raws = [r for o in outputs for r in o.raws]
+        lags = [x for o in outputs for x in o.loop_lags_ns]
+        steady = None
+        if conc is not None:
+            fulls = [o.full_at_ns for o in outputs]
+            drains = [o.drain_at_ns for o in outputs if o.drain_at_ns is not None]
+            if all(f is not None for f in fulls) and fulls and drains:
+                start = max(f for f in fulls if f is not None)
+                end = min(drains)
+                if end > start:
+                    steady = (start, end)
+        ctx = LevelContext(
+            t0_ns=t0,
+            concurrency=conc,
+            rate=rate,
+            slo=self.w.slo,
+            steady=steady,
+            loop_lags_ns=lags,
+            stream=self.w.stream,
+        )
+        metrics, info, samples, warnings = compute_level(raws, ctx)
+        info.update(self.data_info)
+        info["workers"] = n_workers
+        info["t0_monotonic_ns"] = t0
+        unknown = sorted(set(self.w.slo) - {"ttft_ms", "tpot_ms", "e2e_ms", "e2el_ms"})
+        if unknown:
+            warnings.append(f"unknown SLO keys ignored: {unknown} (use ttft_ms, tpot_ms, e2e_ms)")
+        acc, detail = acceptance_from_counters(self.target.spec_decode_counters, before, after)
+        if acc is not None:
+            metrics["acceptance_length"] = acc
+            info["acceptance_source"] = "engine_counters"
+            info["spec_decode"] = detail
+        elif "acceptance_estimate_from_chunks" in info:
+            metrics["acceptance_length"] = info["acceptance_estimate_from_chunks"]
+            info["acceptance_source"] = "tokens_per_chunk_estimate"
+            if detail:
+                info["spec_decode"] = detail
+        if counter_error:
+            info["spec_decode_counter_error"] = counter_error
+        if sampler is not None:
+            inside = [s for s in sampler.samples if s[0] >= t0 - 250_000_000]
+            gm, ginfo = summarize_gpu(inside)
+            metrics.update(gm)
+            info["gpu"] = ginfo
+            if sampler.errors:
+                info["gpu_probe_errors"] = sampler.errors
+        return LevelResult(
+            workload=self.w.name,
+            level=level_label(conc, rate),
+            repeat=repeat,
+            metrics=metrics,
+            samples=samples,
+            warnings=tuple(warnings),
+            info=info,
+            started_at=started_at,
+            duration_s=metrics["duration_s"],
+        )

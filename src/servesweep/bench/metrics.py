@@ -1,0 +1,329 @@
+"""Per-level metrics of the load generator, computed from the raw requests.
+
+Definitions follow ``vllm bench serve`` where they mean the same; docs/metrics.md
+lists every metric with its unit. In short, per request: TTFT to the first chunk
+carrying generated tokens (a role-only chunk does not count), E2E to the last
+chunk, completion tokens from the server's usage, TPOT = (E2E - TTFT) / (tokens - 1);
+per level: ITL per token (a chunk of k tokens contributes k intervals of gap/k) with
+the raw inter-chunk gap beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from servesweep.bench.client import RawResult
+from servesweep.bench.results import RequestSample
+from servesweep.bench.specdecode import estimate_from_chunks
+
+__all__ = ["LevelContext", "compute_level", "percentile", "summary_stats"]
+
+_NS = 1e-9
+_MS = 1e-6
+_SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2e_ms": "e2e", "e2el_ms": "e2e"}
+STAT_NAMES = ("mean", "median", "p90", "p99", "max")
+
+
+@dataclass
+class LevelContext:
+    """What the metrics need to know about how the level was run."""
+
+    t0_ns: int
+    concurrency: int | None = None
+    rate: float | None = None
+    slo: Mapping[str, float] = field(default_factory=dict)
+    steady: tuple[int, int] | None = None
+    """Closed loop: from the moment the whole concurrency was first in flight to
+    the moment the first slot found no more work (ns)."""
+    loop_lags_ns: Sequence[int] = ()
+    stream: bool = True
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    n = len(sorted_values)
+    if n == 1:
+        return float(sorted_values[0])
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
+
+
+def summary_stats(values: Sequence[float]) -> dict[str, float]:
+    """mean, median, p90, p99, max of ``values`` (empty: no keys)."""
+    if not values:
+        return {}
+    s = sorted(values)
+    return {
+        "mean": sum(s) / len(s),
+        "median": percentile(s, 50),
+        "p90": percentile(s, 90),
+        "p99": percentile(s, 99),
+        "max": float(s[-1]),
+    }
+
+
+def _spread(total: int, n: int) -> list[int]:
+    base, rem = divmod(total, n)
+    return [base + (1 if i < rem else 0) for i in range(n)]
+
+
+def _in_flight_mean(raws: Sequence[RawResult], start: int, end: int) -> float:
+    """Time-weighted mean number of requests in flight in ``[start, end]``."""
+    if end <= start:
+        return 0.0
+    events: list[tuple[int, int]] = []
+    for r in raws:
+        a, b = r.sent_ns, r.end_ns if r.end_ns is not None else r.sent_ns
+        a, b = max(a, start), min(b, end)
+        if b > a:
+            events.append((a, 1))
+            events.append((b, -1))
+    events.sort()
+    area = 0
+    level = 0
+    last = start
+    for t, d in events:
+        area += level * (t - last)
+        level += d
+        last = t
+    return area / (end - start)
+
+
+def compute_level(
+    raws: Sequence[RawResult], ctx: LevelContext
+) -> tuple[dict[str, float], dict[str, Any], tuple[RequestSample, ...], list[str]]:
+    """Metrics, info, samples and warnings of one level."""
+    t0 = ctx.t0_ns
+    ok = [r for r in raws if r.ok]
+    failed = [r for r in raws if not r.ok]
+    ends = [r.end_ns for r in raws if r.end_ns is not None]
+    duration = max(1e-9, ((max(ends) if ends else t0) - t0) * _NS)
+
+    ttft: list[float] = []
+    e2e: list[float] = []
+    tpot: list[float] = []
+    itl: list[float] = []
+    gaps_ms: list[float] = []
+    prompt_tokens: list[int] = []
+    completion_tokens: list[int] = []
+    per_request_chunk_tokens: list[list[int]] = []
+    token_source = Counter[str]()
+    good = 0
+    samples: list[RequestSample] = []
+    reasoning: list[float] = []
+    reasoning_tokens: list[int] = []
+    slo = {k: v for k, v in ctx.slo.items() if k in _SLO_KEYS}
+
+    for r in sorted(raws, key=lambda x: x.sent_ns):
+        n_chunks = len(r.chunk_ns)
+        if r.chunk_tokens is not None and len(r.chunk_tokens) == n_chunks:
+            tokens = r.chunk_tokens
+            token_source["continuous_usage"] += 1
+        elif r.completion_tokens is not None and n_chunks:
+            tokens = _spread(r.completion_tokens, n_chunks)
+            token_source["usage_spread"] += 1
+        else:
+            tokens = [1] * n_chunks
+            if n_chunks:
+                token_source["chunk_count"] += 1
+        gaps = [(b - a) * _NS for a, b in zip(r.chunk_ns, r.chunk_ns[1:], strict=False)]
+        ct = r.completion_tokens if r.completion_tokens is not None else sum(tokens)
+        samples.append(
+            RequestSample(
+                index=r.index,
+                ok=r.ok,
+                error=r.error,
+                scheduled_at=None if r.scheduled_ns is None else (r.scheduled_ns - t0) * _NS,
+                sent_at=(r.sent_ns - t0) * _NS,
+                first_token_at=None if r.first_ns is None else (r.first_ns - t0) * _NS,
+                finished_at=None if r.end_ns is None else (r.end_ns - t0) * _NS,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=ct if (n_chunks or r.completion_tokens is not None) else None,
+                reasoning_tokens=r.reasoning_tokens,
+                chunk_gaps=tuple(gaps),
+                chunk_tokens=tuple(tokens),
+            )
+        )
+        if not r.ok or r.end_ns is None:
+            continue
+        e = (r.end_ns - r.sent_ns) * _MS
+        e2e.append(e)
+        completion_tokens.append(ct)
+        if r.prompt_tokens is not None:
+            prompt_tokens.append(r.prompt_tokens)
+        t = None
+        tp = None
+        if r.first_ns is not None:
+            t = (r.first_ns - r.sent_ns) * _MS
+            ttft.append(t)
+            if ct > 1:
+                tp = (e - t) / (ct - 1)
+                tpot.append(tp)
+            per_request_chunk_tokens.append(tokens)
+            for gap, k in zip(gaps, tokens[1:], strict=False):
+                g = gap * 1e3
+                gaps_ms.append(g)
+                if k > 0:
+                    itl.extend([g / k] * k)
+            if r.first_answer_ns is not None and r.first_answer_ns > r.first_ns:
+                reasoning.append((r.first_answer_ns - r.sent_ns) * _MS)
+        if r.reasoning_tokens:
+            reasoning_tokens.append(r.reasoning_tokens)
+        if _meets(slo, {"ttft": t, "tpot": tp, "e2e": e}, ct):
+            good += 1
+
+    total_out = sum(completion_tokens)
+    total_in = sum(prompt_tokens)
+    n = len(raws)
+    m: dict[str, float] = {
+        "completed": float(len(ok)),
+        "failed": float(len(failed)),
+        "error_rate": len(failed) / n if n else 0.0,
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": total_out / duration,
+        "input_throughput": total_in / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+        "goodput": good / duration,
+    }
+    if prompt_tokens:
+        m["prompt_tokens_mean"] = total_in / len(prompt_tokens)
+    if completion_tokens:
+        m["completion_tokens_mean"] = total_out / len(completion_tokens)
+    for name, values_ms in (
+        ("ttft", ttft),
+        ("tpot", tpot),
+        ("itl", itl),
+        ("e2e", e2e),
+        ("chunk_gap", gaps_ms),
+    ):
+        for stat, value in summary_stats(values_ms).items():
+            m[f"{name}_{stat}_ms"] = value
+    n_chunks_total = sum(len(t) for t in per_request_chunk_tokens)
+    if n_chunks_total:
+        m["tokens_per_chunk_mean"] = sum(sum(t) for t in per_request_chunk_tokens) / n_chunks_total
+
+    # what the generator itself did
+    info: dict[str, Any] = {}
+    lags = [(r.sent_ns - r.scheduled_ns) * _MS for r in raws if r.scheduled_ns is not None]
+    if lags:
+        s = summary_stats(lags)
+        m["schedule_lag_p99_ms"] = s["p99"]
+        info["schedule_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
+    if ctx.loop_lags_ns:
+        s = summary_stats([x * _MS for x in ctx.loop_lags_ns])
+        m["loop_lag_p99_ms"] = s["p99"]
+        info["loop_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
+    sent = sorted(r.sent_ns for r in raws)
+    end_all = max(ends) if ends else t0
+    if ctx.steady is not None:
+        m["concurrency_mean"] = _in_flight_mean(raws, *ctx.steady)
+        info["steady_window_s"] = round((ctx.steady[1] - ctx.steady[0]) * _NS, 3)
+        info["concurrency_mean_whole_run"] = round(_in_flight_mean(raws, t0, end_all), 2)
+    else:
+        m["concurrency_mean"] = _in_flight_mean(raws, t0, end_all)
+    if ctx.rate is not None and sent:
+        span = (sent[-1] - t0) * _NS
+        if span > 0:
+            m["achieved_rate"] = len(sent) / span
+
+    # facts for the record
+    info["errors"] = dict(Counter(r.error for r in failed if r.error))
+    examples: dict[str, str] = {}
+    for r in failed:
+        if r.error and r.error not in examples and r.message:
+            examples[r.error] = r.message
+    if examples:
+        info["error_examples"] = examples
+    info["tokens_per_chunk_source"] = dict(token_source)
+    info["completion_tokens_source"] = (
+        "usage" if all(r.completion_tokens is not None for r in ok) else "chunk_count"
+    )
+    if reasoning or reasoning_tokens:
+        info["reasoning"] = {
+            "requests": len(reasoning),
+            "time_to_first_answer_ms": {
+                k: round(v, 3) for k, v in summary_stats(reasoning).items()
+            },
+            "reasoning_tokens_mean": (
+                sum(reasoning_tokens) / len(reasoning_tokens) if reasoning_tokens else None
+            ),
+        }
+    warnings = _warnings(m, info, ctx, ok)
+    est = estimate_from_chunks(per_request_chunk_tokens)
+    if est is not None:
+        info["acceptance_estimate_from_chunks"] = round(est, 4)
+    return m, info, tuple(samples), warnings
+
+
+def _meets(slo: Mapping[str, float], values: Mapping[str, float | None], tokens: int) -> bool:
+    """Whether one request meets every SLO (TPOT is not defined for one token)."""
+    for key, limit in slo.items():
+        name = _SLO_KEYS[key]
+        value = values[name]
+        if value is None:
+            if name == "tpot" and tokens <= 1:
+                continue
+            return False
+        if value > limit:
+            return False
+    return True
+
+
+def _warnings(
+    m: Mapping[str, float], info: Mapping[str, Any], ctx: LevelContext, ok: Sequence[RawResult]
+) -> list[str]:
+    out: list[str] = []
+    advice = "use more worker processes (workers), fewer concurrent levels, or a less busy machine"
+    lag = m.get("loop_lag_p99_ms")
+    if lag is not None and lag > 1.0:
+        ttft_med = m.get("ttft_median_ms")
+        gap_med = m.get("chunk_gap_median_ms")
+        if (ttft_med is not None and lag > 0.05 * ttft_med) or (
+            gap_med is not None and lag > 0.1 * gap_med
+        ):
+            out.append(
+                f"the generator's event loop lagged {lag:.1f} ms (p99), which is large against "
+                f"the measured TTFT/ITL: chunk timestamps may be late by that much; {advice}"
+            )
+    sched = m.get("schedule_lag_p99_ms")
+    if ctx.rate is not None and sched is not None and sched > 5.0:
+        out.append(
+            f"requests were sent up to {sched:.1f} ms (p99) after their planned arrival time: "
+            f"the generator could not keep the schedule; {advice}"
+        )
+    achieved = m.get("achieved_rate")
+    if ctx.rate is not None and achieved is not None and abs(achieved / ctx.rate - 1) > 0.02:
+        why = (
+            f"schedule lag p99 {sched:.1f} ms"
+            if sched is not None and sched > 5.0
+            else "too few requests for the rate to settle"
+            if m["completed"] + m["failed"] < 50
+            else "the generator fell behind its schedule"
+        )
+        out.append(
+            f"achieved {achieved:.2f} req/s against the requested {ctx.rate:g} req/s "
+            f"({(achieved / ctx.rate - 1) * 100:+.1f}%): {why}"
+        )
+    if ctx.concurrency is not None and ctx.steady is not None:
+        window = (ctx.steady[1] - ctx.steady[0]) * _NS
+        held = m.get("concurrency_mean", 0.0)
+        if window > 0.05 and held < 0.95 * ctx.concurrency:
+            out.append(
+                f"only {held:.1f} of {ctx.concurrency} requests were really in flight on average "
+                f"({held / ctx.concurrency:.0%}): the generator is too slow between requests; "
+                f"{advice}"
+            )
+    if ctx.stream and ok and info.get("completion_tokens_source") != "usage":
+        out.append(
+            "the server sent no usage in some responses: token counts are stream chunk counts, "
+            "which undercount with speculative decoding; enable stream_options.include_usage"
+        )
+    return out

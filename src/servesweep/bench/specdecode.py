@@ -1,0 +1,78 @@
+"""Speculative decoding acceptance: from the engine's Prometheus counters differenced
+around a level, else estimated from the tokens per stream chunk.
+
+Definition (vLLM's ``SpecDecodingLogging``, ``vllm/v1/spec_decode/metrics.py``):
+``mean acceptance length = 1 + accepted_tokens / drafts`` — the tokens one target
+forward pass emits per draft, the bonus token included.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["acceptance_from_counters", "estimate_from_chunks", "parse_counters"]
+
+_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_counters(text: str, names: Sequence[str]) -> dict[str, float]:
+    """Sum of each wanted metric over all its label sets (several engines of a
+    data-parallel server each report their own series)."""
+    wanted = set(names)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _LINE.match(line)
+        if m is None or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+def acceptance_from_counters(
+    counters: Mapping[str, str], before: Mapping[str, float], after: Mapping[str, float]
+) -> tuple[float | None, dict[str, Any]]:
+    """Acceptance length from counter deltas; None when the counters are missing or
+    no draft happened during the level."""
+    acc_name = counters.get("accepted")
+    drafts_name = counters.get("drafts")
+    if not acc_name or not drafts_name:
+        return None, {}
+    if acc_name not in after or drafts_name not in after:
+        return None, {"counters_missing": [n for n in (acc_name, drafts_name) if n not in after]}
+    accepted = after[acc_name] - before.get(acc_name, 0.0)
+    drafts = after[drafts_name] - before.get(drafts_name, 0.0)
+    detail: dict[str, Any] = {"accepted_tokens": accepted, "drafts": drafts}
+    dt_name = counters.get("draft_tokens")
+    if dt_name and dt_name in after:
+        draft_tokens = after[dt_name] - before.get(dt_name, 0.0)
+        detail["draft_tokens"] = draft_tokens
+        if draft_tokens > 0:
+            detail["draft_acceptance_rate"] = accepted / draft_tokens
+    if drafts <= 0:
+        return None, detail
+    return 1.0 + accepted / drafts, detail
+
+
+def estimate_from_chunks(chunk_tokens: Sequence[Sequence[int]]) -> float | None:
+    """Mean tokens per decode chunk (each request's first chunk, the prefill's
+    token, and its last chunk, possibly cut short by ``max_tokens``, left out).
+    Equals the acceptance length only when the server streams one chunk per
+    decode step; under load chunks of several steps may merge, so it is an
+    upper-bound estimate."""
+    total = 0
+    n = 0
+    for tokens in chunk_tokens:
+        middle = tokens[1:-1]
+        total += sum(middle)
+        n += len(middle)
+    return total / n if n else None
