@@ -1,0 +1,212 @@
+"""The simulated engine's scheduler: what a request generates and when.
+
+Timing is scheduled against absolute deadlines on the event loop (never
+accumulated sleeps), so lateness does not add up over a stream: the first token
+is due ``ttft_ms (+ prompt_tokens / prefill_tok_s)`` after admission, every later
+chunk one decode step after the previous deadline. A decode step lasts
+``step_ms * spec.step_factor * (1 + batch_slowdown * (running - 1))`` and emits
+``1 + accepted`` tokens in one chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from servesweep.sim.config import SimConfig
+from servesweep.sim.oracle import Oracle
+from servesweep.sim.specdecode import SpecModel
+from servesweep.sim.tokenizer import count_tokens, split_pieces
+
+__all__ = ["MAX_MODEL_LEN", "Engine", "Plan"]
+
+MAX_MODEL_LEN = 4096
+_SPIN_STREAMS = 4
+"""Up to this many running requests, the last ~1.5 ms before a deadline are spent
+yielding to the loop instead of in epoll (whose timeout has 1 ms granularity)."""
+_SPIN_S = 0.0015
+
+_VOCAB_TEXT = (
+    "the of and to in is that for it as with was on be by this are from at or an have not "
+    "which but all were can more one their has been will also there would so into its "
+    "model token server memory batch stream request latency throughput kernel cache draft "
+    "accept verify decode prefill tensor parallel expert layer weight shard queue sample "
+    "river mountain garden window paper signal engine number answer question reason simple"
+)
+_WORDS: tuple[str, ...] = tuple(_VOCAB_TEXT.split())
+
+
+def _hash01(*parts: object) -> float:
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+@dataclass
+class Plan:
+    """What one request will produce."""
+
+    pieces: list[str]
+    """One text piece per token, in order."""
+    prompt_tokens: int
+    finish_reason: str
+    index: int
+    """Arrival order of generation requests in this process (0, 1, ...)."""
+    oracle_task: str | None = None
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, oracle: Oracle) -> None:
+        self.cfg = cfg
+        self.spec = SpecModel(cfg.budget, cfg.topk, cfg.window)
+        self.oracle = oracle
+        rng = random.Random(cfg.seed)
+        self._text = [" " + rng.choice(_WORDS) for _ in range(8192)]
+        self._slots = asyncio.Semaphore(cfg.max_num_seqs)
+        self.requests = 0
+        self.running = 0
+        self.waiting = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.finished: Counter[str] = Counter()
+        self.drafts_total = 0
+        self.draft_tokens_total = 0
+        self.accepted_tokens_total = 0
+
+    # -- what to say ----------------------------------------------------------
+
+    def next_index(self) -> int:
+        index = self.requests
+        self.requests += 1
+        return index
+
+    def fails(self, index: int) -> bool:
+        """Deterministic ``--error-rate``: this request gets an HTTP 500."""
+        return self.cfg.error_rate > 0 and _hash01(self.cfg.seed, "error", index) < (
+            self.cfg.error_rate
+        )
+
+    def plan(self, prompt: str, max_tokens: int | None, ignore_eos: bool, index: int) -> Plan:
+        prompt_tokens = count_tokens(prompt)
+        limit = MAX_MODEL_LEN if max_tokens is None else max(0, max_tokens)
+        answer = self.oracle.respond(prompt) if self.oracle.tasks else None
+        if answer is not None:
+            text, task, _correct = answer
+            pieces = split_pieces(text)
+            finish = "length" if len(pieces) > limit else "stop"
+            return Plan(pieces[:limit], prompt_tokens, finish, index, task.task_id)
+        lo, hi = self.cfg.eos_min, self.cfg.eos_max
+        natural = lo + int(_hash01(self.cfg.seed, "eos", prompt) * (hi - lo + 1))
+        n = limit if ignore_eos else min(limit, natural)
+        finish = "length" if n == limit and (ignore_eos or natural > limit) else "stop"
+        start = int(_hash01(self.cfg.seed, "text", index) * len(self._text))
+        words = self._text
+        pieces = [words[(start + i) % len(words)] for i in range(n)]
+        return Plan(pieces, prompt_tokens, finish, index)
+
+    # -- when to say it -------------------------------------------------------
+
+    def step_seconds(self) -> float:
+        slowdown = 1.0 + self.cfg.batch_slowdown * max(self.running - 1, 0)
+        return self.cfg.step_ms / 1000.0 * self.spec.step_factor * slowdown
+
+    def first_token_seconds(self, prompt_tokens: int) -> float:
+        prefill = prompt_tokens / self.cfg.prefill_tok_s if self.cfg.prefill_tok_s > 0 else 0.0
+        return self.cfg.ttft_ms / 1000.0 + prefill
+
+    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        delay = deadline - loop.time()
+        if self.running > _SPIN_STREAMS:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return
+        if delay > _SPIN_S:
+            await asyncio.sleep(delay - _SPIN_S)
+        while loop.time() < deadline:
+            await asyncio.sleep(0)
+
+    async def run(self, plan: Plan, emit: Callable[[list[str]], Awaitable[None]]) -> None:
+        """Emit ``plan``'s pieces chunk by chunk at their deadlines."""
+        loop = asyncio.get_running_loop()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        rng = random.Random(f"{self.cfg.seed}:spec:{plan.index}")
+        try:
+            self.prompt_tokens_total += plan.prompt_tokens
+            pieces = plan.pieces
+            if not pieces:
+                return
+            deadline = loop.time() + self.first_token_seconds(plan.prompt_tokens)
+            await self._sleep_until(loop, deadline)
+            await emit(pieces[:1])
+            self.generation_tokens_total += 1
+            sent = 1
+            while sent < len(pieces):
+                deadline += self.step_seconds()
+                accepted = self.spec.sample_step(rng)
+                if self.spec.enabled:
+                    self.drafts_total += 1
+                    self.draft_tokens_total += self.cfg.budget
+                    self.accepted_tokens_total += accepted
+                chunk = pieces[sent : sent + 1 + accepted]
+                await self._sleep_until(loop, deadline)
+                await emit(chunk)
+                sent += len(chunk)
+                self.generation_tokens_total += len(chunk)
+            self.finished[plan.finish_reason] += 1
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+    # -- how it went ----------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition with vLLM's metric names."""
+        label = f'{{engine="0",model_name="{self.cfg.model}"}}'
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {float(self.running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {float(self.waiting)}",
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{label} {float(self.prompt_tokens_total)}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{label} {float(self.generation_tokens_total)}",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+        ]
+        for reason in ("stop", "length"):
+            lines.append(
+                f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
+                f'model_name="{self.cfg.model}"}} {float(self.finished[reason])}'
+            )
+        for name, value, help_ in (
+            ("spec_decode_num_drafts_total", self.drafts_total, "Number of spec decoding drafts."),
+            (
+                "spec_decode_num_draft_tokens_total",
+                self.draft_tokens_total,
+                "Number of draft tokens.",
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                self.accepted_tokens_total,
+                "Number of accepted tokens.",
+            ),
+        ):
+            lines += [
+                f"# HELP vllm:{name} {help_}",
+                f"# TYPE vllm:{name} counter",
+                f"vllm:{name}{label} {float(value)}",
+            ]
+        return "\n".join(lines) + "\n"
