@@ -2,45 +2,61 @@
 log lines are fatal, which metrics carry speculative-decoding counters.
 
 A preset is a plain frozen record in a dict (``PRESETS``); no plugin machinery.
-Params are the server's fixed ``args`` merged with the trial's swept params
-(trial wins). A param named ``env.NAME`` sets an environment variable instead of
-a flag. Names are accepted with dashes or underscores.
+Params are the preset's ``default_args``, overlaid with the server's fixed
+``args``, overlaid with the trial's swept params (trial wins). A param named
+``env.NAME`` sets an environment variable instead of a flag. Names are accepted
+with dashes or underscores; params the preset does not know pass through as
+``--name value`` (engines evolve faster than presets), and a flag the engine
+rejects at start is caught by the preset's fatal patterns as ``invalid_args``.
+
+The flags, endpoints and metric names were checked against each engine's sources;
+docs/engines.md lists the versions and files.
 """
 
 from __future__ import annotations
 
-import re
+import hashlib
+import json
+import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from servesweep.errors import ConfigError
-from servesweep.models import FailureClass
+from servesweep.servers.engine_args import (
+    BoolStyle,
+    flag_args,
+    launch_command_text,
+    merged_params,
+    nest_dotted,
+    render_template,
+    split_env_params,
+)
+from servesweep.servers.engine_patterns import (
+    COMMON_FATAL,
+    LLAMA_SERVER_FATAL,
+    LLAMACPP_PY_FATAL,
+    SGLANG_FATAL,
+    TRACEBACK,
+    TRTLLM_FATAL,
+    VLLM_FATAL,
+    FatalPattern,
+)
 from servesweep.spec.schema import ServerSpec
 
 __all__ = [
+    "PRESETS",
     "EnginePreset",
     "FatalPattern",
-    "PRESETS",
+    "build_launch",
     "flag_args",
     "get_preset",
+    "launch_command_text",
     "merged_params",
     "split_env_params",
 ]
-
-
-@dataclass(frozen=True)
-class FatalPattern:
-    """A log line that means the instance will not become ready."""
-
-    pattern: re.Pattern[str]
-    failure_class: FailureClass
-    reason: str
-
-    @classmethod
-    def of(cls, regex: str, failure_class: FailureClass, reason: str) -> FatalPattern:
-        return cls(re.compile(regex), failure_class, reason)
-
 
 ArgvBuilder = Callable[[ServerSpec, Mapping[str, Any]], list[str]]
 
@@ -54,131 +70,312 @@ class EnginePreset:
     """Endpoint that answers 200 when healthy (None: the engine has none)."""
     models_path: str = "/v1/models"
     metrics_path: str | None = "/metrics"
+    """Prometheus text endpoint (None: the engine has none)."""
     fatal_patterns: tuple[FatalPattern, ...] = ()
+    """Most specific first; see :mod:`servesweep.servers.engine_patterns`."""
     request_extras: Mapping[str, Any] = field(default_factory=dict)
-    """Fields added to every generation request (e.g. ``ignore_eos`` support)."""
+    """Fields added to every generation request."""
     supports_ignore_eos: bool = True
+    """Whether the engine honours ``ignore_eos`` in requests."""
     spec_decode_counters: Mapping[str, str] = field(default_factory=dict)
     """Prometheus counter names: ``accepted`` (accepted draft tokens), ``drafts``
-    (number of drafts), ``draft_tokens`` (drafted tokens), ``emitted``."""
+    (number of drafts = verification steps), ``draft_tokens`` (drafted tokens),
+    ``emitted`` (all generated tokens), ``accepted_per_pos`` (accepted tokens by
+    draft position, label ``position``). Counters may carry labels: sum them."""
     tokenize_path: str | None = None
-    """Endpoint that counts prompt tokens, when the engine has one."""
+    """vLLM-style ``POST {model, prompt} -> {count}`` endpoint, when the engine has one."""
     default_env: Mapping[str, str] = field(default_factory=dict)
-
-
-def merged_params(spec: ServerSpec, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The server's fixed args overlaid with one trial's params (dash/underscore-blind)."""
-    out: dict[str, Any] = {}
-    keys: dict[str, str] = {}
-    for source in (spec.args, params):
-        for key, value in source.items():
-            norm = key.replace("_", "-")
-            if norm in keys:
-                del out[keys[norm]]
-            keys[norm] = key
-            out[key] = value
-    return out
-
-
-def split_env_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Separate ``env.NAME`` params (environment) from flag params."""
-    flags: dict[str, Any] = {}
-    env: dict[str, str] = {}
-    for key, value in params.items():
-        if key.startswith("env."):
-            env[key[4:]] = "" if value is None else str(value)
-        else:
-            flags[key] = value
-    return flags, env
-
-
-def flag_args(
-    params: Mapping[str, Any],
-    *,
-    bool_style: str = "flag",
-    underscore: bool = False,
-) -> list[str]:
-    """Turn params into ``--name value`` pairs.
-
-    ``bool_style``: ``flag`` (True -> ``--x``, False -> omitted), ``negate``
-    (False -> ``--no-x``), or ``value`` (``--x true``/``--x false``).
-    Lists become repeated values after one flag; dicts become JSON; None omits.
-    """
-    import json
-
-    argv: list[str] = []
-    for key, value in params.items():
-        name = key.replace("-", "_") if underscore else key.replace("_", "-")
-        flag = f"--{name}"
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            if bool_style == "value":
-                argv += [flag, "true" if value else "false"]
-            elif value:
-                argv.append(flag)
-            elif bool_style == "negate":
-                argv.append(f"--no-{name}")
-            continue
-        if isinstance(value, dict):
-            argv += [flag, json.dumps(value, separators=(",", ":"))]
-        elif isinstance(value, (list, tuple)):
-            argv.append(flag)
-            argv += [str(v) for v in value]
-        else:
-            argv += [flag, str(value)]
-    return argv
+    default_args: Mapping[str, Any] = field(default_factory=dict)
+    """Params applied under the server's args (e.g. enable the metrics endpoint)."""
+    streams_usage: bool = True
+    """Whether a streamed response ends with a ``usage`` chunk when asked with
+    ``stream_options: {include_usage: true}``; otherwise count streamed tokens."""
+    uses_gpus: bool = True
+    """Set ``CUDA_VISIBLE_DEVICES`` from ``server.gpus``."""
+    launch_env: Callable[[ServerSpec], dict[str, str]] | None = None
+    """Environment the engine needs from the spec (under ``server.env`` and ``env.*``)."""
+    spec_params: tuple[str, ...] = ()
+    """The speculative-decoding params of this engine (documentation and hints)."""
+    description: str = ""
 
 
 def _program(spec: ServerSpec, default: Sequence[str]) -> list[str]:
     return list(spec.executable) if spec.executable else list(default)
 
 
-def _sim_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    import sys
+def _need_model(spec: ServerSpec) -> str:
+    if not spec.model:
+        raise ConfigError(
+            f"engine {spec.engine!r} needs server.model (a model path or name)",
+            key="server.model",
+        )
+    return spec.model
 
+
+def _flags(
+    params: Mapping[str, Any],
+    bool_style: BoolStyle,
+    *,
+    underscore: bool = False,
+    negatable: frozenset[str] | None = None,
+) -> list[str]:
+    return flag_args(params, bool_style=bool_style, underscore=underscore, negatable=negatable)
+
+
+def _dotted_roots(params: Mapping[str, Any]) -> set[str]:
+    return {k.split(".", 1)[0] for k in params if "." in k}
+
+
+# --- vLLM ------------------------------------------------------------------------------
+
+
+def _vllm_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+    argv = [*_program(spec, ["vllm", "serve"]), _need_model(spec)]
+    argv += ["--host", spec.host, "--port", str(spec.port)]
+    # Every vLLM config flag (--speculative-config, --compilation-config, ...) takes
+    # JSON; dotted params build it. Booleans are BooleanOptionalAction: --x / --no-x.
+    nested = nest_dotted(params, _dotted_roots(params))
+    return argv + _flags(nested, "negate")
+
+
+# --- SGLang ----------------------------------------------------------------------------
+
+
+def _sglang_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+    argv = _program(spec, [sys.executable, "-m", "sglang.launch_server"])
+    argv += ["--model-path", _need_model(spec), "--host", spec.host, "--port", str(spec.port)]
+    # SGLang booleans are store_true: False is the default and is omitted.
+    return argv + _flags(params, "flag")
+
+
+# --- TensorRT-LLM ----------------------------------------------------------------------
+
+_TRTLLM_OPTIONS = ("extra_llm_api_options", "config")
+
+
+def _trtllm_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+    argv = [*_program(spec, ["trtllm-serve"]), _need_model(spec)]
+    argv += ["--host", spec.host, "--port", str(spec.port)]
+    flags = dict(params)
+    path: str | None = None
+    for key in list(flags):
+        root = key.split(".", 1)[0].replace("-", "_")
+        if root in _TRTLLM_OPTIONS and "." not in key and isinstance(flags[key], str):
+            path = str(flags.pop(key))
+    nested = nest_dotted(flags, _TRTLLM_OPTIONS)
+    options: dict[str, Any] = {}
+    for root in _TRTLLM_OPTIONS:
+        options.update(nested.pop(root, {}))
+    if options and path:
+        raise ConfigError(
+            f"give either an extra_llm_api_options file ({path}) or extra_llm_api_options.* "
+            "params, not both",
+            key="server.args",
+        )
+    if options:
+        path = str(_write_llm_api_options(options))
+    if path:
+        nested["extra_llm_api_options"] = path
+    # trtllm-serve is a click command: --snake_case options, is_flag booleans.
+    return argv + _flags(nested, "flag", underscore=True)
+
+
+def _write_llm_api_options(options: Mapping[str, Any]) -> Path:
+    """Write the LLM API options YAML (JSON is YAML) once per content; return its path."""
+    text = json.dumps(options, indent=2, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / "servesweep-trtllm"
+    path = folder / f"llm-api-options-{digest}.yaml"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the TensorRT-LLM options file {path}: {exc}") from exc
+    return path
+
+
+# --- llama.cpp -------------------------------------------------------------------------
+
+
+def _llamacpp_py_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+    argv = _program(spec, [sys.executable, "-m", "llama_cpp.server"])
+    argv += ["--model", _need_model(spec), "--host", spec.host, "--port", str(spec.port)]
+    # llama_cpp.server builds argparse from pydantic settings: --snake_case names,
+    # booleans take a value (--flag true/false), lists are nargs="*", dicts JSON.
+    return argv + _flags(params, "value", underscore=True)
+
+
+def _llamacpp_py_env(spec: ServerSpec) -> dict[str, str]:
+    # llama_cpp.server binds os.getenv("HOST"/"PORT") before its own --host/--port:
+    # pin them so an inherited PORT cannot move the server.
+    return {"HOST": spec.host, "PORT": str(spec.port)}
+
+
+# Flags of llama-server that have a --no-x form (common/arg.cpp); other False
+# booleans (--metrics, --embedding, ...) are store-only and are omitted.
+LLAMA_SERVER_NEGATABLE = frozenset(
+    {
+        "agent", "cache-idle-slots", "cache-prompt", "cont-batching", "context-shift",
+        "conversation", "cors-credentials", "display-prompt", "escape", "jinja",
+        "kv-offload", "kv-unified", "log-jsonl", "log-prefix", "log-timestamps",
+        "mmproj-auto", "mmproj-offload", "models-autoload", "op-offload", "perf", "ppl",
+        "prefill-assistant", "reasoning-preserve", "repack", "show-timings",
+        "skip-chat-parsing", "slots", "spec-draft-backend-sampling", "ui", "ui-mcp-proxy",
+        "warmup", "webui", "webui-mcp-proxy", "parse-special",
+    }
+)  # fmt: skip
+
+
+def _llama_server_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+    argv = _program(spec, ["llama-server"])
+    argv += ["-m", _need_model(spec), "--host", spec.host, "--port", str(spec.port)]
+    return argv + _flags(params, "negate", negatable=LLAMA_SERVER_NEGATABLE)
+
+
+# --- generic and sim -------------------------------------------------------------------
+
+
+def _generic_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+    if not spec.command:
+        raise ConfigError(
+            "engine 'generic' needs server.command, a command template such as "
+            "'my-server --port {port} {args}'",
+            key="server.command",
+        )
+    return render_template(spec.command, spec, params)
+
+
+def _sim_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
     argv = _program(spec, [sys.executable, "-m", "servesweep.sim"])
     argv += ["--host", spec.host, "--port", str(spec.port)]
     if spec.model:
         argv += ["--model", spec.model]
-    return argv + flag_args(params, bool_style="flag")
+    return argv + _flags(params, "flag")
 
 
-_COMMON_FATAL = (
-    FatalPattern.of(
-        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation",
-        FailureClass.START_CRASH,
-        "oom",
-    ),
-    FatalPattern.of(
-        r"[Aa]ddress already in use|EADDRINUSE", FailureClass.PORT_IN_USE, "port_in_use"
-    ),
-    FatalPattern.of(
-        r"error: unrecognized arguments|error: argument |invalid choice:",
-        FailureClass.INVALID_ARGS,
-        "invalid_args",
-    ),
-    FatalPattern.of(
-        r"^(ModuleNotFoundError|ImportError): ", FailureClass.START_CRASH, "import_error"
-    ),
-    FatalPattern.of(r"NCCL error|ncclInternalError|ncclSystemError", FailureClass.START_CRASH, "nccl"),
-)
+_VLLM_COUNTERS = {
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    "emitted": "vllm:generation_tokens_total",
+}
 
 PRESETS: dict[str, EnginePreset] = {
+    "vllm": EnginePreset(
+        name="vllm",
+        build_argv=_vllm_argv,
+        health_path="/health",
+        fatal_patterns=VLLM_FATAL,
+        spec_decode_counters=_VLLM_COUNTERS,
+        tokenize_path="/tokenize",
+        spec_params=(
+            "speculative_config.method",
+            "speculative_config.model",
+            "speculative_config.num_speculative_tokens",
+            "speculative_config.draft_tensor_parallel_size",
+            "speculative_config.prompt_lookup_max",
+            "speculative_config.prompt_lookup_min",
+        ),
+        description="vllm serve MODEL (OpenAI server, Prometheus /metrics)",
+    ),
+    "sglang": EnginePreset(
+        name="sglang",
+        build_argv=_sglang_argv,
+        health_path="/health_generate",
+        fatal_patterns=SGLANG_FATAL,
+        default_args={"enable_metrics": True},
+        spec_decode_counters={
+            "drafts": "sglang:spec_verify_calls_total",
+            "emitted": "sglang:generation_tokens_total",
+        },
+        spec_params=(
+            "speculative_algorithm",
+            "speculative_draft_model_path",
+            "speculative_num_steps",
+            "speculative_eagle_topk",
+            "speculative_num_draft_tokens",
+            "speculative_dflash_block_size",
+            "speculative_draft_window_size",
+            "speculative_draft_sink_size",
+            "speculative_accept_threshold_single",
+            "speculative_accept_threshold_acc",
+            "speculative_attention_mode",
+            "speculative_draft_attention_backend",
+            "speculative_token_map",
+            "speculative_ddtree_budget",
+        ),
+        description="python -m sglang.launch_server --model-path MODEL (/health_generate)",
+    ),
+    "trtllm": EnginePreset(
+        name="trtllm",
+        build_argv=_trtllm_argv,
+        health_path="/health",
+        metrics_path=None,
+        fatal_patterns=TRTLLM_FATAL,
+        spec_params=(
+            "extra_llm_api_options.speculative_config.decoding_type",
+            "extra_llm_api_options.speculative_config.max_draft_len",
+            "extra_llm_api_options.speculative_config.speculative_model_dir",
+        ),
+        description="trtllm-serve MODEL (extra LLM API options as a YAML file)",
+    ),
+    "llamacpp": EnginePreset(
+        name="llamacpp",
+        build_argv=_llamacpp_py_argv,
+        health_path=None,
+        metrics_path=None,
+        fatal_patterns=LLAMACPP_PY_FATAL,
+        supports_ignore_eos=False,
+        streams_usage=False,
+        launch_env=_llamacpp_py_env,
+        spec_params=("draft_model", "draft_model_num_pred_tokens"),
+        description="python -m llama_cpp.server --model MODEL (llama-cpp-python)",
+    ),
+    "llama-server": EnginePreset(
+        name="llama-server",
+        build_argv=_llama_server_argv,
+        health_path="/health",
+        fatal_patterns=LLAMA_SERVER_FATAL,
+        default_args={"metrics": True},
+        spec_decode_counters={
+            "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
+            "drafts": "llamacpp:spec_decode_num_drafts_total",
+            "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
+            "accepted_per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+            "emitted": "llamacpp:tokens_predicted_total",
+        },
+        spec_params=(
+            "spec_draft_model",
+            "spec_draft_n_max",
+            "spec_draft_n_min",
+            "spec_draft_p_min",
+            "spec_draft_ngl",
+            "spec_type",
+        ),
+        description="llama-server -m MODEL (upstream llama.cpp; /health, /metrics)",
+    ),
+    "generic": EnginePreset(
+        name="generic",
+        build_argv=_generic_argv,
+        health_path=None,
+        metrics_path=None,
+        fatal_patterns=COMMON_FATAL,
+        description="server.command template for any OpenAI-compatible server",
+    ),
     "sim": EnginePreset(
         name="sim",
         build_argv=_sim_argv,
         health_path="/health",
-        fatal_patterns=(
-            *_COMMON_FATAL,
-            FatalPattern.of(r"^Traceback \(most recent call last\)", FailureClass.START_CRASH, "traceback"),
-        ),
+        fatal_patterns=(*COMMON_FATAL, TRACEBACK),
         spec_decode_counters={
             "accepted": "vllm:spec_decode_num_accepted_tokens_total",
             "drafts": "vllm:spec_decode_num_drafts_total",
             "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
         },
         tokenize_path="/tokenize",
+        description="the simulated engine (python -m servesweep.sim)",
     ),
 }
 
@@ -188,4 +385,36 @@ def get_preset(name: str) -> EnginePreset:
         return PRESETS[name]
     except KeyError:
         known = ", ".join(sorted(PRESETS))
-        raise ConfigError(f"unknown engine {name!r} (known: {known})", key="server.engine") from None
+        raise ConfigError(
+            f"unknown engine {name!r} (known: {known})", key="server.engine"
+        ) from None
+
+
+def build_launch(spec: ServerSpec, params: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The full argv and the extra environment of one trial's instance.
+
+    Params: the preset's ``default_args`` < ``server.args`` < the trial's params
+    (dash/underscore-blind). Environment, later wins: the preset's ``default_env``,
+    ``CUDA_VISIBLE_DEVICES`` from ``server.gpus``, what the engine needs from the
+    spec, ``server.env``, then ``env.NAME`` params.
+    """
+    preset = get_preset(spec.engine)
+    merged = merged_params_over(merged_params_over(preset.default_args, spec.args), params)
+    flags, env_params = split_env_params(merged)
+    argv = preset.build_argv(spec, flags)
+    env: dict[str, str] = dict(preset.default_env)
+    if spec.gpus and preset.uses_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+    if preset.launch_env is not None:
+        env.update(preset.launch_env(spec))
+    env.update(spec.env)
+    env.update(env_params)
+    return argv, env
+
+
+def merged_params_over(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` overlaid on ``base``, dash/underscore-blind (``top``'s spelling wins)."""
+    top_norm = {k.replace("_", "-") for k in top}
+    out = {k: v for k, v in base.items() if k.replace("_", "-") not in top_norm}
+    out.update(top)
+    return out

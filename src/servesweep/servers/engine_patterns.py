@@ -1,0 +1,190 @@
+"""Fatal log patterns: a log line that means the instance will not become ready.
+
+Each engine's tuple is ordered most specific first: when several lines match,
+the readiness gate (``logs.match_fatal``) keeps the earliest pattern of the tuple,
+so ``Model path does not exist`` beats the ``Traceback`` header printed before it.
+
+Patterns must never match a line that a healthy engine prints while loading: the
+readiness gate fails the trial on a match. So the generic ``traceback`` pattern
+(last in the tuple) is used only where a traceback at start-up always ends the
+process (llama-cpp-python, the simulator); vLLM, SGLang and TensorRT-LLM print
+tracebacks of optional imports and retried downloads while loading normally, and
+a real failure there either matches a specific pattern or ends the process.
+
+The messages come from the engines' sources (see docs/engines.md for versions):
+argparse (vLLM, SGLang, llama-cpp-python), click (TensorRT-LLM), pydantic
+settings (llama-cpp-python), ``common/arg.cpp`` and ``tools/server`` (llama.cpp).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from servesweep.models import FailureClass
+
+__all__ = [
+    "COMMON_FATAL",
+    "LLAMACPP_PY_FATAL",
+    "LLAMA_SERVER_FATAL",
+    "SGLANG_FATAL",
+    "TRACEBACK",
+    "TRTLLM_FATAL",
+    "VLLM_FATAL",
+    "FatalPattern",
+]
+
+
+@dataclass(frozen=True)
+class FatalPattern:
+    """A log line that means the instance will not become ready."""
+
+    pattern: re.Pattern[str]
+    failure_class: FailureClass
+    reason: str
+
+    @classmethod
+    def of(cls, regex: str, failure_class: FailureClass, reason: str) -> FatalPattern:
+        return cls(re.compile(regex), failure_class, reason)
+
+
+_CRASH = FailureClass.START_CRASH
+_ARGS = FailureClass.INVALID_ARGS
+
+OOM = FatalPattern.of(
+    r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError"
+    r"|CUDA error: out of memory|cudaErrorMemoryAllocation|cudaMalloc failed: out of memory",
+    _CRASH,
+    "oom",
+)
+PORT_IN_USE = FatalPattern.of(
+    r"[Aa]ddress already in use|EADDRINUSE", FailureClass.PORT_IN_USE, "port_in_use"
+)
+ARGPARSE = FatalPattern.of(
+    r"error: unrecognized arguments|error: argument -|: error: the following arguments are "
+    r"required|invalid choice: |error: ambiguous option",
+    _ARGS,
+    "invalid_args",
+)
+IMPORT_ERROR = FatalPattern.of(r"^(ModuleNotFoundError|ImportError): ", _CRASH, "import_error")
+NCCL = FatalPattern.of(
+    r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError", _CRASH, "nccl"
+)
+TRACEBACK = FatalPattern.of(r"^Traceback \(most recent call last\)", _CRASH, "traceback")
+
+COMMON_FATAL: tuple[FatalPattern, ...] = (OOM, PORT_IN_USE, ARGPARSE, IMPORT_ERROR, NCCL)
+"""Patterns every Python-based engine shares (the generic ``traceback`` is not in it)."""
+
+_HF_MODEL_NOT_FOUND = FatalPattern.of(
+    r"is not a local folder and is not a valid model identifier|RepositoryNotFoundError"
+    r"|HFValidationError: Repo id must|No such file or directory: '[^']*config\.json'"
+    r"|Can't load the configuration of|does not appear to have a file named config\.json",
+    _ARGS,
+    "model_not_found",
+)
+
+VLLM_FATAL: tuple[FatalPattern, ...] = (
+    OOM,
+    FatalPattern.of(
+        r"No available memory for the cache blocks|larger than the available KV cache memory"
+        r"|Insufficient memory|not enough KV cache space",
+        _CRASH,
+        "oom",
+    ),
+    PORT_IN_USE,
+    ARGPARSE,
+    _HF_MODEL_NOT_FOUND,
+    FatalPattern.of(
+        r"validation errors? for (Vllm|Model|Speculative|Cache|Parallel|Scheduler|Compilation)"
+        r"Config|ValidationError: \d+ validation error",
+        _ARGS,
+        "invalid_args",
+    ),
+    IMPORT_ERROR,
+    NCCL,
+    FatalPattern.of(r"Engine core initialization failed", _CRASH, "engine_init"),
+)
+
+SGLANG_FATAL: tuple[FatalPattern, ...] = (
+    OOM,
+    FatalPattern.of(
+        r"Not enough memory\. Please try to increase --mem-fraction-static"
+        r"|max_total_num_tokens=\S+ is too small|KV cache pool is too small",
+        _CRASH,
+        "oom",
+    ),
+    PORT_IN_USE,
+    ARGPARSE,
+    _HF_MODEL_NOT_FOUND,
+    FatalPattern.of(r"ValueError: --speculative-[a-z-]+ ", _ARGS, "invalid_args"),
+    IMPORT_ERROR,
+    NCCL,
+    FatalPattern.of(r"Scheduler hit an exception|Rank \d+ scheduler is dead", _CRASH, "scheduler"),
+)
+
+TRTLLM_FATAL: tuple[FatalPattern, ...] = (
+    OOM,
+    FatalPattern.of(r"\[TensorRT-LLM\]\[ERROR\].*out of memory", _CRASH, "oom"),
+    PORT_IN_USE,
+    FatalPattern.of(
+        r"^Error: (No such option|Invalid value|Missing argument|Missing option"
+        r"|Got unexpected extra argument)",
+        _ARGS,
+        "invalid_args",
+    ),
+    _HF_MODEL_NOT_FOUND,
+    FatalPattern.of(
+        r"validation errors? for (TorchLlmArgs|TrtLlmArgs|LlmArgs|KvCacheConfig|\w+DecodingConfig)",
+        _ARGS,
+        "invalid_args",
+    ),
+    IMPORT_ERROR,
+    NCCL,
+    FatalPattern.of(r"MPI_ABORT was invoked|mpi4py\.MPI\.Exception", _CRASH, "mpi"),
+)
+
+LLAMACPP_PY_FATAL: tuple[FatalPattern, ...] = (
+    FatalPattern.of(
+        r"failed to allocate buffer|ggml_backend_\w*alloc\w*: failed|cudaMalloc failed",
+        _CRASH,
+        "oom",
+    ),
+    OOM,
+    PORT_IN_USE,
+    ARGPARSE,
+    FatalPattern.of(
+        r"\d+ validation errors? for (Model|Server|ConfigFile)?Settings", _ARGS, "invalid_args"
+    ),
+    FatalPattern.of(
+        r"Model path does not exist: |Config file \S+ not found", _ARGS, "model_not_found"
+    ),
+    FatalPattern.of(
+        r"Failed to load model from file|failed to open GGUF file|error loading model"
+        r"|Failed to create llama_context",
+        _CRASH,
+        "model_load",
+    ),
+    IMPORT_ERROR,
+    TRACEBACK,
+)
+
+LLAMA_SERVER_FATAL: tuple[FatalPattern, ...] = (
+    FatalPattern.of(
+        r"failed to allocate buffer|ggml_backend_\w*alloc\w*: failed|cudaMalloc failed"
+        r"|CUDA error: out of memory",
+        _CRASH,
+        "oom",
+    ),
+    FatalPattern.of(r"couldn't bind HTTP server socket", FailureClass.PORT_IN_USE, "port_in_use"),
+    FatalPattern.of(
+        r"error: invalid argument: |error while handling argument|error: unknown value for",
+        _ARGS,
+        "invalid_args",
+    ),
+    FatalPattern.of(r"failed to open GGUF file '[^']*' \(No such file", _ARGS, "model_not_found"),
+    FatalPattern.of(
+        r"error loading model|failed to load model|llama_init_from_model: failed",
+        _CRASH,
+        "model_load",
+    ),
+)
