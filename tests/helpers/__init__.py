@@ -1,0 +1,1 @@
+"""Helpers shared by tests (not collected as tests)."""

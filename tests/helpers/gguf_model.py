@@ -1,0 +1,124 @@
+"""A tiny random-weight llama GGUF, written at test time, that real llama.cpp loads.
+
+The model is a 2-layer llama (64 dims) with a small SentencePiece-style vocabulary
+(control tokens, 256 byte-fallback tokens, ASCII letters and a few word pieces).
+Weights are random: the text it generates is noise, so tests assert on mechanics
+(tokens streamed, usage counts, timings), never on content.
+
+The output rows of the control tokens (``<unk>``, ``<s>``, ``</s>``) are zero and the
+other rows are scaled so their logits are large: end-of-sequence is practically never
+sampled, so a request generates ``max_tokens`` tokens (as ``ignore_eos`` would).
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+__all__ = ["TinyLlamaShape", "write_tiny_gguf"]
+
+_WORDS = (
+    "the", "a", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as",
+    "server", "model", "token", "sweep", "fast", "slow", "data", "code", "test", "hello",
+    "world", "python", "return", "def", "print", "value", "list",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TinyLlamaShape:
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    context_length: int = 4096
+
+
+def _vocab() -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [
+        gguf.TokenType.UNKNOWN,
+        gguf.TokenType.CONTROL,
+        gguf.TokenType.CONTROL,
+    ]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    pieces = ["▁", *string.ascii_letters, *string.digits, *".,:;!?()[]{}'\"-+=*/_"]
+    pieces += [f"▁{w}" for w in _WORDS] + list(_WORDS)
+    seen = set(tokens)
+    for piece in pieces:
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+            types.append(gguf.TokenType.NORMAL)
+    # SentencePiece scores: higher is merged first; longer pieces score higher.
+    scores = [0.0] * 259 + [float(len(t)) - 10.0 for t in tokens[259:]]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_tiny_gguf(path: Path, *, seed: int = 0, shape: TinyLlamaShape | None = None) -> Path:
+    """Write the model to ``path`` (about 0.5 MB) and return the path."""
+    shape = shape or TinyLlamaShape()
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = _vocab()
+    n_vocab = len(tokens)
+    head_dim = shape.n_embd // shape.n_head
+    n_kv = head_dim * shape.n_head_kv
+
+    def rand(*dims: int, std: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(dims) * std).astype(np.float32)
+
+    arch = "llama"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("servesweep-tiny-random")
+    writer.add_context_length(shape.context_length)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+
+    # numpy shape (rows, cols) is GGUF ne = [cols, rows]: (out_features, in_features).
+    writer.add_tensor("token_embd.weight", rand(n_vocab, shape.n_embd, std=1.0))
+    for i in range(shape.n_layer):
+        blk = f"blk.{i}"
+        writer.add_tensor(f"{blk}.attn_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
+        writer.add_tensor(f"{blk}.attn_q.weight", rand(shape.n_embd, shape.n_embd))
+        writer.add_tensor(f"{blk}.attn_k.weight", rand(n_kv, shape.n_embd))
+        writer.add_tensor(f"{blk}.attn_v.weight", rand(n_kv, shape.n_embd))
+        writer.add_tensor(f"{blk}.attn_output.weight", rand(shape.n_embd, shape.n_embd))
+        writer.add_tensor(f"{blk}.ffn_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
+        writer.add_tensor(f"{blk}.ffn_gate.weight", rand(shape.n_ff, shape.n_embd))
+        writer.add_tensor(f"{blk}.ffn_up.weight", rand(shape.n_ff, shape.n_embd))
+        writer.add_tensor(f"{blk}.ffn_down.weight", rand(shape.n_embd, shape.n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
+    # Hidden states leave the final RMS norm with norm ~sqrt(n_embd); std 0.4 gives
+    # logits with std ~3, so the zeroed control rows (EOS) are practically never drawn.
+    output = rand(n_vocab, shape.n_embd, std=0.4)
+    output[:3] = 0.0
+    writer.add_tensor("output.weight", output)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
