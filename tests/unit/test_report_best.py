@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.report_data import level, sweep_data, throughput_sweep, trial
 
+from helpers.report_data import level, sweep_data, throughput_sweep, trial
 from servesweep.errors import ConfigError
 from servesweep.report.best import best_to_json, find_best, format_best
 

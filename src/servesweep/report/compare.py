@@ -1,0 +1,205 @@
+"""Two sweeps, or two configurations, side by side.
+
+Sweeps are matched by config fingerprint, workload and level; two configurations
+(``trial_a``/``trial_b``) are matched by workload and level. For every metric
+measured on both sides the change is given, and whether it exceeds the run-to-run
+noise: the larger spread (max - min) across repeats of either side. Without
+repeats on either side the noise is unknown and the change is not judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servesweep.bench.results import EvalTaskResult
+from servesweep.errors import ConfigError
+from servesweep.report.data import (
+    LevelStats,
+    MetricStats,
+    config_label,
+    format_number,
+    format_stats,
+    metric_names,
+)
+from servesweep.report.evals import TaskFlip, task_status
+from servesweep.report.refs import ResultIndex
+from servesweep.store.records import SweepData, TrialRecord
+
+__all__ = ["Comparison", "MetricChange", "PairedConfig", "compare", "format_comparison"]
+
+
+@dataclass(frozen=True)
+class MetricChange:
+    workload: str
+    level: str
+    metric: str
+    a: MetricStats
+    b: MetricStats
+    noise: float | None
+    """Run-to-run noise: the larger max - min across repeats; None when unknown."""
+
+    @property
+    def delta(self) -> float:
+        return self.b.mean - self.a.mean
+
+    @property
+    def relative(self) -> float | None:
+        return None if self.a.mean == 0 else self.delta / abs(self.a.mean)
+
+    @property
+    def significant(self) -> bool | None:
+        """True when the change exceeds the noise, False when it does not, None when
+        the noise is unknown (no repeats)."""
+        return None if self.noise is None else abs(self.delta) > self.noise
+
+
+@dataclass(frozen=True)
+class PairedConfig:
+    """One configuration present on both sides."""
+
+    a: TrialRecord
+    b: TrialRecord
+    changes: tuple[MetricChange, ...]
+    flips: tuple[TaskFlip, ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name_a: str
+    name_b: str
+    pairs: tuple[PairedConfig, ...]
+    only_a: tuple[TrialRecord, ...]
+    """Configurations of A with no match in B (by fingerprint)."""
+    only_b: tuple[TrialRecord, ...]
+
+    @property
+    def noise_known(self) -> bool:
+        return any(c.noise is not None for p in self.pairs for c in p.changes)
+
+
+def _pick(data: SweepData, trial_id: int, side: str) -> TrialRecord:
+    for trial in data.trials:
+        if trial.id == trial_id:
+            return trial
+    ids = ", ".join(str(t.id) for t in data.trials) or "none"
+    raise ConfigError(
+        f"sweep {data.sweep.name!r} has no trial {trial_id} (trials: {ids})", key=side
+    )
+
+
+def _changes(levels_a: list[LevelStats], levels_b: list[LevelStats]) -> list[MetricChange]:
+    by_key = {(lvl.workload, lvl.level): lvl for lvl in levels_b}
+    out: list[MetricChange] = []
+    for la in levels_a:
+        lb = by_key.get((la.workload, la.level))
+        if lb is None:
+            continue
+        for metric in metric_names([la, lb]):
+            sa, sb = la.metrics.get(metric), lb.metrics.get(metric)
+            if sa is None or sb is None or not (math.isfinite(sa.mean) and math.isfinite(sb.mean)):
+                continue
+            spreads = [s for s in (sa.spread, sb.spread) if s is not None]
+            noise = max(spreads) if spreads else None
+            out.append(MetricChange(la.workload, la.level, metric, sa, sb, noise))
+    return out
+
+
+def _flips(a: SweepData, ta: TrialRecord, b: SweepData, tb: TrialRecord) -> list[TaskFlip]:
+    def statuses(data: SweepData, trial: TrialRecord) -> dict[tuple[str, str], str]:
+        tasks: dict[tuple[str, str], list[EvalTaskResult]] = {}
+        for res in data.results.get(trial.id, ()):
+            for task in res.eval_results:
+                tasks.setdefault((res.workload, task.task_id), []).append(task)
+        return {k: task_status(v) for k, v in tasks.items()}
+
+    sa, sb = statuses(a, ta), statuses(b, tb)
+    return [
+        TaskFlip(w, t, ((ta.id, sa[(w, t)]), (tb.id, sb[(w, t)])))
+        for (w, t) in sorted(sa.keys() & sb.keys())
+        if (sa[(w, t)] == "pass") != (sb[(w, t)] == "pass")
+    ]
+
+
+def compare(
+    a: SweepData, b: SweepData, *, trial_a: int | None = None, trial_b: int | None = None
+) -> Comparison:
+    """Compare two sweeps (configurations matched by fingerprint), or, with
+    ``trial_a`` and ``trial_b``, two configurations (``a`` and ``b`` may be the same
+    sweep). Raises ConfigError when a named trial does not exist."""
+    ia, ib = ResultIndex(a), ResultIndex(b)
+    if (trial_a is None) != (trial_b is None):
+        raise ConfigError("give both trials to compare two configurations, or neither")
+    if trial_a is not None and trial_b is not None:
+        pairs_raw = [(_pick(a, trial_a, "trial_a"), _pick(b, trial_b, "trial_b"))]
+        only_a: tuple[TrialRecord, ...] = ()
+        only_b: tuple[TrialRecord, ...] = ()
+    else:
+        b_by_fp: dict[str, TrialRecord] = {}
+        for trial in sorted(b.trials, key=lambda t: (t.seq, t.id)):
+            b_by_fp.setdefault(trial.fingerprint, trial)
+        a_fps = {t.fingerprint for t in a.trials}
+        pairs_raw = [
+            (t, b_by_fp[t.fingerprint])
+            for t in sorted(a.trials, key=lambda t: (t.seq, t.id))
+            if t.fingerprint in b_by_fp
+        ]
+        only_a = tuple(t for t in a.trials if t.fingerprint not in b_by_fp)
+        only_b = tuple(t for t in b.trials if t.fingerprint not in a_fps)
+    pairs = tuple(
+        PairedConfig(
+            ta,
+            tb,
+            tuple(_changes(ia.levels.get(ta.id, []), ib.levels.get(tb.id, []))),
+            tuple(_flips(a, ta, b, tb)),
+        )
+        for ta, tb in pairs_raw
+    )
+    name_a = f"{a.sweep.name} (#{a.sweep.id})"
+    name_b = f"{b.sweep.name} (#{b.sweep.id})"
+    return Comparison(name_a, name_b, pairs, only_a, only_b)
+
+
+def _verdict(change: MetricChange) -> str:
+    if change.significant is None:
+        return "noise unknown"
+    assert change.noise is not None
+    if change.significant:
+        return f"exceeds noise {format_number(change.noise)}"
+    return f"within noise {format_number(change.noise)}"
+
+
+def format_comparison(comparison: Comparison) -> str:
+    """Plain text: one block per matched configuration, one line per metric."""
+    lines = [f"A = {comparison.name_a}, B = {comparison.name_b}"]
+    if not comparison.noise_known:
+        lines.append("noise unknown: no repeats on either side (set 'repeats' on the workloads)")
+    for pair in comparison.pairs:
+        lines.append(f"A {config_label(pair.a)} <-> B {config_label(pair.b)}")
+        if pair.a.outcome != pair.b.outcome:
+            lines.append(f"  outcome: {pair.a.outcome.value} -> {pair.b.outcome.value}")
+        rows = [
+            (
+                f"{c.workload}.{c.level}.{c.metric}",
+                format_stats(c.a),
+                format_stats(c.b),
+                ("+" if c.delta >= 0 else "") + format_number(c.delta),
+                "" if c.relative is None else f"{c.relative:+.1%}",
+                _verdict(c),
+            )
+            for c in pair.changes
+        ]
+        if rows:
+            widths = [max(len(r[i]) for r in rows) for i in range(6)]
+            for row in rows:
+                cells = [row[0].ljust(widths[0])] + [row[i].rjust(widths[i]) for i in range(1, 5)]
+                lines.append("  " + "  ".join(cells) + "  " + row[5])
+        else:
+            lines.append("  no metric measured on both sides")
+        for flip in pair.flips:
+            states = ", ".join(f"#{t} {s}" for t, s in flip.statuses)
+            lines.append(f"  flipped {flip.workload}/{flip.task_id}: {states}")
+    for side, trials in (("A", comparison.only_a), ("B", comparison.only_b)):
+        for trial in trials:
+            lines.append(f"only in {side}: {config_label(trial)} ({trial.outcome.value})")
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""Machine-readable exports: CSV (one row per trial x workload x level x repeat)
+and the versioned JSON document (``servesweep-report`` version 1, docs/reports.md)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from servesweep.errors import ServesweepError
+from servesweep.report.best import best_to_json, find_best
+from servesweep.report.data import (
+    GPU_PHASES,
+    all_params,
+    finite,
+    metric_names,
+    outcome_counts,
+    phase_costs,
+    swept_params,
+    trial_gpu_count,
+)
+from servesweep.report.evals import eval_rates, task_flips
+from servesweep.report.refs import ResultIndex
+from servesweep.store.records import SweepData, TrialRecord
+
+__all__ = ["JSON_FORMAT", "JSON_VERSION", "render_csv", "render_json", "report_document"]
+
+JSON_FORMAT = "servesweep-report"
+JSON_VERSION = 1
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_text(value: Any) -> str:
+    """A cell for a spreadsheet: text that would start a formula gets a leading
+    apostrophe (CSV injection); numbers stay numbers."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, float) else str(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = " ".join(text.splitlines())
+    if text.startswith(_FORMULA_START):
+        return "'" + text
+    return text
+
+
+def render_csv(data: SweepData) -> str:
+    """One row per trial x workload x level x repeat; trials without results (failed,
+    skipped) get one row with empty workload columns. Columns: trial facts,
+    ``param_<name>`` for every param, the phase seconds (``load_s``...), the level,
+    then every metric seen (key metrics first)."""
+    index = ResultIndex(data)
+    params = all_params(data)
+    levels = [lvl for lv in index.levels.values() for lvl in lv]
+    metrics = metric_names(levels)
+    header = [
+        "sweep",
+        "trial",
+        "seq",
+        "fingerprint",
+        "outcome",
+        "failure_class",
+        "failure_reason",
+        "gpus",
+        *(f"param_{p}" for p in params),
+        *(f"{p}_s" for p in GPU_PHASES),
+        "workload",
+        "level",
+        "repeat",
+        "duration_s",
+        "warnings",
+        *metrics,
+    ]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
+        head = [
+            data.sweep.name,
+            trial.id,
+            trial.seq,
+            trial.fingerprint,
+            trial.outcome.value,
+            trial.failure_class.value if trial.failure_class else None,
+            trial.evidence.reason if trial.evidence else None,
+            trial_gpu_count(data, trial),
+            *(trial.params.get(p) for p in params),
+            *(trial.phase_seconds.get(p) for p in GPU_PHASES),
+        ]
+        results = sorted(
+            data.results.get(trial.id, ()), key=lambda r: (r.workload, r.level, r.repeat)
+        )
+        if not results:
+            writer.writerow([_csv_text(v) for v in head + [None] * (5 + len(metrics))])
+        for res in results:
+            row = [
+                *head,
+                res.workload,
+                res.level,
+                res.repeat,
+                res.duration_s,
+                "; ".join(res.warnings) or None,
+                *(res.metrics.get(m) for m in metrics),
+            ]
+            writer.writerow([_csv_text(v) for v in row])
+    return buf.getvalue()
+
+
+def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict[str, Any]:
+    peak: dict[str, int] = {}
+    for point in data.telemetry:
+        if point.trial_id == trial.id:
+            key = str(point.gpu)
+            peak[key] = max(peak.get(key, 0), point.used_bytes)
+    return {
+        "id": trial.id,
+        "seq": trial.seq,
+        "fingerprint": trial.fingerprint,
+        "params": dict(trial.params),
+        "outcome": trial.outcome.value,
+        "failure_class": trial.failure_class.value if trial.failure_class else None,
+        "failure": None
+        if trial.evidence is None
+        else {"summary": trial.evidence.summary(), **trial.evidence.to_dict()},
+        "phase": trial.phase.value if trial.phase else None,
+        "phase_seconds": {k: finite(v) for k, v in trial.phase_seconds.items()},
+        "phase_started": dict(trial.phase_started),
+        "gpus": list(trial.instance.gpus) if trial.instance else [],
+        "gpu_count": trial_gpu_count(data, trial),
+        "peak_gpu_memory_bytes": peak,
+        "launch_command": trial.launch_command,
+        "log_path": trial.log_path,
+        "attempts": trial.attempts,
+        "started_at": trial.started_at,
+        "finished_at": trial.finished_at,
+        "in_plan": trial.in_plan,
+        "adopted": trial.adopted,
+        "results": [
+            {
+                "workload": r.workload,
+                "level": r.level,
+                "repeat": r.repeat,
+                "metrics": {k: finite(v) for k, v in r.metrics.items()},
+                "warnings": list(r.warnings),
+                "started_at": r.started_at,
+                "duration_s": r.duration_s,
+                "requests": len(r.samples),
+                "eval_results": [
+                    {
+                        "task_id": e.task_id,
+                        "sample": e.sample,
+                        "status": e.status,
+                        "message": e.message,
+                        "seconds": e.seconds,
+                    }
+                    for e in r.eval_results
+                ],
+            }
+            for r in data.results.get(trial.id, ())
+        ],
+        "aggregates": [
+            {
+                "workload": lvl.workload,
+                "level": lvl.level,
+                "repeats": len(lvl.repeats),
+                "metrics": {k: s.to_dict() for k, s in lvl.metrics.items()},
+            }
+            for lvl in index.levels.get(trial.id, ())
+        ],
+    }
+
+
+def report_document(data: SweepData) -> dict[str, Any]:
+    """The JSON report as a dict (schema: docs/reports.md)."""
+    index = ResultIndex(data)
+    costs, unknown = phase_costs(data)
+    try:
+        best: dict[str, Any] | None = best_to_json(find_best(data))
+        best_error = None
+    except ServesweepError as exc:
+        best, best_error = None, str(exc)
+    sweep = data.sweep
+    return {
+        "format": JSON_FORMAT,
+        "version": JSON_VERSION,
+        "sweep": {
+            "id": sweep.id,
+            "name": sweep.name,
+            "spec_path": sweep.spec_path,
+            "spec_hash": sweep.spec_hash,
+            "created_at": sweep.created_at,
+            "finished_at": sweep.finished_at,
+            "servesweep_version": sweep.servesweep_version,
+            "environment": dict(sweep.environment),
+        },
+        "objective": dict(data.objective) if data.objective else None,
+        "constraints": list(data.constraints),
+        "swept_params": swept_params(data),
+        "summary": {
+            "trials": len(data.trials),
+            "outcomes": outcome_counts(data),
+            "phase_seconds": {c.phase: c.seconds for c in costs},
+            "gpu_hours": {c.phase: c.gpu_hours for c in costs},
+            "trials_with_unknown_gpu_count": unknown,
+        },
+        "trials": [
+            _trial_json(data, index, t) for t in sorted(data.trials, key=lambda t: (t.seq, t.id))
+        ],
+        "evals": {
+            "pass_rates": [
+                {
+                    "trial": r.trial_id,
+                    "workload": r.workload,
+                    "passed": r.passed,
+                    "total": r.total,
+                    "pass_rate": r.pass_rate,
+                }
+                for r in eval_rates(data)
+            ],
+            "flipped": [
+                {
+                    "workload": f.workload,
+                    "task_id": f.task_id,
+                    "statuses": {str(t): s for t, s in f.statuses},
+                }
+                for f in task_flips(data)
+            ],
+        },
+        "best": best,
+        "best_error": best_error,
+    }
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become null, unknown objects their text."""
+    if isinstance(value, float):
+        return finite(value)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def render_json(data: SweepData) -> str:
+    """The JSON report (``servesweep-report`` version 1), indented."""
+    return json.dumps(_clean(report_document(data)), indent=2, allow_nan=False) + "\n"
