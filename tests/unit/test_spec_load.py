@@ -285,3 +285,54 @@ def test_a_single_when_or_constraint_may_be_a_string() -> None:
     assert spec.params.when == ["a > 1"]
     assert spec.constraints == ["chat.c1.error_rate == 0"]
     assert [dict(c.params) for c in expand_configs(spec)] == [{"a": 2}]
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sweep-file.md"
+
+
+def _doc_yaml_blocks() -> list[str]:
+    import re
+
+    return re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+
+
+def test_every_complete_example_in_the_docs_loads() -> None:
+    complete = [b for b in _doc_yaml_blocks() if b.startswith("name:")]
+    assert len(complete) >= 2
+    for block in complete:
+        loaded = load_sweep_text(block, name="docs/sweep-file.md")
+        assert expand_configs(loaded.spec)
+
+
+def test_doc_fragments_load_inside_a_sweep() -> None:
+    head = "name: doc\nserver: {engine: sim}\n"
+    wl = "workloads: [{name: chat, concurrency: [1, 8]}]\n"
+    fragments = [b for b in _doc_yaml_blocks() if not b.startswith("name:")]
+    for block in fragments:
+        if block.startswith("params:"):
+            load_sweep_text(head + block + wl)
+        elif block.startswith("constraints:"):
+            text = (
+                head
+                + block
+                + (
+                    "workloads: [{name: chat, concurrency: [1, 8]},"
+                    " {name: coding, eval: {suite: builtin:coding}}]\n"
+                )
+            )
+            load_sweep_text(text)
+        elif block.startswith("x-chat:"):
+            load_sweep_text(head + block)
+        elif block.startswith("objective:"):
+            for line in block.splitlines():
+                load_sweep_text(head + wl + line + "\n")
+        elif block.startswith("when:"):
+            grid = (
+                "params:\n  grid: {speculative-eagle-topk: [4], speculative-num-draft-tokens: [8],"
+                " tensor-parallel-size: [8], data-parallel-size: [1], attention-backend: [fa3],"
+                " enable-dp-attention: [false], speculative-num-steps: [4]}\n"
+            )
+            indented = "".join("  " + line + "\n" for line in block.splitlines())
+            load_sweep_text(head + grid + indented + wl)
+        else:
+            raise AssertionError(f"a YAML block of the docs is not tested:\n{block}")

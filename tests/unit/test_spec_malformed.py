@@ -103,6 +103,12 @@ CASES = [
     Case("workloads_empty", "workloads", 6, "must not be empty"),
     Case("workload_duplicate_name", "workloads.1.name", 9, "duplicate workload name 'chat'"),
     Case("workload_concurrency_and_rate", "workloads.0", 7, "either 'concurrency' or 'rate'"),
+    Case(
+        "workload_slo_unknown",
+        "workloads.0.slo",
+        7,
+        "unknown SLO 'ttf_ms' (did you mean 'ttft_ms'?",
+    ),
     Case("workload_duplicate_level", "workloads.0.concurrency", 8, "level 8 is listed twice"),
     # objective and constraints
     Case("objective_both_directions", "objective", 9, "exactly one of 'maximize' or 'minimize'"),

@@ -8,6 +8,7 @@ the report reads :class:`Objective`. Durations accept ``30``, ``"30s"``, ``"5m"`
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "SLO_KEYS",
     "CommandSpec",
     "DockerSpec",
     "Duration",
@@ -97,6 +99,9 @@ def parse_size(value: Any) -> int:
             return int(float(match.group(1)) * _SIZE_UNITS[unit])
     raise ValueError(f"not a size: {value!r} (use bytes or e.g. '512MiB', '1GiB')")
 
+
+SLO_KEYS = frozenset({"ttft_ms", "tpot_ms", "e2e_ms", "e2el_ms"})
+"""Goodput SLO names a workload's ``slo`` accepts (milliseconds; ``e2el_ms`` = ``e2e_ms``)."""
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
@@ -304,6 +309,20 @@ class WorkloadSpec(_Frozen):
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     """More failed requests than this fraction: ``bench_errors``."""
     eval: EvalSpec | None = None
+
+    @field_validator("slo")
+    @classmethod
+    def _known_slos(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, limit in value.items():
+            if key not in SLO_KEYS:
+                close = difflib.get_close_matches(key, sorted(SLO_KEYS), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ValueError(
+                    f"unknown SLO {key!r} ({hint}SLOs in ms: {', '.join(sorted(SLO_KEYS))})"
+                )
+            if not limit > 0:
+                raise ValueError(f"SLO {key!r} must be > 0 ms, got {limit!r}")
+        return value
 
     @model_validator(mode="after")
     def _load_shape(self) -> WorkloadSpec:
