@@ -264,9 +264,15 @@ class FakeGpuDir:
         found = (self.read_holding(p) for p in self._holder_files())
         return sorted((h for h in found if h is not None), key=lambda h: h.pid)
 
-    def usage(self, now: float | None = None) -> list[GpuUsage]:
-        """Per-GPU used memory (reserved + every holding still held), live holders."""
-        holdings = self.holdings()
+    def usage(
+        self, now: float | None = None, holdings: list[Holding] | None = None
+    ) -> list[GpuUsage]:
+        """Per-GPU used memory (reserved + every holding still held), live holders.
+
+        ``holdings``: as returned by :meth:`holdings` (read now when None).
+        """
+        if holdings is None:
+            holdings = self.holdings()
         t = time.time() if now is None else now
         result = []
         for gpu in self.gpus():
