@@ -336,3 +336,12 @@ def test_doc_fragments_load_inside_a_sweep() -> None:
             load_sweep_text(head + grid + indented + wl)
         else:
             raise AssertionError(f"a YAML block of the docs is not tested:\n{block}")
+
+
+def test_a_single_level_may_be_written_without_a_list() -> None:
+    text = (
+        "name: x\nserver: {engine: sim}\n"
+        "workloads: [{name: a, concurrency: 8}, {name: b, rate: 2.5}]\n"
+    )
+    a, b = load_sweep_text(text).spec.workloads
+    assert (a.concurrency, b.rate) == ([8], [2.5])

@@ -117,6 +117,11 @@ def _one_or_list(value: Any) -> Any:
 StrList = Annotated[list[str], BeforeValidator(_one_or_list)]
 
 
+def _one_number(value: Any) -> Any:
+    """A single number where a list of levels is expected: a list of one."""
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -288,9 +293,13 @@ class WorkloadSpec(_Frozen):
     """``builtin:chat``, ``builtin:coding``, ``synthetic``, a JSONL or ShareGPT JSON path."""
     input_tokens: int | None = Field(default=None, ge=1)
     """For ``synthetic``: prompt length in tokens."""
-    concurrency: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    concurrency: Annotated[list[Annotated[int, Field(ge=1)]], BeforeValidator(_one_number)] = Field(
+        default_factory=list
+    )
     """Closed-loop levels: this many requests in flight."""
-    rate: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    rate: Annotated[list[Annotated[float, Field(gt=0)]], BeforeValidator(_one_number)] = Field(
+        default_factory=list
+    )
     """Open-loop request rates (req/s); use with ``arrival``."""
     arrival: Literal["constant", "poisson", "gamma"] = "poisson"
     burstiness: float = Field(default=1.0, gt=0)
