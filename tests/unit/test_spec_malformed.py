@@ -215,3 +215,27 @@ def test_several_problems_are_counted_on_one_line() -> None:
     assert str(info.value) == (
         "two.yaml:2: server.port: expected an integer, got a string ('zero') (and 1 more problem)"
     )
+
+
+@pytest.mark.parametrize("tag", ["!!set {a, b}", "!!binary aGVsbG8=", "!!omap [{a: 1}]"])
+def test_non_plain_yaml_values_are_refused(tag: str) -> None:
+    head = "name: x\nserver: {engine: sim}\nworkloads: [{name: a}]\n"
+    text = head + "params: {grid: {x: [" + tag + "]}}\n"
+    with pytest.raises(ConfigError) as info:
+        load_sweep_text(text, name="t.yaml")
+    assert str(info.value).startswith("t.yaml:4: YAML tag '!!")
+
+
+def test_python_built_spec_with_odd_values_is_a_config_error() -> None:
+    from servesweep.spec import SweepSpec, expand_configs
+
+    spec = SweepSpec.model_validate(
+        {
+            "name": "x",
+            "server": {"engine": "sim"},
+            "workloads": [{"name": "a"}],
+            "params": {"points": [{"x": [{1, 2}]}]},
+        }
+    )
+    with pytest.raises(ConfigError, match="not plain data"):
+        expand_configs(spec)

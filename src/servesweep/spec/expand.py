@@ -197,7 +197,14 @@ def expand_params(params: ParamsSpec) -> Expansion:
         if not _holds(whens, values):
             filtered += 1
             continue
-        config = ServerConfig.of(values)
+        try:
+            config = ServerConfig.of(values)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"a param value is not plain data (numbers, strings, booleans, lists, "
+                f"mappings): {exc}",
+                key="params",
+            ) from None
         if config.fingerprint in seen:
             duplicates += 1
             continue

@@ -37,6 +37,18 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
+def _refuse_tag(loader: yaml.SafeLoader, node: Node) -> Any:
+    tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+    raise yaml.constructor.ConstructorError(
+        None, None, f"could not determine a constructor for the tag {tag}", node.start_mark
+    )
+
+
+# only plain values, lists and mappings: no sets, bytes or ordered pairs
+for _tag in ("set", "binary", "omap", "pairs"):
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
+
+
 @dataclass(frozen=True)
 class YamlSource:
     data: Any
@@ -52,8 +64,8 @@ def _yaml_message(exc: yaml.YAMLError) -> tuple[str, int | None]:
             line = mark.line + 1
         problem = exc.problem or ""
         if problem.startswith("could not determine a constructor for the tag"):
-            tag = problem.rsplit(" ", 1)[-1].replace("tag:yaml.org,2002:", "!!")
-            return f"YAML tag {tag} is not allowed (only plain values, lists and mappings)", line
+            tag = problem.rsplit(" ", 1)[-1].replace("tag:yaml.org,2002:", "!!").strip("'")
+            return f"YAML tag '{tag}' is not allowed (only plain values, lists and mappings)", line
         parts = [p for p in (exc.context, problem) if p]
         text = ", ".join(parts) or "invalid YAML"
         context = exc.context_mark
