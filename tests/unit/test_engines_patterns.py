@@ -1,0 +1,137 @@
+"""Fatal log patterns: the engines' own messages classify, healthy lines never match.
+
+The fatal lines are the engines' messages as their sources print them (versions in
+docs/engines.md); the llama.cpp ones were also seen from the real server here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from servesweep.models import FailureClass
+from servesweep.servers.engines import PRESETS
+from servesweep.servers.logs import match_fatal
+
+ARGS = FailureClass.INVALID_ARGS
+CRASH = FailureClass.START_CRASH
+PORT = FailureClass.PORT_IN_USE
+
+CASES = [
+    # llama-cpp-python (python -m llama_cpp.server), seen here with 0.3.36
+    ("llamacpp", "__main__.py: error: unrecognized arguments: --bogus_flag 3", ARGS,
+     "invalid_args"),
+    ("llamacpp", "__main__.py: error: argument --n_ctx: invalid int value: 'abc'", ARGS,
+     "invalid_args"),
+    ("llamacpp", "1 validation error for ModelSettings", ARGS, "invalid_args"),
+    ("llamacpp", "ValueError: Model path does not exist: /nope.gguf", ARGS, "model_not_found"),
+    ("llamacpp", "ValueError: Failed to load model from file: /x.gguf", CRASH, "model_load"),
+    ("llamacpp", "ERROR:    [Errno 98] error while attempting to bind on address "
+                 "('127.0.0.1', 8000): address already in use", PORT, "port_in_use"),
+    ("llamacpp", "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of "
+                 "size 17179869184", CRASH, "oom"),
+    ("llamacpp", "Traceback (most recent call last):", CRASH, "traceback"),
+    # upstream llama-server (common/arg.cpp, tools/server, ggml/src/gguf.cpp)
+    ("llama-server", "error: invalid argument: --bogus", ARGS, "invalid_args"),
+    ("llama-server", 'error while handling argument "--ctx-size": stoi', ARGS, "invalid_args"),
+    ("llama-server", "gguf_init_from_file: failed to open GGUF file '/m.gguf' (No such file or "
+                     "directory)", ARGS, "model_not_found"),
+    ("llama-server", "srv    load_model: failed to load model, '/m.gguf'", CRASH, "model_load"),
+    ("llama-server", "srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, "
+                     "port: 8080", PORT, "port_in_use"),
+    # vLLM
+    ("vllm", "vllm serve: error: unrecognized arguments: --bogus", ARGS, "invalid_args"),
+    ("vllm", "api_server.py: error: argument --speculative-config: ValidationError(...)", ARGS,
+     "invalid_args"),
+    ("vllm", "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+             "SpeculativeConfig", ARGS, "invalid_args"),
+    ("vllm", "ValueError: No available memory for the cache blocks. Try increasing "
+             "`gpu_memory_utilization`", CRASH, "oom"),
+    ("vllm", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", CRASH,
+     "oom"),
+    ("vllm", "OSError: nope/model is not a local folder and is not a valid model identifier",
+     ARGS, "model_not_found"),
+    ("vllm", "RuntimeError: Engine core initialization failed. See root cause above.", CRASH,
+     "engine_init"),
+    ("vllm", "OSError: [Errno 98] Address already in use", PORT, "port_in_use"),
+    ("vllm", "RuntimeError: NCCL error: unhandled system error", CRASH, "nccl"),
+    # SGLang
+    ("sglang", "launch_server.py: error: argument --speculative-eagle-topk: invalid int value: "
+               "'x'", ARGS, "invalid_args"),
+    ("sglang", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+     CRASH, "oom"),
+    ("sglang", "ValueError: --speculative-draft-window-size must be positive, got 0.", ARGS,
+     "invalid_args"),
+    ("sglang", "Scheduler hit an exception: Traceback (most recent call last):", CRASH,
+     "scheduler"),
+    # TensorRT-LLM (click)
+    ("trtllm", "Error: No such option: --bogus", ARGS, "invalid_args"),
+    ("trtllm", "Error: Invalid value for '--max_batch_size': 'x' is not a valid integer.", ARGS,
+     "invalid_args"),
+    ("trtllm", "RuntimeError: Failed to bind socket to localhost:8000: [Errno 98] Address "
+               "already in use", PORT, "port_in_use"),
+    # generic and sim share the common patterns
+    ("generic", "ModuleNotFoundError: No module named 'vllm'", CRASH, "import_error"),
+    ("sim", "CUDA error: out of memory", CRASH, "oom"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("engine", "line", "failure_class", "reason"), CASES)
+def test_engine_message_is_classified(
+    engine: str, line: str, failure_class: FailureClass, reason: str
+) -> None:
+    match = match_fatal([line], PRESETS[engine].fatal_patterns)
+    assert match is not None, f"{engine}: {line!r} matched no pattern"
+    assert (match.pattern.failure_class, match.pattern.reason) == (failure_class, reason)
+    assert match.line == line.strip()
+
+
+def test_specific_line_beats_the_traceback_header_printed_before_it() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "llama_cpp/llama.py", line 384, in __init__',
+        "ValueError: Model path does not exist: /nope.gguf",
+    ]
+    match = match_fatal(lines, PRESETS["llamacpp"].fatal_patterns)
+    assert match is not None and match.pattern.reason == "model_not_found"
+
+
+HEALTHY = {
+    "llamacpp": [
+        "llama_model_loader: loaded meta data with 21 key-value pairs and 21 tensors",
+        "load_tensors:   CPU_Mapped model buffer size =     0.48 MiB",
+        "llama_context: n_ctx_per_seq (512) < n_ctx_train (4096) -- the full capacity of the "
+        "model will not be utilized",
+        "INFO:     Uvicorn running on http://127.0.0.1:8000 (Press CTRL+C to quit)",
+        "Llama.generate: 2 prefix-match hit, remaining 5 prompt tokens to eval",
+    ],
+    "vllm": [
+        "WARNING 11-29 12:00:00 [_custom_ops.py:20] Failed to import from vllm._C with "
+        "ModuleNotFoundError(\"No module named 'vllm._C'\")",
+        "INFO 11-29 12:00:01 [gpu_worker.py:200] Available KV cache memory: 50.12 GiB",
+        "INFO 11-29 12:00:02 [api_server.py:1000] Starting vLLM API server 0 on http://0.0.0.0:8000",
+        "Traceback (most recent call last):",
+    ],
+    "sglang": [
+        "[2026-11-29 12:00:00] Load weight end. type=LlamaForCausalLM, avail mem=70.00 GB",
+        "[2026-11-29 12:00:01] The server is fired up and ready to roll!",
+        "Traceback (most recent call last):",
+    ],
+    "llama-server": [
+        "main: server is listening on http://127.0.0.1:8080 - starting the main loop",
+        "srv  update_slots: all slots are idle",
+        "load_tensors: offloading 32 repeating layers to GPU",
+    ],
+}
+
+
+@pytest.mark.parametrize("engine", sorted(HEALTHY))
+def test_healthy_lines_never_match(engine: str) -> None:
+    assert match_fatal(HEALTHY[engine], PRESETS[engine].fatal_patterns) is None
+
+
+def test_every_preset_orders_traceback_last() -> None:
+    for name, preset in PRESETS.items():
+        reasons = [p.reason for p in preset.fatal_patterns]
+        if "traceback" in reasons:
+            assert reasons[-1] == "traceback", name
+        assert preset.fatal_patterns, name
