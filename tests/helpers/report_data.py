@@ -173,3 +173,81 @@ def throughput_sweep() -> SweepData:
         objective={"maximize": "chat.c1.output_throughput"},
         constraints=["chat.c1.ttft_p99_ms < 500"],
     )
+
+
+XSS = '<script>document.title="pwned"</script><img src=x onerror="document.title=1">'
+"""Hostile text a server, a model or a log could produce."""
+
+
+def hostile_sweep() -> SweepData:
+    """Every text field a report shows carries :data:`XSS`."""
+    evidence = Evidence(
+        message=f"server said {XSS}",
+        reason=XSS,
+        exit_code=1,
+        matched_line=f"Traceback {XSS}",
+        log_tail=(f"line {XSS}", "</pre></details><script>alert(1)</script>"),
+        log_path=f"runs/{XSS}.log",
+        timings={XSS: 1.0},
+        details={XSS: XSS},
+    )
+    trials = [
+        trial(1, {"mode": XSS, XSS: 1}, launch_command=f"serve --x '{XSS}'"),
+        trial(2, {"mode": "plain", XSS: 2}),
+        trial(3, {"mode": "bad", XSS: 3}, "failed", failure="start_crash", evidence=evidence),
+    ]
+    tasks = {XSS: "pass", "t2": "fail"}
+    results = {
+        1: [
+            level("chat", "c1", warnings=[XSS], output_throughput=12.0, tpot_median_ms=5.0),
+            level("chat", "c8", output_throughput=40.0, tpot_median_ms=9.0),
+            eval_level("code", tasks),
+        ],
+        2: [
+            level("chat", "c1", output_throughput=10.0, tpot_median_ms=4.0),
+            level("chat", "c8", output_throughput=30.0, tpot_median_ms=8.0),
+            eval_level("code", {XSS: "fail", "t2": "pass"}),
+        ],
+        3: [],
+    }
+    data = sweep_data(
+        trials,
+        results,
+        telemetry=[
+            TelemetryPoint(trial_id=1, t=T0 + 100.0 + dt, gpu=0, used_bytes=dt * 2**30)
+            for dt in range(0, 50, 5)
+        ],
+        objective={"maximize": "chat.c1.output_throughput"},
+        name=XSS,
+    )
+    sweep = data.sweep
+    hostile = SweepRecord(
+        id=sweep.id,
+        name=XSS,
+        spec_path=XSS,
+        spec_text=XSS,
+        spec_hash=sweep.spec_hash,
+        created_at=sweep.created_at,
+        servesweep_version=XSS,
+        environment={XSS: XSS, "engine": XSS},
+    )
+    model_output = eval_level("code", tasks)
+    with_message = LevelResult(
+        workload=model_output.workload,
+        level=model_output.level,
+        repeat=0,
+        metrics=model_output.metrics,
+        eval_results=tuple(
+            EvalTaskResult(task_id=e.task_id, sample=0, status=e.status, message=XSS)
+            for e in model_output.eval_results
+        ),
+    )
+    results[1][2] = with_message
+    return SweepData(
+        sweep=hostile,
+        trials=data.trials,
+        results={k: tuple(v) for k, v in results.items()},
+        telemetry=data.telemetry,
+        objective=data.objective,
+        constraints=(),
+    )

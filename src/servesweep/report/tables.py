@@ -113,7 +113,8 @@ def table_view(data: SweepData) -> TableView:
     )
     counts = outcome_counts(data)
     title = _one_line(
-        f"sweep {data.sweep.name} (#{data.sweep.id}): {len(data.trials)} trials, "
+        f"sweep {data.sweep.name} (#{data.sweep.id}): {len(data.trials)} "
+        + ("trial, " if len(data.trials) == 1 else "trials, ")
         + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
     )
     return TableView(

@@ -1,0 +1,96 @@
+"""compare: two sweeps or two configurations, changes judged against repeat noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.report_data import eval_level, level, sweep_data, trial
+from servesweep.errors import ConfigError
+from servesweep.report import compare, format_comparison
+from servesweep.store.records import SweepData
+
+
+def _sweep(
+    sweep_id: int, values: dict[int, tuple[float, ...]], extra: int | None = None
+) -> SweepData:
+    trials = [trial(tid, {"budget": tid * 4}) for tid in values]
+    if extra is not None:
+        trials.append(trial(extra, {"budget": 999}))
+    results = {
+        tid: [
+            level("chat", "c1", r, output_throughput=v, ttft_p99_ms=100.0 + r)
+            for r, v in enumerate(vals)
+        ]
+        for tid, vals in values.items()
+    }
+    return sweep_data(trials, results, name=f"s{sweep_id}", sweep_id=sweep_id)
+
+
+def test_sweeps_matched_by_fingerprint_with_noise() -> None:
+    a = _sweep(1, {1: (100.0, 104.0, 102.0), 2: (200.0, 201.0, 199.0)}, extra=3)
+    b = _sweep(2, {1: (103.0, 101.0, 105.0), 2: (150.0, 151.0, 149.0)})
+    result = compare(a, b)
+    assert [(p.a.id, p.b.id) for p in result.pairs] == [(1, 1), (2, 2)]
+    assert [t.id for t in result.only_a] == [3] and result.only_b == ()
+    small = next(c for c in result.pairs[0].changes if c.metric == "output_throughput")
+    assert small.delta == pytest.approx(1.0)
+    assert small.noise == pytest.approx(4.0)
+    assert small.significant is False
+    big = next(c for c in result.pairs[1].changes if c.metric == "output_throughput")
+    assert big.delta == pytest.approx(-50.0) and big.relative == pytest.approx(-0.25)
+    assert big.significant is True
+    text = format_comparison(result)
+    assert "A = s1 (#1), B = s2 (#2)" in text
+    assert "within noise 4" in text and "exceeds noise 2" in text
+    assert "-25.0%" in text
+    assert "only in A: #3 budget=999 (ok)" in text
+
+
+def test_without_repeats_noise_is_unknown() -> None:
+    a = _sweep(1, {1: (100.0,)})
+    b = _sweep(2, {1: (150.0,)})
+    result = compare(a, b)
+    change = result.pairs[0].changes[0]
+    assert change.noise is None and change.significant is None
+    assert not result.noise_known
+    text = format_comparison(result)
+    assert "noise unknown: no repeats" in text
+    assert "+50" in text and "noise unknown" in text.splitlines()[-1]
+
+
+def test_two_configurations_of_one_sweep_and_flipped_tasks() -> None:
+    data = sweep_data(
+        [trial(1, {"b": 1}), trial(2, {"b": 2})],
+        {
+            1: [
+                level("chat", "c1", output_throughput=10.0),
+                eval_level("code", {"t1": "pass", "t2": "pass"}),
+            ],
+            2: [
+                level("chat", "c1", output_throughput=12.0),
+                eval_level("code", {"t1": "pass", "t2": "timeout"}),
+            ],
+        },
+    )
+    result = compare(data, data, trial_a=1, trial_b=2)
+    assert len(result.pairs) == 1
+    pair = result.pairs[0]
+    assert {c.metric for c in pair.changes} >= {"output_throughput", "pass_rate"}
+    assert [(f.task_id, f.statuses) for f in pair.flips] == [("t2", ((1, "pass"), (2, "timeout")))]
+    assert "flipped code/t2: #1 pass, #2 timeout" in format_comparison(result)
+
+
+def test_bad_trial_ids() -> None:
+    data = _sweep(1, {1: (1.0,)})
+    with pytest.raises(ConfigError, match="no trial 9"):
+        compare(data, data, trial_a=1, trial_b=9)
+    with pytest.raises(ConfigError, match="both trials"):
+        compare(data, data, trial_a=1)
+
+
+def test_outcome_change_is_shown() -> None:
+    a = sweep_data([trial(1, {"b": 1})], {1: [level("chat", "c1", output_throughput=1.0)]})
+    b = sweep_data([trial(1, {"b": 1}, "failed", failure="ready_timeout")], {1: []}, sweep_id=2)
+    text = format_comparison(compare(a, b))
+    assert "outcome: ok -> failed" in text
+    assert "no metric measured on both sides" in text

@@ -1,0 +1,138 @@
+"""Text formats of the report: table, Markdown, CSV and the versioned JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from helpers.report_data import level, sweep_data, throughput_sweep, trial
+from servesweep.errors import ConfigError
+from servesweep.models import Evidence
+from servesweep.report import FORMATS, JSON_FORMAT, JSON_VERSION, render
+
+
+def test_table_lists_every_level_failure_and_best() -> None:
+    text = render(throughput_sweep(), "table")
+    assert "\x1b[" not in text  # plain without color
+    lines = text.splitlines()
+    assert lines[0] == "sweep demo (#1): 4 trials, 3 ok, 1 failed"
+    rows = [ln for ln in lines if ln.startswith("│ #")]
+    assert len(rows) == 10  # 3 ok trials x (chat c1, chat c8, coding) + 1 failed
+    assert any("#4" in r and "failed start_crash (oom)" in r for r in rows)
+    assert "failures:" in lines
+    assert any("#4 start_crash: (oom) server exited while loading" in ln for ln in lines)
+    assert "  flipped coding/t3: #1 fail, #2 pass, #3 fail" in lines
+    assert lines[-1] == "best (max chat.c1.output_throughput): #2 budget=8 topk=4 = 150"
+    assert all(ln == ln.rstrip() for ln in lines)
+
+
+def test_table_color_and_no_markup_injection() -> None:
+    data = sweep_data(
+        [trial(1, {"flag": "[bold red]x[/]"}), trial(2, {"flag": "[link=http://e]y"})],
+        {
+            1: [level("chat", "c1", output_throughput=1.0)],
+            2: [level("chat", "c1", output_throughput=2.0)],
+        },
+    )
+    plain = render(data, "table")
+    assert "[bold red]x[/]" in plain and "[link=http://e]y" in plain
+    colored = render(data, "table", color=True)
+    assert "\x1b[" in colored
+
+
+def test_table_shows_repeat_spread() -> None:
+    data = sweep_data(
+        [trial(1, {"b": 1})],
+        {1: [level("chat", "c1", r, output_throughput=v) for r, v in enumerate((10.0, 12.0))]},
+    )
+    text = render(data, "table")
+    assert "│ 2 │         11 ±1.414 │" in text
+    assert "┃ level ┃ n ┃ output_throughput ┃" in text
+
+
+def test_markdown_escapes_cells() -> None:
+    data = sweep_data([trial(1, {"x": "a|b"})], {1: [level("chat", "c1", output_throughput=5.0)]})
+    md = render(data, "markdown")
+    header = next(ln for ln in md.splitlines() if ln.startswith("| trial"))
+    assert header == "| trial | x | outcome | workload | level | output\\_throughput |"
+    assert "| #1 | a\\|b | ok | chat | c1 | 5 |" in md
+
+
+def test_csv_one_row_per_trial_workload_level_repeat() -> None:
+    data = throughput_sweep()
+    rows = list(csv.DictReader(io.StringIO(render(data, "csv"))))
+    assert len(rows) == 10
+    first = rows[0]
+    assert first["trial"] == "1" and first["param_budget"] == "4" and first["param_topk"] == "2"
+    assert first["workload"] == "chat" and first["level"] == "c1" and first["repeat"] == "0"
+    assert float(first["output_throughput"]) == 100.0
+    assert float(first["load_s"]) == 20.0
+    failed = [r for r in rows if r["outcome"] == "failed"]
+    assert len(failed) == 1 and failed[0]["failure_class"] == "start_crash"
+    assert failed[0]["failure_reason"] == "oom" and failed[0]["workload"] == ""
+    header = next(csv.reader(io.StringIO(render(data, "csv"))))
+    for metric in ("output_throughput", "ttft_p99_ms", "tpot_median_ms", "pass_rate"):
+        assert metric in header
+
+
+def test_csv_repeats_and_formula_injection() -> None:
+    data = sweep_data(
+        [trial(1, {"cmd": "=HYPERLINK(1)", "n": -3})],
+        {1: [level("chat", "c1", r, output_throughput=float(r)) for r in range(3)]},
+    )
+    rows = list(csv.DictReader(io.StringIO(render(data, "csv"))))
+    assert [r["repeat"] for r in rows] == ["0", "1", "2"]
+    assert rows[0]["param_cmd"] == "'=HYPERLINK(1)"
+    assert rows[0]["param_n"] == "-3"
+
+
+def test_json_document_shape() -> None:
+    doc = json.loads(render(throughput_sweep(), "json"))
+    assert doc["format"] == JSON_FORMAT == "servesweep-report"
+    assert doc["version"] == JSON_VERSION == 1
+    assert doc["sweep"]["name"] == "demo"
+    assert doc["summary"]["outcomes"]["ok"] == 3 and doc["summary"]["outcomes"]["failed"] == 1
+    # 3 trials x 30 s bench (trial 4 never reached bench), 2 GPUs each
+    assert doc["summary"]["phase_seconds"]["bench"] == 90.0
+    assert doc["summary"]["gpu_hours"]["bench"] == pytest.approx(90.0 * 2 / 3600)
+    assert doc["summary"]["gpu_hours"]["load"] == pytest.approx(72.0 * 2 / 3600)
+    trials = {t["id"]: t for t in doc["trials"]}
+    assert trials[4]["failure"]["reason"] == "oom"
+    assert trials[4]["failure"]["summary"].startswith("(oom) server exited")
+    assert trials[1]["peak_gpu_memory_bytes"] == {"0": 72_000 * 2**20, "1": 72_000 * 2**20}
+    agg = trials[2]["aggregates"][0]
+    assert agg["workload"] == "chat" and agg["metrics"]["output_throughput"]["mean"] == 150.0
+    assert doc["best"]["best"]["trial"] == 2
+    assert doc["evals"]["flipped"][0] == {
+        "workload": "coding",
+        "task_id": "t2",
+        "statuses": {"1": "pass", "2": "pass", "3": "fail"},
+    }
+
+
+def test_json_has_no_nan_and_reports_best_errors() -> None:
+    data = sweep_data(
+        [trial(1, {"b": 1}, evidence=Evidence("x"))],
+        {1: [level("chat", "c1", output_throughput=float("nan"), ttft_p99_ms=float("inf"))]},
+        objective={"maximize": "chat.c1.output_throughput"},
+    )
+    text = render(data, "json")
+    doc = json.loads(text)
+    assert doc["trials"][0]["results"][0]["metrics"] == {
+        "output_throughput": None,
+        "ttft_p99_ms": None,
+    }
+    assert doc["best"]["feasible"] is False
+    bad = sweep_data([], {}, objective={"maximize": "not a ref!"})
+    assert json.loads(render(bad, "json"))["best_error"].startswith("not a metric reference")
+
+
+def test_every_format_renders_an_empty_sweep() -> None:
+    empty = sweep_data([], {})
+    for fmt in FORMATS:
+        assert render(empty, fmt)
+    with pytest.raises(ConfigError, match="unknown report format"):
+        render(empty, "pdf")
