@@ -239,3 +239,11 @@ def test_python_built_spec_with_odd_values_is_a_config_error() -> None:
     )
     with pytest.raises(ConfigError, match="not plain data"):
         expand_configs(spec)
+
+
+def test_control_characters_in_keys_and_names_stay_on_one_line() -> None:
+    head = "name: x\nserver: {engine: sim}\nworkloads: [{name: a}]\n"
+    with pytest.raises(ConfigError) as info:
+        load_sweep_text(head + '"foo\\nbar": 1\n', name="a\nb.yaml")
+    assert str(info.value).startswith("a\\nb.yaml:4: foo\\nbar: unknown key")
+    assert "\n" not in str(info.value)

@@ -57,7 +57,7 @@ class LoadedSweep:
     def error(self, message: str, key: str | None = None) -> ConfigError:
         """A ConfigError about this file (for checks made by other layers)."""
         line = self.line_of(key) if key else None
-        return ConfigError(message, file=self.name, line=line, key=key)
+        return _single_line(ConfigError(message, file=self.name, line=line, key=key))
 
 
 def _line_of(lines: Mapping[str, int], key: str | None) -> int | None:
@@ -70,9 +70,42 @@ def _line_of(lines: Mapping[str, int], key: str | None) -> int | None:
     return None
 
 
+def _one_line(text: str | None) -> str | None:
+    """Control characters (a newline in a quoted YAML key, a path) written as escapes."""
+    if text is None:
+        return None
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
+def _single_line(exc: ConfigError) -> ConfigError:
+    return ConfigError(
+        _one_line(exc.message) or "",
+        file=_one_line(exc.file),
+        line=exc.line,
+        key=_one_line(exc.key),
+    )
+
+
 def load_sweep(path: str | Path) -> LoadedSweep:
     """Read and validate a sweep file; raises ConfigError (one line) on any mistake."""
-    path = Path(path)
+    try:
+        return _load_file(Path(path))
+    except ConfigError as exc:
+        raise _single_line(exc) from None
+
+
+def load_sweep_text(text: str, name: str = "<string>") -> LoadedSweep:
+    """Validate sweep-file text; ``name`` is what errors call the file."""
+    try:
+        return _load(text, name, None)
+    except ConfigError as exc:
+        raise _single_line(exc) from None
+
+
+def _load_file(path: Path) -> LoadedSweep:
     name = str(path)
     try:
         if path.is_dir():
@@ -99,11 +132,6 @@ def load_sweep(path: str | Path) -> LoadedSweep:
             line=line,
         ) from None
     return _load(text, name, path)
-
-
-def load_sweep_text(text: str, name: str = "<string>") -> LoadedSweep:
-    """Validate sweep-file text; ``name`` is what errors call the file."""
-    return _load(text, name, None)
 
 
 def _load(text: str, name: str, path: Path | None) -> LoadedSweep:
