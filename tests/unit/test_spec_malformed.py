@@ -202,7 +202,7 @@ def test_recursive_alias_is_refused() -> None:
 
 
 def test_deep_nesting_is_refused() -> None:
-    text = "name: x\nserver: {engine: vllm}\ndescription: " + "[" * 5000 + "]" * 5000 + "\n"
+    text = "name: x\nserver: {engine: vllm}\ndescription: " + "[" * 1200 + "]" * 1200 + "\n"
     with pytest.raises(ConfigError) as info:
         load_sweep_text(text, name="deep.yaml")
     assert "\n" not in str(info.value)
@@ -247,3 +247,34 @@ def test_control_characters_in_keys_and_names_stay_on_one_line() -> None:
         load_sweep_text(head + '"foo\\nbar": 1\n', name="a\nb.yaml")
     assert str(info.value).startswith("a\\nb.yaml:4: foo\\nbar: unknown key")
     assert "\n" not in str(info.value)
+
+
+def test_mutated_files_load_or_fail_with_one_line() -> None:
+    """Random edits of valid files (seeded, bounded) never escape as another exception."""
+    import random
+
+    from servesweep.spec import build_plan, format_plan
+
+    valid = (MALFORMED.parent / "test_spec_load.py").read_text()
+    start = valid.index('ISSUE_EXAMPLE = """\\\n') + len('ISSUE_EXAMPLE = """\\\n')
+    seed_text = valid[start : valid.index('"""', start)]
+    rng = random.Random(20261129)
+    tokens = [*" :-[]{},'\"#\n\t&*!|>?%@`0123456789._xyz", "null", ".nan", "{}", "[]", "<<: *a"]
+    loaded = 0
+    for _ in range(300):
+        text = seed_text
+        for _ in range(rng.randint(1, 3)):
+            pos = rng.randrange(len(text))
+            if rng.random() < 0.5:
+                text = text[:pos] + text[pos + rng.randint(1, 4) :]
+            else:
+                text = text[:pos] + rng.choice(tokens) + text[pos:]
+        try:
+            plan = build_plan(load_sweep_text(text, name="m.yaml").spec)
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
+            assert str(exc).startswith("m.yaml")
+        else:
+            assert format_plan(plan)
+            loaded += 1
+    assert 0 < loaded < 300
