@@ -140,6 +140,7 @@ def test_validate_ref_fills_the_only_level() -> None:
         ("chat.c1.pass_rate", "unknown metric 'pass_rate'"),
         ("coding.ttft_p99_ms", "not a metric of eval workload 'coding'"),
         ("coding.c1.pass_rate", "has no load levels"),
+        ("chat.c1.load_s", "write 'load_s' alone"),
     ],
 )
 def test_validate_ref_rejects(text: str, fragment: str) -> None:
@@ -201,6 +202,7 @@ def test_objective_trial_metric() -> None:
         ({"maximize": "pass_rate", "workload": "coding", "concurrency": 1}, None, "no load levels"),
         ({"minimize": "goodputt"}, "objective.minimize", "did you mean 'goodput'"),
         ({"minimize": "a b"}, "objective.minimize", "not a metric reference"),
+        ({"minimize": "load_s", "workload": "chat"}, "objective", "is a trial metric"),
     ],
 )
 def test_objective_rejects(fields: dict[str, Any], key: str | None, fragment: str) -> None:

@@ -235,6 +235,11 @@ def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
             f"{ref.text!r} names unknown workload {ref.workload!r}{hint} "
             f"(workloads: {', '.join(workloads)})"
         )
+    if ref.metric in TRIAL_METRICS:
+        raise ConfigError(
+            f"{ref.text!r}: {ref.metric!r} is a trial metric, measured once per trial; "
+            f"write {ref.metric!r} alone"
+        )
     if workload.is_eval:
         if ref.metric not in EVAL_METRICS:
             hint = _suggest(ref.metric, EVAL_METRICS)
@@ -318,6 +323,12 @@ def _check_parts_agree(
     full: MetricRef, workload: str | None, level: str | None, level_key: str
 ) -> None:
     """A full reference plus objective.workload/concurrency/rate: they must agree."""
+    if full.is_trial_metric and (workload is not None or level is not None):
+        raise ConfigError(
+            f"{full.text!r} is a trial metric, measured once per trial: "
+            "drop objective.workload/concurrency/rate",
+            key="objective",
+        )
     if workload is not None and workload != full.workload:
         raise ConfigError(
             f"{full.text!r} names workload {full.workload!r}, not {workload!r}",
