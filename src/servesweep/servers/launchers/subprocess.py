@@ -173,13 +173,15 @@ class SubprocessLauncher:
         return instance_pids(instance)
 
     def stop(self, instance: InstanceRecord, grace: float, kill_timeout: float) -> StopResult:
-        return stop_processes(
+        result = stop_processes(
             lambda: instance_pids(instance),
             grace,
             kill_timeout,
             pgid=instance.pgid,
             on_poll=self._reap,
         )
+        self._reap()
+        return result
 
     def log_tail(self, instance: InstanceRecord, lines: int = 50) -> list[str]:
         return logs.tail(instance.log_path, lines)

@@ -1,0 +1,1 @@
+"""Helper programs and fixtures of the lifecycle integration tests."""
