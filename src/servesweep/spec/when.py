@@ -88,10 +88,6 @@ def when_name(param: str) -> str:
     return param.replace("-", "_").replace(".", "_")
 
 
-def _value_text(value: Any) -> str:
-    return repr(value)
-
-
 @dataclass(frozen=True)
 class WhenExpr:
     """A parsed, checked ``when`` expression."""
@@ -244,7 +240,7 @@ def _eval(node: ast.AST, scope: Mapping[str, Any]) -> Any:
 
 def _numeric(value: Any, symbol: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _NotNumeric(f"'{symbol}' needs numbers, got {_value_text(value)}")
+        raise _NotNumeric(f"'{symbol}' needs numbers, got {value!r}")
 
 
 def _same(a: Any, b: Any) -> bool:
