@@ -5,9 +5,12 @@ The model is a 2-layer llama (64 dims) with a small SentencePiece-style vocabula
 Weights are random: the text it generates is noise, so tests assert on mechanics
 (tokens streamed, usage counts, timings), never on content.
 
-The output rows of the control tokens (``<unk>``, ``<s>``, ``</s>``) are zero and the
-other rows are scaled so their logits are large: end-of-sequence is practically never
-sampled, so a request generates ``max_tokens`` tokens (as ``ignore_eos`` would).
+The output rows of the control and byte tokens are zero and the other rows are
+scaled so their logits are large (std ~6): end-of-sequence and byte tokens are
+practically never sampled, even at temperature 1. So a request generates exactly
+``max_tokens`` tokens (as ``ignore_eos`` would), all of them whole ASCII pieces:
+usage counts equal streamed chunks (byte tokens can make llama-cpp-python count
+more tokens than ``max_tokens`` while it completes a UTF-8 sequence).
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
 """
@@ -28,6 +31,10 @@ _WORDS = (
     "server", "model", "token", "sweep", "fast", "slow", "data", "code", "test", "hello",
     "world", "python", "return", "def", "print", "value", "list",
 )  # fmt: skip
+
+
+_N_SPECIAL = 3 + 256
+"""Control tokens, then the byte-fallback tokens; normal pieces follow."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
             tokens.append(piece)
             types.append(gguf.TokenType.NORMAL)
     # SentencePiece scores: higher is merged first; longer pieces score higher.
-    scores = [0.0] * 259 + [float(len(t)) - 10.0 for t in tokens[259:]]
+    scores = [0.0] * _N_SPECIAL + [float(len(t)) - 10.0 for t in tokens[_N_SPECIAL:]]
     return tokens, scores, [int(t) for t in types]
 
 
@@ -111,10 +118,11 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, shape: TinyLlamaShape | None =
         writer.add_tensor(f"{blk}.ffn_up.weight", rand(shape.n_ff, shape.n_embd))
         writer.add_tensor(f"{blk}.ffn_down.weight", rand(shape.n_embd, shape.n_ff))
     writer.add_tensor("output_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
-    # Hidden states leave the final RMS norm with norm ~sqrt(n_embd); std 0.4 gives
-    # logits with std ~3, so the zeroed control rows (EOS) are practically never drawn.
-    output = rand(n_vocab, shape.n_embd, std=0.4)
-    output[:3] = 0.0
+    # Hidden states leave the final RMS norm with norm ~sqrt(n_embd); std 0.8 gives
+    # logits with std ~6, so the zeroed rows (control and byte tokens, logit 0) lose
+    # to the best of the normal pieces by a factor of ~e^15.
+    output = rand(n_vocab, shape.n_embd, std=0.8)
+    output[:_N_SPECIAL] = 0.0
     writer.add_tensor("output.weight", output)
 
     writer.write_header_to_file()

@@ -89,10 +89,13 @@ def test_specific_line_beats_the_traceback_header_printed_before_it() -> None:
     lines = [
         "Traceback (most recent call last):",
         '  File "llama_cpp/llama.py", line 384, in __init__',
+        '    raise ValueError(f"Model path does not exist: {model_path}")',
         "ValueError: Model path does not exist: /nope.gguf",
     ]
     match = match_fatal(lines, PRESETS["llamacpp"].fatal_patterns)
     assert match is not None and match.pattern.reason == "model_not_found"
+    # the exception line, not the quoted source line of the traceback
+    assert match.line == lines[-1]
 
 
 HEALTHY = {

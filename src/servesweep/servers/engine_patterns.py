@@ -155,12 +155,15 @@ LLAMACPP_PY_FATAL: tuple[FatalPattern, ...] = (
     FatalPattern.of(
         r"\d+ validation errors? for (Model|Server|ConfigFile)?Settings", _ARGS, "invalid_args"
     ),
+    # anchored on the exception line: the traceback before it quotes the raising source
     FatalPattern.of(
-        r"Model path does not exist: |Config file \S+ not found", _ARGS, "model_not_found"
+        r"^\w+Error: (Model path does not exist: |Config file \S+ not found)",
+        _ARGS,
+        "model_not_found",
     ),
     FatalPattern.of(
-        r"Failed to load model from file|failed to open GGUF file|error loading model"
-        r"|Failed to create llama_context",
+        r"^\w+Error: (Failed to load model from file|Failed to create llama_context)"
+        r"|failed to open GGUF file|error loading model",
         _CRASH,
         "model_load",
     ),
