@@ -1,0 +1,307 @@
+"""Every failure mode of the simulated engine, started for real and observed from outside."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servesweep.sim.fakegpu import FakeGpuDir
+from servesweep.sim.testing import SimRun, http_request, start_sim
+
+MiB = 2**20
+FAST = ["--load-time", "0.2", "--ttft-ms", "1", "--step-ms", "1"]
+
+
+@pytest.fixture
+def sims() -> Iterator[list[SimRun]]:
+    """Register every started sim here; all are killed by PID at the end."""
+    started: list[SimRun] = []
+    try:
+        yield started
+    finally:
+        for run in started:
+            run.close()
+
+
+@pytest.fixture
+def gpus(tmp_path: Path) -> Path:
+    path = tmp_path / "gpus"
+    FakeGpuDir.create(path, 2, 1024 * MiB)
+    return path
+
+
+def used(gpus: Path, index: int = 0) -> int:
+    return FakeGpuDir(gpus).usage()[index].used_bytes
+
+
+def test_invalid_flag_exits_2_like_argparse(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim(["--no-such-flag", "3"], tmp_path)
+    sims.append(run)
+    assert run.wait_exit(20) == 2
+    assert "error: unrecognized arguments: --no-such-flag 3" in run.log()
+
+
+def test_invalid_value_exits_2(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim(["--mem-per-gpu", "lots"], tmp_path)
+    sims.append(run)
+    assert run.wait_exit(20) == 2
+    assert "argument --mem-per-gpu: invalid size 'lots'" in run.log()
+
+
+def test_crash_at_load_traceback_exit_1(tmp_path: Path, gpus: Path, sims: list[SimRun]) -> None:
+    run = start_sim([*FAST, "--crash-at-load"], tmp_path, fake_gpus=gpus)
+    sims.append(run)
+    assert run.wait_exit(20) == 1
+    log = run.log()
+    assert "Traceback (most recent call last):" in log
+    assert "RuntimeError: simulated crash while loading weights" in log
+    assert "Loading weights:  30%" in log and "Loading weights:  50%" not in log
+    assert [e["code"] for e in run.events("exit")] == [1]
+    assert not run.events("listening")
+    time.sleep(0.05)
+    assert used(gpus) == 0  # no release delay: the memory is back
+
+
+def test_hang_at_load_never_ready(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim(["--load-time", "0.2", "--hang-at-load"], tmp_path)
+    sims.append(run)
+    time.sleep(0.8)
+    assert run.proc.poll() is None
+    with pytest.raises(ConnectionRefusedError):
+        run.request("/v1/models", timeout=1)
+    assert "Loading weights:  50%" not in run.log()
+    run.signal(signal.SIGTERM)
+    assert run.wait_exit(10) == 0
+    assert not run.events("ready")
+
+
+def test_oom_at_load_when_memory_is_short(tmp_path: Path, gpus: Path, sims: list[SimRun]) -> None:
+    first = start_sim([*FAST, "--gpus", "0,1", "--mem-per-gpu", "700MiB"], tmp_path, fake_gpus=gpus)
+    sims.append(first)
+    first.wait_ready()
+    second = start_sim([*FAST, "--gpus", "1", "--mem-per-gpu", "512MiB"], tmp_path, fake_gpus=gpus)
+    sims.append(second)
+    assert second.wait_exit(20) == 1
+    log = second.log()
+    assert "Traceback (most recent call last):" in log
+    assert (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. "
+        "GPU 1 has a total capacity of 1.00 GiB of which 324.00 MiB is free." in log
+    )
+    assert not second.events("memory_allocated")
+    # The first instance is unaffected.
+    assert first.request("/health").status == 200
+
+
+def test_release_delay_keeps_memory_after_exit(
+    tmp_path: Path, gpus: Path, sims: list[SimRun]
+) -> None:
+    run = start_sim(
+        [*FAST, "--mem-per-gpu", "600MiB", "--release-delay", "0.6"], tmp_path, fake_gpus=gpus
+    )
+    sims.append(run)
+    run.wait_ready()
+    assert used(gpus) == 600 * MiB
+    run.signal(signal.SIGTERM)
+    assert run.wait_exit(10) == 0
+    exited = time.time()
+    assert used(gpus) == 600 * MiB, "released before the release delay"
+    # Nothing lists the exited process any more, like NVML.
+    assert FakeGpuDir(gpus).usage()[0].holders == ()
+    (exit_event,) = run.events("exit")
+    (released,) = run.events("memory_released")
+    assert released["t"] == pytest.approx(exit_event["t"] + 0.6, abs=0.05)
+    while used(gpus) and time.time() - exited < 5:
+        time.sleep(0.01)
+    assert used(gpus) == 0
+    assert time.time() >= released["t"] - 0.01
+
+
+def test_sigkill_release_time_is_last_heartbeat(
+    tmp_path: Path, gpus: Path, sims: list[SimRun]
+) -> None:
+    run = start_sim(
+        [*FAST, "--mem-per-gpu", "600MiB", "--release-delay", "0.4"], tmp_path, fake_gpus=gpus
+    )
+    sims.append(run)
+    run.wait_ready()
+    run.signal(signal.SIGKILL)
+    killed = time.time()
+    run.wait_exit(10)
+    assert used(gpus) == 600 * MiB
+    while used(gpus) and time.time() - killed < 5:
+        time.sleep(0.01)
+    took = time.time() - killed
+    assert 0.3 <= took <= 1.5
+    # Whoever noticed the release wrote the truth lines for the killed process.
+    FakeGpuDir(gpus).collect()
+    (exit_event,) = run.events("exit")
+    assert exit_event["inferred"] is True
+    assert exit_event["t"] == pytest.approx(killed, abs=0.1)
+    (released,) = run.events("memory_released")
+    assert released["t"] == pytest.approx(exit_event["t"] + 0.4, abs=0.001)
+
+
+def test_shutdown_delay_old_instance_still_answers(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim([*FAST, "--shutdown-delay", "0.8"], tmp_path)
+    sims.append(run)
+    run.wait_ready()
+    run.signal(signal.SIGTERM)
+    time.sleep(0.2)
+    assert run.proc.poll() is None
+    assert run.request("/v1/models").status == 200
+    assert run.request("/health").status == 200
+    reply = run.request("/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert reply.status == 200 and reply.instance.startswith(f"{run.pid}-")
+    assert run.wait_exit(10) == 0
+    (begin,) = run.events("shutdown_begin")
+    (end,) = run.events("exit")
+    assert 0.75 <= end["t"] - begin["t"] <= 2.0
+
+
+def test_shutdown_generation_fail(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim([*FAST, "--shutdown-delay", "0.6", "--shutdown-generation", "fail"], tmp_path)
+    sims.append(run)
+    run.wait_ready()
+    run.signal(signal.SIGTERM)
+    time.sleep(0.15)
+    assert run.request("/v1/models").status == 200
+    assert run.request("/v1/completions", {"prompt": "x", "max_tokens": 2}).status == 503
+    assert run.wait_exit(10) == 0
+
+
+def test_ignore_sigterm_needs_sigkill(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim([*FAST, "--ignore-sigterm"], tmp_path)
+    sims.append(run)
+    run.wait_ready()
+    run.signal(signal.SIGTERM)
+    time.sleep(0.4)
+    assert run.proc.poll() is None and run.request("/health").status == 200
+    run.signal(signal.SIGKILL)
+    assert run.wait_exit(10) == -signal.SIGKILL
+
+
+def test_models_before_ready(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim(["--load-time", "1.0", "--models-before-ready"], tmp_path)
+    sims.append(run)
+    deadline = time.monotonic() + 10
+    while not run.events("listening") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert run.request("/v1/models").status == 200  # the trap: listed while loading
+    assert run.request("/health").status == 503
+    assert run.request("/v1/completions", {"prompt": "x", "max_tokens": 1}).status == 503
+    run.wait_ready()
+    assert run.request("/v1/completions", {"prompt": "x", "max_tokens": 1}).status == 200
+    (listening,) = run.events("listening")
+    (ready,) = run.events("ready")
+    assert ready["t"] - listening["t"] >= 0.9
+
+
+def test_port_bound_only_after_load(tmp_path: Path, sims: list[SimRun]) -> None:
+    run = start_sim(["--load-time", "0.8"], tmp_path)
+    sims.append(run)
+    time.sleep(0.4)
+    with pytest.raises(ConnectionRefusedError):
+        run.request("/v1/models", timeout=1)
+    run.wait_ready()
+    (start,) = run.events("process_start")
+    (listening,) = run.events("listening")
+    assert listening["t"] - start["t"] >= 0.75
+
+
+def test_port_in_use_fails_like_uvicorn(tmp_path: Path, sims: list[SimRun]) -> None:
+    first = start_sim(FAST, tmp_path)
+    sims.append(first)
+    first.wait_ready()
+    second = start_sim(FAST, tmp_path, port=first.port)
+    sims.append(second)
+    assert second.wait_exit(20) == 1
+    assert "address already in use" in second.log()
+
+
+def test_reuse_port_two_instances_share_the_port(tmp_path: Path, sims: list[SimRun]) -> None:
+    first = start_sim([*FAST, "--reuse-port"], tmp_path)
+    sims.append(first)
+    first.wait_ready()
+    second = start_sim([*FAST, "--reuse-port"], tmp_path, port=first.port)
+    sims.append(second)
+    # /health on the shared port is answered by the first: wait for the second's own
+    # ready line instead (the trap servesweep's readiness gate must avoid).
+    deadline = time.monotonic() + 10
+    while not second.events("ready") and time.monotonic() < deadline:
+        assert http_request(first.port, "/health").status == 200
+        time.sleep(0.02)
+    assert second.proc.poll() is None and second.events("ready")
+    seen = {http_request(first.port, "/v1/models").instance.split("-")[0] for _ in range(60)}
+    assert seen == {str(first.pid), str(second.pid)}
+
+
+def test_error_rate_is_deterministic(tmp_path: Path, sims: list[SimRun]) -> None:
+    statuses = []
+    for _ in range(2):
+        run = start_sim([*FAST, "--error-rate", "0.3", "--seed", "7"], tmp_path)
+        sims.append(run)
+        run.wait_ready()
+        statuses.append(
+            [
+                run.request("/v1/completions", {"prompt": "x", "max_tokens": 1}).status
+                for _ in range(40)
+            ]
+        )
+        run.close()
+    assert statuses[0] == statuses[1]
+    errors = statuses[0].count(500)
+    assert 4 <= errors <= 20 and set(statuses[0]) == {200, 500}
+
+
+def test_crash_after_n_requests(tmp_path: Path, gpus: Path, sims: list[SimRun]) -> None:
+    run = start_sim([*FAST, "--crash-after", "3"], tmp_path, fake_gpus=gpus)
+    sims.append(run)
+    run.wait_ready()
+    for _ in range(3):
+        assert run.request("/v1/completions", {"prompt": "x", "max_tokens": 2}).status == 200
+    with pytest.raises((ConnectionError, OSError)):
+        run.request("/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert run.wait_exit(10) == 1
+    assert "CUDA error: an illegal memory access was encountered" in run.log()
+    assert [e["code"] for e in run.events("exit")] == [1]
+
+
+def test_orphan_worker_survives_sigkill(tmp_path: Path, gpus: Path, sims: list[SimRun]) -> None:
+    run = start_sim(
+        [*FAST, "--orphan-worker", "--mem-per-gpu", "500MiB", "--gpus", "0,1"],
+        tmp_path,
+        fake_gpus=gpus,
+    )
+    sims.append(run)
+    run.wait_ready()
+    (worker,) = run.worker_pids()
+    holders = FakeGpuDir(gpus).usage()[0].holders
+    assert [h.pid for h in holders] == [worker]
+    run.signal(signal.SIGKILL)
+    run.wait_exit(10)
+    time.sleep(0.3)
+    usage = FakeGpuDir(gpus).usage()
+    assert [h.pid for h in usage[1].holders] == [worker], "the orphan keeps holding"
+    assert usage[1].used_bytes == 500 * MiB
+    run.close()  # kills the orphan by PID
+    deadline = time.monotonic() + 5
+    while used(gpus, 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert used(gpus, 1) == 0
+
+
+def test_orphan_worker_released_on_graceful_stop(
+    tmp_path: Path, gpus: Path, sims: list[SimRun]
+) -> None:
+    run = start_sim([*FAST, "--orphan-worker"], tmp_path, fake_gpus=gpus)
+    sims.append(run)
+    run.wait_ready()
+    run.signal(signal.SIGTERM)
+    assert run.wait_exit(10) == 0
+    time.sleep(0.1)
+    assert used(gpus) == 0
