@@ -2,9 +2,9 @@
 
 servesweep never edits the unit file. The trial's command goes into a drop-in,
 ``<unit_dir>/<unit>.d/servesweep.conf``: in ``execstart`` mode it replaces
-``ExecStart=`` and adds ``Environment=`` lines; in ``envfile`` mode it points
-``EnvironmentFile=`` at ``servesweep.env`` beside it, which sets ``SERVESWEEP_ARGS``
-(for a unit whose own ``ExecStart=`` uses ``$SERVESWEEP_ARGS``). Then
+``ExecStart=`` and adds ``Environment=`` lines; in ``envfile`` mode it leaves
+the unit's own ``ExecStart=`` (which uses ``$SERVESWEEP_ARGS``) and sets
+``SERVESWEEP_ARGS`` and ``SERVESWEEP_PROGRAM`` with ``Environment=`` lines. Then
 ``daemon-reload``, ``reset-failed`` and ``start --no-block``.
 
 Identity: systemd's ``InvocationID`` (new for every start), the unit's
@@ -20,6 +20,7 @@ local PID of the cgroup, then up to ``kill_timeout`` for the cgroup to empty.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -36,17 +37,15 @@ from servesweep.spec.schema import ServerSpec, SystemdSpec
 
 __all__ = [
     "DROPIN_NAME",
-    "ENVFILE_NAME",
     "SystemdLauncher",
     "UnitCgroup",
+    "args_dropin_text",
     "dropin_text",
-    "envfile_text",
     "systemd_quote",
     "unit_warnings",
 ]
 
 DROPIN_NAME = "servesweep.conf"
-ENVFILE_NAME = "servesweep.env"
 
 _PROPS = (
     "LoadState",
@@ -62,6 +61,7 @@ _PROPS = (
     "ExecMainStatus",
     "Result",
     "TimeoutStopUSec",
+    "Job",
 )
 _RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
@@ -104,33 +104,21 @@ def dropin_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> 
     return "\n".join(lines) + "\n"
 
 
-def _envfile_value(value: str) -> str:
-    if "\n" in value:
-        raise LaunchError(f"a newline cannot go into an EnvironmentFile value: {value!r}")
-    if "'" not in value:
-        return f"'{value}'"
-    escaped = (
-        value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
-    )
-    return f'"{escaped}"'
-
-
-def envfile_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> str:
-    """The ``envfile`` mode's EnvironmentFile: ``SERVESWEEP_PROGRAM`` (argv[0]),
-    ``SERVESWEEP_ARGS`` (the rest, space-separated for ``$SERVESWEEP_ARGS``) and ``env``."""
+def args_dropin_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> str:
+    """The ``envfile`` drop-in: the unit keeps its own ``ExecStart=``, which uses
+    ``$SERVESWEEP_ARGS`` (argv after the program, split by systemd at whitespace);
+    ``SERVESWEEP_PROGRAM`` holds argv[0]. Set with ``Environment=`` in the drop-in
+    itself, so no path has to be valid on both sides of a container or ``-H`` host."""
     bad = [w for w in argv[1:] if not w or any(c.isspace() for c in w)]
     if bad:
         raise LaunchError(
             f"systemd splits $SERVESWEEP_ARGS at whitespace, so argument {bad[0]!r} cannot "
             "be passed in envfile mode; use systemd.mode: execstart"
         )
-    lines = [_header(trial_key).rstrip("\n")]
-    lines.append(f"SERVESWEEP_PROGRAM={_envfile_value(argv[0])}")
-    lines.append(f"SERVESWEEP_ARGS={_envfile_value(' '.join(argv[1:]))}")
-    for key, value in sorted(env.items()):
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            raise LaunchError(f"invalid environment variable name for systemd: {key!r}")
-        lines.append(f"{key}={_envfile_value(value)}")
+    lines = [_header(trial_key), "[Service]"]
+    lines.append(f"Environment={_env_assignment('SERVESWEEP_PROGRAM', argv[0])}")
+    lines.append(f"Environment={_env_assignment('SERVESWEEP_ARGS', ' '.join(argv[1:]))}")
+    lines += [f"Environment={_env_assignment(k, v)}" for k, v in sorted(env.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -313,17 +301,8 @@ class SystemdLauncher:
         folder = self.dropin_dir
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            if self.sd.mode == "execstart":
-                _write_atomic(
-                    folder / DROPIN_NAME, dropin_text(request.argv, env, request.trial_key)
-                )
-                with contextlib.suppress(FileNotFoundError):
-                    (folder / ENVFILE_NAME).unlink()
-            else:
-                envfile = folder / ENVFILE_NAME
-                _write_atomic(envfile, envfile_text(request.argv, env, request.trial_key))
-                text = f"{_header(request.trial_key)}[Service]\nEnvironmentFile={envfile}\n"
-                _write_atomic(folder / DROPIN_NAME, text)
+            make = dropin_text if self.sd.mode == "execstart" else args_dropin_text
+            _write_atomic(folder / DROPIN_NAME, make(request.argv, env, request.trial_key))
         except OSError as exc:
             raise LaunchError(
                 f"cannot write the drop-in for {self.unit} in {folder}: {exc} "
@@ -333,9 +312,8 @@ class SystemdLauncher:
 
     def restore(self) -> None:
         """Remove servesweep's drop-in and reload: the unit runs its own ExecStart again."""
-        for name in (DROPIN_NAME, ENVFILE_NAME):
-            with contextlib.suppress(FileNotFoundError):
-                (self.dropin_dir / name).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.dropin_dir / DROPIN_NAME).unlink()
         with contextlib.suppress(OSError):
             self.dropin_dir.rmdir()
         self.systemctl("daemon-reload")
@@ -379,7 +357,7 @@ class SystemdLauncher:
         self.systemctl("reset-failed", self.unit, check=False)
         started_at = time.time()
         self.systemctl("start", "--no-block", self.unit)
-        props = self._wait_started(before.get("InvocationID", ""))
+        props = self._wait_started(before, started_at)
         self.warnings = unit_warnings(self.unit, props)
         invocation = props["InvocationID"]
         cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
@@ -419,26 +397,46 @@ class SystemdLauncher:
                 f"systemd shows: {shown.strip()[:300]}"
             )
 
-    def _wait_started(self, old_invocation: str) -> dict[str, str]:
+    def _wait_started(self, before: Mapping[str, str], since: float) -> dict[str, str]:
         """Until systemd has a new invocation with a main PID (or it already ended)."""
+        old_invocation = before.get("InvocationID", "")
         deadline = time.monotonic() + _START_WAIT
         delay = 0.01
         props: dict[str, str] = {}
         while time.monotonic() < deadline:
             props = self.show()
             inv = props.get("InvocationID", "")
-            started = _int(props.get("MainPID")) or props.get("ActiveState") not in _RUNNING_STATES
-            if inv and inv != old_invocation and started:
+            running = props.get("ActiveState") in _RUNNING_STATES
+            if inv and inv != old_invocation and (_int(props.get("MainPID")) or not running):
                 return props
+            if not inv and not running and not props.get("Job"):
+                # No job queued and no invocation: it ran and already ended cleanly,
+                # and systemd dropped its state; the journal still knows it.
+                found = self._last_invocation(since)
+                if found and found != old_invocation:
+                    return {**props, "InvocationID": found}
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
-        if props.get("InvocationID") and props.get("InvocationID") != old_invocation:
-            return props
         raise LaunchError(
             f"`systemctl start {self.unit}` queued, but no new invocation appeared within "
             f"{_START_WAIT:g}s (ActiveState={props.get('ActiveState', '?')}); "
             f"see `journalctl -u {self.unit}`"
         )
+
+    def _last_invocation(self, since: float) -> str | None:
+        """The invocation of the unit's last journal entry written after ``since``."""
+        argv = [*self.sd.journalctl, "-u", self.unit, "-o", "json", "-n", "20", "-q", "--no-pager"]
+        done = run_tool(argv, timeout=15.0, check=False, what=self.unit)
+        found: str | None = None
+        for line in done.stdout.splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                entry = json.loads(line)
+                if int(entry.get("__REALTIME_TIMESTAMP", 0)) < (since - 1.0) * 1e6:
+                    continue
+                value = entry.get("_SYSTEMD_INVOCATION_ID") or entry.get("INVOCATION_ID")
+                if isinstance(value, str) and value:
+                    found = value
+        return found
 
     def _host_pid(self, cgroup: str, ns_pid: int | None) -> int | None:
         """systemd's MainPID as this machine's PID namespace sees it."""

@@ -1,0 +1,292 @@
+"""The systemd launcher against a real systemd (the sandbox), running the simulated engine.
+
+Each test owns one unit; the finalizer stops it and removes its files. Processes
+live in the sandbox's cgroups and die with their unit or at the sandbox's ``down``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launcher_services import Sandbox, free_port, port_open, sim_argv, systemd_sandbox
+
+from servesweep.errors import LaunchError, TrialFailed
+from servesweep.models import FailureClass, InstanceRecord
+from servesweep.servers import ports
+from servesweep.servers.engines import get_preset
+from servesweep.servers.launchers import make_launcher
+from servesweep.servers.launchers.base import ExitStatus, LaunchRequest
+from servesweep.servers.launchers.systemd import DROPIN_NAME, SystemdLauncher
+from servesweep.servers.readiness import wait_ready
+from servesweep.spec.schema import ServerSpec
+
+__all__ = ["systemd_sandbox"]
+
+UNIT_TEMPLATE = """\
+[Unit]
+Description=servesweep test unit ({name})
+
+[Service]
+Type=simple
+KillMode={kill_mode}
+Environment=PYTHONUNBUFFERED=1
+ExecStart={python} -m servesweep.sim --port 1 --load-time 60
+"""
+
+
+class Unit:
+    """One test unit plus the launcher that drives it."""
+
+    def __init__(self, sandbox: Sandbox, name: str, tmp: Path, **systemd: Any) -> None:
+        self.sandbox = sandbox
+        self.name = name
+        self.tmp = tmp
+        self.port = free_port()
+        self.spec = ServerSpec(
+            engine="sim",
+            launcher="systemd",
+            port=self.port,
+            systemd={
+                "unit": name,
+                "systemctl": [sandbox.systemctl],
+                "journalctl": [sandbox.journalctl],
+                "unit_dir": str(sandbox.unit_dir),
+                **systemd,
+            },
+        )
+        launcher = make_launcher(self.spec)
+        assert isinstance(launcher, SystemdLauncher)
+        self.launcher = launcher
+        self.instances: list[InstanceRecord] = []
+
+    def request(self, argv: list[str], key: str = "t1") -> LaunchRequest:
+        return LaunchRequest(
+            argv=argv,
+            env={"SIM_NOTE": "x y"},
+            host="127.0.0.1",
+            port=self.port,
+            gpus=(),
+            log_path=self.tmp / "server.log",
+            trial_key=f"sdtest-{key}",
+            fingerprint=key,
+        )
+
+    def start(self, argv: list[str], key: str = "t1") -> InstanceRecord:
+        rec = self.launcher.start(self.request(argv, key))
+        self.instances.append(rec)
+        return rec
+
+    def sim(self, model: str, **params: Any) -> list[str]:
+        spec = self.spec.model_copy(update={"model": model})
+        return sim_argv(spec, **params)
+
+
+@pytest.fixture
+def unit_factory(systemd_sandbox: Sandbox, tmp_path: Path) -> Iterator[Any]:
+    made: list[Unit] = []
+
+    def make(
+        name: str, kill_mode: str = "control-group", text: str | None = None, **kw: Any
+    ) -> Unit:
+        body = text or UNIT_TEMPLATE.format(name=name, kill_mode=kill_mode, python=sys.executable)
+        systemd_sandbox.write_unit(name, body)
+        unit = Unit(systemd_sandbox, name, tmp_path, **kw)
+        made.append(unit)
+        return unit
+
+    yield make
+    for unit in made:
+        for rec in unit.instances:
+            with contextlib.suppress(LaunchError):
+                unit.launcher.stop(rec, grace=2.0, kill_timeout=5.0)
+        systemd_sandbox.remove_unit(unit.name)
+
+
+def _models(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
+        return [m["id"] for m in json.load(resp)["data"]]
+
+
+def test_type_simple_unit_is_active_before_ready_and_the_gate_waits(
+    unit_factory: Any, systemd_sandbox: Sandbox
+) -> None:
+    unit = unit_factory("ss-simple.service")
+    load = 2.5
+    argv = unit.sim("m-a", load_time=load)
+    rec = unit.start(argv)
+
+    # Identity: a fresh invocation, the unit's cgroup, the main PID as this host sees it.
+    assert re.fullmatch(r"[0-9a-f]{32}", rec.invocation_id or "")
+    assert rec.unit == "ss-simple.service" and rec.cgroup == "/system.slice/ss-simple.service"
+    main = rec.main_pid
+    assert main is not None and main in unit.launcher.pids(rec)
+    cmdline = Path(f"/proc/{main}/cmdline").read_bytes().split(b"\0")
+    assert b"servesweep.sim" in cmdline and str(unit.port).encode() in cmdline
+    props = systemd_sandbox.show(unit.name, "InvocationID", "ActiveState", "ControlGroup")
+    assert props["InvocationID"] == rec.invocation_id
+
+    # systemd says active at once; nothing listens yet: active is not ready.
+    assert props["ActiveState"] == "active"
+    assert not port_open(unit.port)
+    assert any("Type=simple" in w for w in unit.launcher.warnings)
+    assert not any("KillMode" in w for w in unit.launcher.warnings)
+
+    info = wait_ready(
+        unit.launcher,
+        rec,
+        get_preset("sim"),
+        host="127.0.0.1",
+        port=unit.port,
+        model=None,
+        deadline_s=60,
+    )
+    assert info.model == "m-a"
+    assert info.load_s >= load * 0.8, info
+    assert ports.owned_by("127.0.0.1", unit.port, unit.launcher.pids(rec))
+    assert unit.launcher.poll(rec) is None and unit.launcher.alive(rec)
+
+    # The drop-in carries the trial; the unit file itself is untouched.
+    dropin = (systemd_sandbox.unit_dir / f"{unit.name}.d" / DROPIN_NAME).read_text()
+    assert "ExecStart=\n" in dropin and "--load-time 2.5" in dropin
+    assert "--load-time 60" in (systemd_sandbox.unit_dir / unit.name).read_text()
+
+    pids = unit.launcher.pids(rec)
+    assert len(pids) >= 1
+    result = unit.launcher.stop(rec, grace=10.0, kill_timeout=5.0)
+    assert result.survivors == () and set(result.signalled) == pids
+    assert unit.launcher.pids(rec) == set()
+    assert not port_open(unit.port)
+    assert unit.launcher.poll(rec) is not None and not unit.launcher.alive(rec)
+    log = Path(rec.log_path or "").read_text()
+    assert f"servesweep instance {rec.invocation_id} starting" in log
+    assert "Loading weights took" in log and "model='m-a'" in log
+
+
+def test_restart_with_new_params_gets_a_new_invocation_and_only_its_journal(
+    unit_factory: Any,
+) -> None:
+    unit = unit_factory("ss-restart.service")
+    ready: dict[str, Any] = {"host": "127.0.0.1", "port": unit.port, "model": None}
+    first = unit.start(unit.sim("m-a", load_time=0.5), key="a")
+    wait_ready(unit.launcher, first, get_preset("sim"), deadline_s=60, **ready)
+    assert _models(unit.port) == ["m-a"]
+    assert unit.launcher.stop(first, grace=10.0, kill_timeout=5.0).survivors == ()
+
+    second = unit.start(unit.sim("m-b", load_time=0.5, seed=7), key="b")
+    assert second.invocation_id != first.invocation_id
+    assert second.main_pid != first.main_pid
+    wait_ready(unit.launcher, second, get_preset("sim"), deadline_s=60, **ready)
+    assert _models(unit.port) == ["m-b"]
+
+    tail = unit.launcher.log_tail(second, 200)
+    assert any("model='m-b'" in line for line in tail)
+    assert not any("model='m-a'" in line for line in tail)
+    assert any(f"pid {second.main_pid}" in line or "simulated engine" in line for line in tail)
+    unit.launcher.stop(second, grace=10.0, kill_timeout=5.0)
+    # One log file, one header per instance, each instance's lines after its header.
+    log = Path(second.log_path or "").read_text()
+    a_at = log.index(f"instance {first.invocation_id} starting")
+    b_at = log.index(f"instance {second.invocation_id} starting")
+    assert a_at < log.index("model='m-a'") < b_at < log.index("model='m-b'")
+
+
+def test_killmode_process_warns_and_stop_kills_what_systemd_leaves(
+    unit_factory: Any, systemd_sandbox: Sandbox
+) -> None:
+    # KillMode=process: systemd signals only the main process, which here ignores
+    # SIGTERM; its worker (holding fake GPU memory, in its own session) would outlive a
+    # SIGKILL of the main process. servesweep kills the whole cgroup after the grace.
+    unit = unit_factory("ss-orphan.service", kill_mode="process")
+    gpus = systemd_sandbox.scratch / f"gpus-{unit.port}"
+    subprocess.run(
+        [sys.executable, "-m", "servesweep.sim.fakegpu", "init", str(gpus), "--memory", "4GiB"],
+        check=True,
+        timeout=60,
+    )
+    argv = unit.sim(
+        "m-o", load_time=0.3, orphan_worker=True, ignore_sigterm=True, fake_gpus=str(gpus), gpus="0"
+    )
+    rec = unit.start(argv)
+    wait_ready(
+        unit.launcher,
+        rec,
+        get_preset("sim"),
+        host="127.0.0.1",
+        port=unit.port,
+        model=None,
+        deadline_s=60,
+    )
+    assert any("KillMode=process" in w for w in unit.launcher.warnings)
+    before = unit.launcher.pids(rec)
+    assert len(before) >= 2, "the sim's orphan worker should run beside the server"
+    t0 = time.monotonic()
+    result = unit.launcher.stop(rec, grace=1.5, kill_timeout=5.0)
+    assert result.survivors == ()
+    assert result.killed, result
+    assert any("SIGKILL" in note for note in result.notes)
+    assert 1.4 <= time.monotonic() - t0 < 15
+    assert unit.launcher.pids(rec) == set()
+
+
+def test_crash_at_load_is_an_exit_status_and_start_crash(unit_factory: Any) -> None:
+    unit = unit_factory("ss-crash.service")
+    rec = unit.start(unit.sim("m-c", load_time=0.3, crash_at_load=True))
+    with pytest.raises(TrialFailed) as err:
+        wait_ready(
+            unit.launcher,
+            rec,
+            get_preset("sim"),
+            host="127.0.0.1",
+            port=unit.port,
+            model=None,
+            deadline_s=60,
+        )
+    assert err.value.failure_class is FailureClass.START_CRASH
+    deadline = time.monotonic() + 10
+    while unit.launcher.poll(rec) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = unit.launcher.poll(rec)
+    assert status is not None and status.exit_code == 1, status
+    assert any("Traceback" in line for line in unit.launcher.log_tail(rec, 100))
+    assert unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0).survivors == ()
+
+
+def test_argv_reaches_the_process_verbatim_in_both_modes(
+    unit_factory: Any, systemd_sandbox: Sandbox
+) -> None:
+    script = "import os, sys; print(repr(sys.argv[1:]), repr(os.environ.get('SIM_NOTE')))"
+    words = ["a b", "50%", "$HOME", 'q"uote', "back\\slash"]
+    unit = unit_factory("ss-argv.service")
+    rec = unit.start([sys.executable, "-c", script, *words])
+    deadline = time.monotonic() + 15
+    while unit.launcher.poll(rec) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert unit.launcher.poll(rec) == ExitStatus(exit_code=0)
+    lines = unit.launcher.log_tail(rec, 10)
+    assert repr(words) + " 'x y'" in lines, lines
+    unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0)
+
+    # envfile mode: the unit's own ExecStart takes $SERVESWEEP_ARGS (split at spaces).
+    text = (
+        "[Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1\n"
+        f'ExecStart={sys.executable} -c "{script}" $SERVESWEEP_ARGS\n'
+    )
+    env_unit = unit_factory("ss-envfile.service", text=text, mode="envfile")
+    rec2 = env_unit.start([sys.executable, "--flag", "50%", "$HOME"])
+    deadline = time.monotonic() + 15
+    while env_unit.launcher.poll(rec2) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = env_unit.launcher.log_tail(rec2, 10)
+    assert "['--flag', '50%', '$HOME'] 'x y'" in lines, lines
+    with pytest.raises(LaunchError, match="whitespace"):
+        env_unit.start([sys.executable, "a b"], key="t2")
