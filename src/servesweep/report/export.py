@@ -148,7 +148,6 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "warnings": list(r.warnings),
                 "started_at": r.started_at,
                 "duration_s": r.duration_s,
-                "requests": len(r.samples),
                 "eval_results": [
                     {
                         "task_id": e.task_id,
