@@ -14,6 +14,7 @@ from servesweep.servers.engine_args import flag_args, nest_dotted, render_templa
 from servesweep.servers.engines import (
     PRESETS,
     build_launch,
+    expand_model,
     get_preset,
     launch_command_text,
     merged_params,
@@ -309,3 +310,13 @@ def test_launch_command_text_is_copy_pasteable() -> None:
     text = launch_command_text(["vllm", "serve", "/m/a b"], {"X": "1 2"})
     assert text == "X='1 2' vllm serve '/m/a b'"
     assert shlex.split(text) == ["X=1 2", "vllm", "serve", "/m/a b"]
+
+
+def test_model_path_takes_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SS_MODELS", "/data/models")
+    argv, _ = build_launch(spec("llamacpp", model="${SS_MODELS}/tiny.gguf"), {})
+    assert after(argv, "--model") == "/data/models/tiny.gguf"
+    assert expand_model("$A/x-$B", {"A": "a", "B": "b"}) == "a/x-b"
+    monkeypatch.delenv("SS_MISSING", raising=False)
+    with pytest.raises(ConfigError, match=r"\$SS_MISSING, which is not set"):
+        build_launch(spec("vllm", model="$SS_MISSING/m"), {})

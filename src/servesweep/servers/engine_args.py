@@ -173,6 +173,7 @@ def render_template(
     params: Mapping[str, Any],
     *,
     args: Sequence[str] | None = None,
+    model: str | None = None,
 ) -> list[str]:
     """argv from a ``server.command`` template (the ``generic`` engine).
 
@@ -208,7 +209,8 @@ def render_template(
                 "{param.NAME}; write ${VAR} for an environment variable)",
                 key="server.command",
             )
-    if "model" in _names(template) and not spec.model:
+    model = spec.model if model is None else model
+    if "model" in _names(template) and not model:
         raise ConfigError("the command template uses {model} but server.model is not set")
     rest = {k: v for k, v in params.items() if k not in used}
     values["args"] = " ".join(
@@ -216,7 +218,7 @@ def render_template(
     )
     values["port"] = str(spec.port)
     values["host"] = shlex.quote(spec.host)
-    values["model"] = shlex.quote(spec.model or "")
+    values["model"] = shlex.quote(model or "")
     values["gpus"] = shlex.quote(",".join(str(g) for g in spec.gpus))
 
     text = _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +53,7 @@ __all__ = [
     "EnginePreset",
     "FatalPattern",
     "build_launch",
+    "expand_model",
     "flag_args",
     "get_preset",
     "launch_command_text",
@@ -109,7 +112,28 @@ def _need_model(spec: ServerSpec) -> str:
             f"engine {spec.engine!r} needs server.model (a model path or name)",
             key="server.model",
         )
-    return spec.model
+    return expand_model(spec.model)
+
+
+_ENV_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand_model(model: str, environ: Mapping[str, str] | None = None) -> str:
+    """``server.model`` with ``$NAME``/``${NAME}`` taken from the environment, so one
+    sweep file serves any machine (``model: ${MODELS}/tiny.gguf``)."""
+    env = os.environ if environ is None else environ
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in env or not env[name]:
+            raise ConfigError(
+                f"server.model refers to ${name}, which is not set in the environment "
+                f"(export {name}=/path/to/model)",
+                key="server.model",
+            )
+        return env[name]
+
+    return _ENV_REF.sub(value, model)
 
 
 def _flags(
@@ -243,14 +267,15 @@ def _generic_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
             "'my-server --port {port} {args}'",
             key="server.command",
         )
-    return render_template(spec.command, spec, params)
+    model = expand_model(spec.model) if spec.model else None
+    return render_template(spec.command, spec, params, model=model)
 
 
 def _sim_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
     argv = _program(spec, [sys.executable, "-m", "servesweep.sim"])
     argv += ["--host", spec.host, "--port", str(spec.port)]
     if spec.model:
-        argv += ["--model", spec.model]
+        argv += ["--model", expand_model(spec.model)]
     return argv + _flags(params, "flag")
 
 
