@@ -317,14 +317,14 @@ def prepare_gpus(
             0.0,
             "foreign_holder",
         )
-    cleaned = tuple(_kill(pid) for pid in sorted(own_pids))
     departing = own_pids | {h.pid for h in big}
+    # What the GPUs will use once those are gone (measured before anything is killed).
+    estimate = {
+        s.index: s.used_bytes - sum(h.used_bytes for h in s.holders if h.pid in departing)
+        for s in probe.snapshot(gpu_list)
+    }
+    cleaned = tuple(_kill(pid) for pid in sorted(own_pids))
     if departing:
-        states = probe.snapshot(gpu_list)
-        estimate = {
-            s.index: s.used_bytes - sum(h.used_bytes for h in s.holders if h.pid in departing)
-            for s in states
-        }
         _wait_exit({h.pid for h in big}, probe, gpu_list, tolerance, timeout)
         wait_released(
             probe,
