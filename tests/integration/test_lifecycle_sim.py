@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.fixtures_lifecycle.helpers import (
+    Tracker,
+    free_port,
+    init_fake_gpus,
+    open_fake_probe,
+    tracker,
+    wait_for,
+)
 
 from servesweep.errors import TrialFailed
 from servesweep.models import FailureClass, InstanceRecord
@@ -23,14 +31,6 @@ from servesweep.servers.launchers.subprocess import SubprocessLauncher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.sim.testing import http_request, read_truth
 from servesweep.spec.schema import ServerSpec
-from tests.integration.fixtures_lifecycle.helpers import (
-    Tracker,
-    free_port,
-    init_fake_gpus,
-    open_fake_probe,
-    tracker,
-    wait_for,
-)
 
 __all__ = ["tracker"]
 
