@@ -1,0 +1,172 @@
+"""The docker launcher against a real Docker engine (a private dockerd started for the
+session by dev/dockerd.sh), running the simulated engine in a container of the
+import-only skeleton image, on the host network at 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launcher_services import Dockerd, dockerd, free_port, port_open, sim_argv
+
+from servesweep.errors import LaunchError, TrialFailed
+from servesweep.models import FailureClass, InstanceRecord
+from servesweep.servers import ports, procs
+from servesweep.servers.engines import get_preset
+from servesweep.servers.launchers import make_launcher
+from servesweep.servers.launchers.base import LaunchRequest
+from servesweep.servers.launchers.docker import DockerLauncher
+from servesweep.servers.readiness import wait_ready
+from servesweep.spec.schema import ServerSpec
+
+__all__ = ["dockerd"]
+
+
+class Box:
+    """One docker launcher on a free port, plus what it started."""
+
+    def __init__(self, engine: Dockerd, tmp: Path) -> None:
+        self.engine = engine
+        self.tmp = tmp
+        self.port = free_port()
+        self.spec = ServerSpec(
+            engine="sim",
+            launcher="docker",
+            port=self.port,
+            docker={
+                "image": engine.image,
+                "docker": engine.docker,
+                "run_args": engine.binds(),
+                "gpus_flag": False,
+                "name_prefix": "sstest",
+            },
+        )
+        launcher = make_launcher(self.spec)
+        assert isinstance(launcher, DockerLauncher)
+        self.launcher = launcher
+        self.instances: list[InstanceRecord] = []
+
+    def start(self, model: str, key: str = "t1", **params: Any) -> InstanceRecord:
+        spec = self.spec.model_copy(update={"model": model})
+        request = LaunchRequest(
+            argv=sim_argv(spec, **params),
+            env={"PYTHONUNBUFFERED": "1"},
+            host="127.0.0.1",
+            port=self.port,
+            gpus=(),
+            log_path=self.tmp / "server.log",
+            trial_key=f"dk-{key}",
+            fingerprint=key,
+        )
+        rec = self.launcher.start(request)
+        self.instances.append(rec)
+        return rec
+
+    def wait_ready(self, rec: InstanceRecord) -> Any:
+        return wait_ready(
+            self.launcher,
+            rec,
+            get_preset("sim"),
+            host="127.0.0.1",
+            port=self.port,
+            model=None,
+            deadline_s=60,
+        )
+
+
+@pytest.fixture
+def box(dockerd: Dockerd, tmp_path: Path) -> Iterator[Box]:
+    made = Box(dockerd, tmp_path)
+    yield made
+    for rec in made.instances:
+        with contextlib.suppress(LaunchError):
+            made.launcher.stop(rec, grace=1.0, kill_timeout=5.0)
+
+
+def _models(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
+        return [m["id"] for m in json.load(resp)["data"]]
+
+
+def test_sim_in_a_container_ready_stop_restart(box: Box, dockerd: Dockerd) -> None:
+    first = box.start("m-a", key="a", load_time=1.0)
+    cid = first.container_id or ""
+    assert len(cid) == 64 and first.invocation_id
+    main = first.main_pid
+    assert main is not None and main in box.launcher.pids(first)
+    # The container's processes carry the instance tag, as the host sees them.
+    assert procs.tag_of(main) == first.invocation_id
+    name = dockerd.run("inspect", "-f", "{{.Name}}", cid).stdout.strip()
+    assert name == "/sstest-dk-a"
+
+    info = box.wait_ready(first)
+    assert info.model == "m-a" and info.load_s >= 0.8
+    assert ports.owned_by("127.0.0.1", box.port, box.launcher.pids(first))
+    assert box.launcher.poll(first) is None and box.launcher.alive(first)
+
+    result = box.launcher.stop(first, grace=10.0, kill_timeout=5.0)
+    assert result.survivors == () and main in result.signalled
+    assert not port_open(box.port)
+    assert box.launcher.pids(first) == set() and not box.launcher.alive(first)
+    # Removed after the stop; its exit status is still known.
+    assert dockerd.run("inspect", cid, check=False).returncode != 0
+    status = box.launcher.poll(first)
+    assert status is not None and status.signal is None and status.exit_code == 0
+
+    second = box.start("m-b", key="b", load_time=0.5, seed=3)
+    assert second.container_id != cid and second.main_pid != main
+    box.wait_ready(second)
+    assert _models(box.port) == ["m-b"]
+    tail = box.launcher.log_tail(second, 100)
+    assert any("model='m-b'" in line for line in tail)
+    assert not any("model='m-a'" in line for line in tail)
+    box.launcher.stop(second, grace=10.0, kill_timeout=5.0)
+
+    log = Path(second.log_path or "").read_text()
+    a_at = log.index(f"instance {first.invocation_id} starting")
+    b_at = log.index(f"instance {second.invocation_id} starting")
+    assert a_at < log.index("model='m-a'") < b_at < log.index("model='m-b'")
+    assert "Loading weights took" in log[b_at:]
+
+
+def test_crash_at_load_gives_exit_code_and_start_crash(box: Box) -> None:
+    rec = box.start("m-c", load_time=0.2, crash_at_load=True)
+    with pytest.raises(TrialFailed) as err:
+        box.wait_ready(rec)
+    assert err.value.failure_class is FailureClass.START_CRASH
+    deadline = time.monotonic() + 10
+    while box.launcher.poll(rec) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = box.launcher.poll(rec)
+    assert status is not None and status.exit_code == 1 and status.signal is None
+    assert box.launcher.exit_details(rec) == {"oom_killed": False, "exit_code": 1, "error": ""}
+    assert any("Traceback" in line for line in box.launcher.log_tail(rec, 100))
+    assert box.launcher.stop(rec, grace=1.0, kill_timeout=2.0).survivors == ()
+    # The log stays after the container is gone.
+    assert any("Traceback" in line for line in Path(rec.log_path or "").read_text().splitlines())
+
+
+def test_sigterm_ignored_is_killed_after_the_grace(box: Box) -> None:
+    rec = box.start("m-i", load_time=0.2, ignore_sigterm=True)
+    box.wait_ready(rec)
+    t0 = time.monotonic()
+    result = box.launcher.stop(rec, grace=1.0, kill_timeout=5.0)
+    took = time.monotonic() - t0
+    assert result.survivors == ()
+    assert 0.9 <= took < 15, took
+    status = box.launcher.poll(rec)
+    assert status is not None and status.signal == 9, status
+    assert not port_open(box.port)
+
+
+def test_same_trial_name_twice_is_refused_while_running(box: Box) -> None:
+    rec = box.start("m-x", key="same", load_time=0.2)
+    with pytest.raises(LaunchError, match="still running"):
+        box.start("m-y", key="same", load_time=0.2)
+    box.launcher.stop(rec, grace=5.0, kill_timeout=5.0)
