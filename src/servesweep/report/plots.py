@@ -203,6 +203,8 @@ def timeline_plot(data: SweepData) -> str | None:
         row = f"#{trial.id} {trial.outcome.value}"
         rows.append(row)
         for phase, started in trial.phase_started.items():
+            if phase == "done":
+                continue
             secs = trial.phase_seconds.get(phase)
             if secs is None and trial.finished_at is not None:
                 secs = max(trial.finished_at - started, 0.0)

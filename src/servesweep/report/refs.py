@@ -10,10 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servesweep.errors import ConfigError
+from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import level_label
 from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
-from servesweep.spec.constraints import TRIAL_METRICS, MetricRef, parse_metric_ref
+from servesweep.spec.constraints import (
+    TRIAL_METRICS,
+    MetricRef,
+    objective_direction,
+    parse_metric_ref,
+    resolve_objective,
+)
+from servesweep.spec.load import load_sweep_text
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ResultIndex", "objective_of", "ref_label"]
@@ -100,6 +107,17 @@ def _eval_stat(lvl: LevelStats, metric: str) -> MetricStats | None:
     return MetricStats.of(values) if values else None
 
 
+def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:
+    """The objective as the sweep file itself resolves it, when its text still loads."""
+    if not data.sweep.spec_text.strip():
+        return None
+    try:
+        spec = load_sweep_text(data.sweep.spec_text, data.sweep.spec_path).spec
+        return resolve_objective(spec), objective_direction(spec)
+    except ServesweepError:
+        return None  # an old or hand-edited sweep file: fall back to the stored dict
+
+
 def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[MetricRef, str] | None:
     """The sweep's own objective as (full reference, ``max``/``min``).
 
@@ -110,6 +128,9 @@ def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[Met
     first eval's ``pass_rate``). None when nothing was measured at all.
     """
     index = index or ResultIndex(data)
+    from_spec = _spec_objective(data)
+    if from_spec is not None:
+        return from_spec
     objective: Mapping[str, Any] = data.objective or {}
     if objective:
         text = objective.get("maximize") or objective.get("minimize")
