@@ -128,14 +128,29 @@ class Engine:
         while loop.time() < deadline:
             await asyncio.sleep(0)
 
-    async def run(self, plan: Plan, emit: Callable[[list[str]], Awaitable[None]]) -> None:
-        """Emit ``plan``'s pieces chunk by chunk at their deadlines."""
+    async def run(
+        self,
+        plan: Plan,
+        emit: Callable[[list[str]], Awaitable[None]],
+        arrival: float | None = None,
+    ) -> None:
+        """Emit ``plan``'s pieces chunk by chunk at their deadlines.
+
+        The first token is due ``first_token_seconds`` after ``arrival`` (loop time
+        the request arrived) or after admission when the request had to wait for a
+        slot (``--max-num-seqs``).
+        """
         loop = asyncio.get_running_loop()
+        if arrival is None:
+            arrival = loop.time()
+        queued = self._slots.locked()
         self.waiting += 1
         try:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
+        if queued:
+            arrival = loop.time()
         self.running += 1
         rng = random.Random(f"{self.cfg.seed}:spec:{plan.index}")
         try:
@@ -143,7 +158,7 @@ class Engine:
             pieces = plan.pieces
             if not pieces:
                 return
-            deadline = loop.time() + self.first_token_seconds(plan.prompt_tokens)
+            deadline = arrival + self.first_token_seconds(plan.prompt_tokens)
             await self._sleep_until(loop, deadline)
             await emit(pieces[:1])
             self.generation_tokens_total += 1

@@ -6,6 +6,7 @@ Every response carries ``x-sim-instance: PID-STARTNS`` and generations carry it 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -135,6 +136,7 @@ class SimServer:
         return None
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrival = asyncio.get_running_loop().time()
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
@@ -146,20 +148,22 @@ class SimServer:
                 prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""
         if not isinstance(prompt, str):
             return _error(400, "'prompt' must be a string or a list", "BadRequestError")
-        return await self._generate(request, body, prompt, chat=False)
+        return await self._generate(request, body, prompt, False, arrival)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        arrival = asyncio.get_running_loop().time()
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error(400, "'messages' must be a non-empty list", "BadRequestError")
-        return await self._generate(request, body, chat_prompt_text(messages), chat=True)
+        return await self._generate(request, body, chat_prompt_text(messages), True, arrival)
 
     async def _generate(
-        self, request: web.Request, body: dict[str, Any], prompt: str, chat: bool
+        self, request: web.Request, body: dict[str, Any], prompt: str, chat: bool, arrival: float
     ) -> web.StreamResponse:
+        """``arrival``: loop time at which the handler started (TTFT counts from it)."""
         refused = self._refuse(body)
         if refused is not None:
             return refused
@@ -176,13 +180,13 @@ class SimServer:
             )
         plan = engine.plan(prompt, max_tokens, bool(body.get("ignore_eos", False)), index)
         if body.get("stream"):
-            return await self._stream(request, body, plan, chat)
+            return await self._stream(request, body, plan, chat, arrival)
         pieces: list[str] = []
 
         async def collect(chunk: list[str]) -> None:
             pieces.extend(chunk)
 
-        await engine.run(plan, collect)
+        await engine.run(plan, collect, arrival)
         text = "".join(pieces)
         choice: dict[str, Any]
         if chat:
@@ -213,7 +217,7 @@ class SimServer:
         return web.json_response(result, dumps=_dumps)
 
     async def _stream(
-        self, request: web.Request, body: dict[str, Any], plan: Plan, chat: bool
+        self, request: web.Request, body: dict[str, Any], plan: Plan, chat: bool, arrival: float
     ) -> web.StreamResponse:
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
@@ -262,7 +266,7 @@ class SimServer:
                 role["finish_reason"] = None
                 usage0 = _usage(plan.prompt_tokens, 0) if continuous else None
                 await resp.write(event([role], usage0))
-            await self.engine.run(plan, emit)
+            await self.engine.run(plan, emit, arrival)
             if total == 0:
                 empty: dict[str, Any] = (
                     {"index": 0, "delta": {}, "logprobs": None}
