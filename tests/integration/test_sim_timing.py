@@ -73,7 +73,7 @@ def test_ttft_and_itl_at_concurrency_1(tmp_path: Path, sims: list[SimRun]) -> No
     itls = [i * 1000 for r in results for i in _itls(r[1])]
     tpots = [(r[1][-1] - r[1][0]) * 1000 / (len(r[1]) - 1) for r in results]
     assert all(tokens == [1] * 25 for _, _, tokens in results)
-    assert statistics.median(ttfts) == pytest.approx(30.5, abs=1.0)
+    assert 30.0 <= statistics.median(ttfts) <= 31.5  # never early; overhead < 1.5 ms
     assert statistics.median(itls) == pytest.approx(8, abs=0.5)
     assert statistics.median(tpots) == pytest.approx(8, abs=0.2)
 
