@@ -1,0 +1,155 @@
+"""Pure parts of the lifecycle: /proc/net parsing, command templates, tag prefixes,
+response parsing, and the release gate over a scripted GPU probe."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import pytest
+
+from servesweep.errors import LaunchError, TrialFailed
+from servesweep.models import FailureClass, GpuHolder, GpuState
+from servesweep.servers import ports, procs
+from servesweep.servers.launchers.command import render
+from servesweep.servers.lifecycle import sweep_tag_prefix
+from servesweep.servers.readiness import _Answer, _first_model, _tokens
+from servesweep.servers.release import wait_released
+
+GiB = 2**30
+DEAD = 2**22 + 12345  # above pid_max's default: never a live process
+
+
+def test_proc_net_addresses_parse() -> None:
+    assert ports._parse_addr("0100007F:1F90", False) == ("127.0.0.1", 8080)
+    assert ports._parse_addr("00000000000000000000000000000000:0050", True) == ("::", 80)
+    mapped = "0000000000000000FFFF00000100007F:1F90"
+    assert ports._parse_addr(mapped, True) == ("127.0.0.1", 8080)
+    assert ports._conflicts("0.0.0.0", {"127.0.0.1"})
+    assert not ports._conflicts("127.0.0.2", {"127.0.0.1"})
+    assert ports._host_addrs("0.0.0.0") is None
+
+
+def test_command_templates_fill_placeholders_and_leave_shell_braces() -> None:
+    argv = ["vllm", "serve", "m", "--budget", "8", "--enforce-eager", "--x=1"]
+    values = {"port": "8000", "args": "serve m --budget 8"}
+    out = render("run {args} --port {port} ${HOME} {{lit}} {param.budget}", values, argv)
+    assert out == "run serve m --budget 8 --port 8000 ${HOME} {lit} 8"
+    assert render("{param.enforce_eager} {param.x}", {}, argv) == "true 1"
+    with pytest.raises(LaunchError, match="no --topk"):
+        render("{param.topk}", {}, argv)
+
+
+def test_sweep_tag_prefix() -> None:
+    assert sweep_tag_prefix("my-sweep-12") == "my-sweep-"
+    assert sweep_tag_prefix("solo") == "solo-"
+    tag = procs.new_instance_tag("my sweep-3")
+    assert tag.startswith("my_sweep-3-") and " " not in tag
+
+
+def test_generation_answers_count_tokens() -> None:
+    assert _tokens(_Answer(200, b'{"usage": {"completion_tokens": 3}}', set())) == 3
+    assert _tokens(_Answer(200, b'{"choices": [{"text": "hi"}]}', set())) == 1
+    assert _tokens(_Answer(200, b'{"choices": [{"message": {"content": ""}}]}', set())) == 0
+    assert _tokens(_Answer(200, b"not json", set())) == 0
+    assert _first_model(_Answer(200, b'{"data": [{"id": "m1"}, {"id": "m2"}]}', set())) == "m1"
+    assert _first_model(_Answer(200, b'{"data": []}', set())) is None
+
+
+class ScriptedProbe:
+    """Returns the scripted snapshots in order, then repeats the last one."""
+
+    name = "scripted"
+
+    def __init__(self, script: Sequence[list[GpuState]]) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    def snapshot(self, gpus: Sequence[int] | None = None) -> list[GpuState]:
+        state = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        return state
+
+    def describe(self) -> dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _gpu(used: int, *holders: GpuHolder) -> list[GpuState]:
+    return [GpuState(0, "g", 80 * GiB, used, holders)]
+
+
+def test_release_waits_for_the_old_holder_then_settles() -> None:
+    probe = ScriptedProbe(
+        [_gpu(60 * GiB, GpuHolder(DEAD, 60 * GiB))] * 5 + [_gpu(30 * GiB)] * 3 + [_gpu(0)]
+    )
+    result = wait_released(
+        probe,
+        [0],
+        {0: 0},
+        old_pids={DEAD},
+        tolerance=GiB,
+        settle=0.05,
+        timeout=5,
+        foreign_policy="wait",
+    )
+    assert probe.calls >= 10 and result.polls == probe.calls
+    assert result.seconds >= result.released_s and result.seconds - result.released_s >= 0.05
+    assert result.cleaned == ()
+
+
+def test_release_times_out_as_gpu_busy_naming_holders() -> None:
+    probe = ScriptedProbe([_gpu(40 * GiB, GpuHolder(DEAD, 40 * GiB, "python"))])
+    with pytest.raises(TrialFailed) as caught:
+        wait_released(
+            probe,
+            [0],
+            {0: 0},
+            old_pids={DEAD},
+            tolerance=GiB,
+            settle=0.0,
+            timeout=0.2,
+            foreign_policy="wait",
+        )
+    ev = caught.value.evidence
+    assert caught.value.failure_class is FailureClass.GPU_BUSY
+    assert ev.reason == "not_released"
+    assert [h.pid for h in ev.gpu_holders] == [DEAD]
+    assert ev.details["over_tolerance"] == {0: {"used": 40 * GiB, "baseline": 0}}
+
+
+def test_release_fails_at_once_on_a_live_foreign_holder_under_fail() -> None:
+    me = os.getpid()  # alive, not tagged: foreign (and never signalled by the gate)
+    probe = ScriptedProbe([_gpu(20 * GiB, GpuHolder(me, 20 * GiB))])
+    with pytest.raises(TrialFailed) as caught:
+        wait_released(
+            probe,
+            [0],
+            {0: 0},
+            old_pids=set(),
+            tolerance=GiB,
+            settle=0.0,
+            timeout=30,
+            foreign_policy="fail",
+        )
+    assert caught.value.evidence.reason == "foreign_holder"
+    assert probe.calls == 1
+    assert caught.value.evidence.gpu_holders[0].cmdline  # filled from /proc
+
+
+def test_release_within_baseline_tolerates_resident_processes() -> None:
+    me = os.getpid()
+    probe = ScriptedProbe([_gpu(GiB // 2, GpuHolder(me, GiB // 2))])
+    result = wait_released(
+        probe,
+        [0],
+        {0: GiB // 2},
+        old_pids=set(),
+        tolerance=GiB,
+        settle=0.0,
+        timeout=1,
+        foreign_policy="fail",
+    )
+    assert result.polls == 1
