@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -56,8 +57,8 @@ _UID_RANGE = (1_900_000_000, 2_000_000_000)
 _VERDICT_MAX = 65536
 _PROBE_CANDIDATE = "import socket\n\ndef interfaces():\n    return socket.if_nameindex()\n"
 _PROBE_TEST = "def check(candidate):\n    assert [n for _, n in candidate()] == ['lo']\n"
-_PROBED: dict[tuple[Backend, int], str | None] = {}
-"""Per (backend, euid): None when it works, else why not."""
+_PROBED: dict[tuple[Backend, int, str], str | None] = {}
+"""Per (backend, euid, interpreter): None when it works, else why not."""
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,31 @@ class SandboxResult:
     stdout: str = ""
     stderr: str = ""
     exit_code: int | None = None
+    uid: int | None = None
+    """The run's own uid (root only): no process of it is left after the run."""
 
 
-def _interpreter() -> tuple[str, str]:
-    """The base interpreter (not a venv's) and its prefix: only the stdlib is needed."""
+def _interpreter(python: str | None) -> tuple[str, str]:
+    """The interpreter for generated code and its prefix (the folder to expose).
+    Default: this interpreter's base (not a venv's): only the stdlib is needed."""
+    if python is not None:
+        exe = os.path.realpath(shutil.which(python) or python)
+        prefix = os.path.dirname(os.path.dirname(exe))
+        return exe, "/usr" if prefix.startswith("/usr") else prefix
     exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     return exe, os.path.realpath(sys.base_prefix)
+
+
+def _world_readable(path: str) -> bool:
+    """Whether any user may reach ``path`` (x on every parent folder, r on it)."""
+    try:
+        target = Path(path).resolve()
+        for parent in target.parents:
+            if not parent.stat().st_mode & 0o001:
+                return False
+        return bool(target.stat().st_mode & 0o004)
+    except OSError:
+        return False
 
 
 def _harness_source() -> str:
@@ -104,7 +124,9 @@ class Sandbox:
     """Runs candidate programs against their tests; see the module docstring.
 
     ``backend="auto"`` takes bwrap, then unshare; ``"none"`` (no network
-    isolation) is used only with ``allow_no_netns=True``.
+    isolation) is used only with ``allow_no_netns=True``. ``parallel`` is the most
+    runs at once; ``python`` the interpreter for generated code (default: the base
+    interpreter of this one).
     """
 
     def __init__(
@@ -114,6 +136,7 @@ class Sandbox:
         allow_no_netns: bool = False,
         backend: Literal["auto", "bwrap", "unshare", "none"] = "auto",
         parallel: int = 4,
+        python: str | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.allow_no_netns = allow_no_netns
@@ -121,7 +144,7 @@ class Sandbox:
         self._backend: Backend | None = None
         self._lock = asyncio.Lock()
         self._harness = _harness_source()
-        self._python, self._prefix = _interpreter()
+        self._python, self._prefix = _interpreter(python)
         self._root = os.geteuid() == 0
         self._executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="sandbox")
 
@@ -153,7 +176,7 @@ class Sandbox:
                 order = [self.requested]
             reasons = []
             for backend in order:
-                key = (backend, os.geteuid())
+                key = (backend, os.geteuid(), self._python)
                 if key not in _PROBED:
                     _PROBED[key] = await self._probe(backend)
                 reason = _PROBED[key]
@@ -162,7 +185,7 @@ class Sandbox:
                     return backend
                 reasons.append(f"{backend}: {reason}")
             raise SandboxError(
-                "cannot run generated code without network access here ("
+                "cannot run generated code safely here ("
                 + "; ".join(reasons)
                 + "). Install bubblewrap (apt-get install bubblewrap) or allow user "
                 "namespaces; or set eval.allow_no_netns: true to run it with the host's "
@@ -231,7 +254,8 @@ class Sandbox:
                     self._executor, procscan.kill_uid, uid
                 )
             shutil.rmtree(rundir, ignore_errors=True)
-        return _judge(outcome, verdict, self.limits, time.monotonic() - started)
+        judged = _judge(outcome, verdict, self.limits, time.monotonic() - started)
+        return dataclasses.replace(judged, uid=uid)
 
     def _command(
         self, backend: Backend, rundir: Path, uid: int | None
@@ -247,6 +271,12 @@ class Sandbox:
         if uid is not None:
             os.chmod(rundir, 0o711)
             os.chown(work, uid, uid)
+            if not _world_readable(self._python) or not _world_readable(self._prefix):
+                # Without bwrap's private view, the unprivileged uid must reach the
+                # interpreter itself (a pyenv under /root is out of its reach).
+                system = shutil.which("python3", path="/usr/bin:/bin")
+                if system and _world_readable(system):
+                    py[0] = system
         env = {**base_env, "HOME": str(work), "TMPDIR": str(work)}
         argv = [*py, str(rundir / "harness.py"), str(rundir / "job.json")]
         if backend == "unshare":
@@ -434,9 +464,8 @@ def _judge(
         return result(status, verdict["message"])
     sig = _signal_of(outcome.returncode)
     tail = (err.strip().splitlines() or [""])[-1][:300]
-    if sig in (signal.SIGXCPU, signal.SIGKILL):
-        name = _signal_name(sig)
-        return result("resource_limit", f"killed by {name} (CPU time or memory limit)")
+    if sig == signal.SIGXCPU:
+        return result("resource_limit", f"CPU time limit ({limits.cpu_s} s)")
     if sig == signal.SIGXFSZ:
         return result("resource_limit", f"file size limit ({limits.file_size_bytes} bytes)")
     if sig is not None:
