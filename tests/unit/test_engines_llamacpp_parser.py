@@ -10,11 +10,14 @@ renamed flag, a wrong boolean style or a wrong list spelling fails here.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from servesweep.servers.engines import PRESETS, build_launch
+from servesweep.spec.expand import expand_configs
+from servesweep.spec.load import load_sweep
 from servesweep.spec.schema import ServerSpec
 
 server_cli = pytest.importorskip(
@@ -96,3 +99,22 @@ def test_boolean_as_bare_flag_would_be_rejected_by_the_real_parser() -> None:
     # Booleans need a value here (--flash_attn true): a bare flag swallows the next arg.
     with pytest.raises((SystemExit, argparse.ArgumentError)):
         real_parser().parse_args(["--model", "m", "--flash_attn", "--n_ctx", "8"])
+
+
+def test_example_sweep_file_expands_to_argv_the_real_parser_accepts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "llamacpp-cpu.yaml"
+    monkeypatch.setenv("SERVESWEEP_GGUF", "/models/tiny.gguf")
+    loaded = load_sweep(example)
+    configs = expand_configs(loaded.spec)
+    assert len(configs) >= 4
+    assert len(loaded.spec.workloads) == 2
+    seen = set()
+    for config in configs:
+        argv, env = build_launch(loaded.spec.server, config.params)
+        _, model = parse(argv)
+        assert model.model == "/models/tiny.gguf"
+        assert env["PORT"] == str(loaded.spec.server.port)
+        seen.add((model.n_threads, model.n_batch, model.n_ctx))
+    assert len(seen) == len(configs)
