@@ -13,7 +13,7 @@ from servesweep.models import FailureClass, GpuHolder, GpuState
 from servesweep.servers import ports, procs
 from servesweep.servers.launchers.command import render
 from servesweep.servers.lifecycle import sweep_tag_prefix
-from servesweep.servers.readiness import _Answer, _first_model, _tokens
+from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model
 from servesweep.servers.release import wait_released
 
 GiB = 2**30
@@ -48,12 +48,12 @@ def test_sweep_tag_prefix() -> None:
 
 
 def test_generation_answers_count_tokens() -> None:
-    assert _tokens(_Answer(200, b'{"usage": {"completion_tokens": 3}}', set())) == 3
-    assert _tokens(_Answer(200, b'{"choices": [{"text": "hi"}]}', set())) == 1
-    assert _tokens(_Answer(200, b'{"choices": [{"message": {"content": ""}}]}', set())) == 0
-    assert _tokens(_Answer(200, b"not json", set())) == 0
-    assert _first_model(_Answer(200, b'{"data": [{"id": "m1"}, {"id": "m2"}]}', set())) == "m1"
-    assert _first_model(_Answer(200, b'{"data": []}', set())) is None
+    assert count_tokens(HttpAnswer(200, b'{"usage": {"completion_tokens": 3}}', set())) == 3
+    assert count_tokens(HttpAnswer(200, b'{"choices": [{"text": "hi"}]}', set())) == 1
+    assert count_tokens(HttpAnswer(200, b'{"choices": [{"message": {"content": ""}}]}', set())) == 0
+    assert count_tokens(HttpAnswer(200, b"not json", set())) == 0
+    assert first_model(HttpAnswer(200, b'{"data": [{"id": "m1"}, {"id": "m2"}]}', set())) == "m1"
+    assert first_model(HttpAnswer(200, b'{"data": []}', set())) is None
 
 
 class ScriptedProbe:

@@ -29,7 +29,15 @@ from servesweep.servers.engines import EnginePreset
 from servesweep.servers.launchers.base import ExitStatus, Launcher
 from servesweep.servers.launchers.subprocess import log_marker
 
-__all__ = ["ProgressCallback", "ReadyInfo", "wait_ready"]
+__all__ = [
+    "HttpAnswer",
+    "ProgressCallback",
+    "ReadyInfo",
+    "count_tokens",
+    "first_model",
+    "http_call",
+    "wait_ready",
+]
 
 ProgressCallback = Callable[[str, float, str], None]
 """``on_progress(phase, elapsed_s, last_log_line)``; phase is ``load`` or ``ready``."""
@@ -54,7 +62,7 @@ class ReadyInfo:
     """Seconds from start until the first real generation."""
 
 
-class _Answer:
+class HttpAnswer:
     def __init__(self, status: int, body: bytes, served_by_other: set[int]) -> None:
         self.status = status
         self.body = body
@@ -116,7 +124,7 @@ def _connect_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-def _request(
+def http_call(
     host: str,
     port: int,
     method: str,
@@ -126,8 +134,8 @@ def _request(
     api_key: str | None,
     timeout: float,
     ours: set[int] | None = None,
-) -> _Answer | str:
-    """One HTTP request; an ``_Answer`` or a short description of what went wrong."""
+) -> HttpAnswer | str:
+    """One HTTP request; an ``HttpAnswer`` or a short description of what went wrong."""
     conn = http.client.HTTPConnection(_connect_host(host), port, timeout=timeout)
     headers = {"Accept": "application/json"}
     if api_key:
@@ -147,14 +155,14 @@ def _request(
             mine = ports.connection_owner(port, client, ours)
             if not mine:
                 other = ports.connection_owner(port, client) - ours
-        return _Answer(resp.status, payload, other)
+        return HttpAnswer(resp.status, payload, other)
     except (OSError, http.client.HTTPException) as exc:
         return f"{method} {path}: {type(exc).__name__}: {exc}".strip()
     finally:
         conn.close()
 
 
-def _tokens(answer: _Answer) -> int:
+def count_tokens(answer: HttpAnswer) -> int:
     data = answer.json()
     if not isinstance(data, dict):
         return 0
@@ -170,7 +178,7 @@ def _tokens(answer: _Answer) -> int:
     return 0
 
 
-def _first_model(answer: _Answer) -> str | None:
+def first_model(answer: HttpAnswer) -> str | None:
     data = answer.json()
     if isinstance(data, dict) and isinstance(data.get("data"), list) and data["data"]:
         first = data["data"][0]
@@ -280,8 +288,8 @@ class _Gate:
 
     def call(
         self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 2.0
-    ) -> _Answer | None:
-        answer = _request(
+    ) -> HttpAnswer | None:
+        answer = http_call(
             self.host,
             self.port,
             method,
@@ -311,7 +319,7 @@ class _Gate:
             return False
         if self.model is None:
             listing = self.call("GET", self.preset.models_path)
-            self.model = _first_model(listing) if listing else None
+            self.model = first_model(listing) if listing else None
             if self.model is None:
                 if listing is not None:
                     self.last_error = f"GET {self.preset.models_path}: no model listed"
@@ -327,7 +335,7 @@ class _Gate:
             if self.endpoint == "/v1/completions" and " HTTP 404 " in f" {self.last_error} ":
                 self.endpoint = "/v1/chat/completions"
             return False
-        if _tokens(answer) < 1:
+        if count_tokens(answer) < 1:
             self.answered = True
             self.last_error = f"POST {self.endpoint}: 200 without tokens {answer.body[:200]!r}"
             return False

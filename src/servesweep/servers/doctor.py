@@ -1,0 +1,184 @@
+"""``servesweep doctor``: what is on the GPUs, who owns the port, what the unit's
+settings imply, and whether the engine really generates — as a JSON-able dict.
+
+Nothing here raises for what it finds: a failing probe or endpoint is reported as
+an ``error`` entry beside the facts that could be gathered.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from servesweep.errors import ServesweepError
+from servesweep.models import GpuHolder, ProcessInfo
+from servesweep.servers import ports, procs
+from servesweep.servers.engines import get_preset
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model, http_call
+from servesweep.servers.release import describe_holder
+from servesweep.spec.schema import ServerSpec
+
+__all__ = ["diagnose"]
+
+_TIMEOUT = 5.0
+_GEN_TIMEOUT = 30.0
+
+
+def _holder(h: GpuHolder) -> dict[str, Any]:
+    full = describe_holder(h)
+    return {
+        "pid": full.pid,
+        "name": full.name,
+        "used_bytes": full.used_bytes,
+        "cmdline": full.cmdline[:300],
+        "servesweep_instance": procs.tag_of(full.pid),
+    }
+
+
+def _process(p: ProcessInfo) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "name": p.name,
+        "state": p.state,
+        "cmdline": p.cmdline[:300],
+        "servesweep_instance": procs.tag_of(p.pid) if p.pid > 0 else None,
+    }
+
+
+def _gpus(probe: GpuProbe, gpus: list[int] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"backend": probe.name}
+    try:
+        out["environment"] = probe.describe()
+        states = probe.snapshot(gpus)
+    except ServesweepError as exc:
+        out["error"] = str(exc)
+        return out
+    out["devices"] = [
+        {
+            "index": s.index,
+            "name": s.name,
+            "used_bytes": s.used_bytes,
+            "total_bytes": s.total_bytes,
+            "used": f"{s.used_bytes / 2**30:.1f} / {s.total_bytes / 2**30:.1f} GiB",
+            "holders": [_holder(h) for h in s.holders],
+        }
+        for s in states
+    ]
+    return out
+
+
+def _systemd(spec: ServerSpec) -> dict[str, Any]:
+    assert spec.systemd is not None
+    out: dict[str, Any] = {"unit": spec.systemd.unit}
+    try:
+        from servesweep.servers.launchers.systemd import SystemdLauncher, unit_warnings
+
+        props = SystemdLauncher(spec).show()
+    except ImportError as exc:
+        out["error"] = f"the systemd launcher is not available: {exc}"
+        return out
+    except ServesweepError as exc:
+        out["error"] = str(exc)
+        return out
+    for key in ("Type", "KillMode", "Restart", "ActiveState", "SubState", "MainPID"):
+        if key in props:
+            out[key] = props[key]
+    out["implications"] = unit_warnings(spec.systemd.unit, props)
+    return out
+
+
+def _call(
+    spec: ServerSpec,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = _TIMEOUT,
+) -> tuple[dict[str, Any], HttpAnswer | None]:
+    api_key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+    t0 = time.monotonic()
+    answer = http_call(
+        spec.host, spec.port, method, path, body=body, api_key=api_key, timeout=timeout
+    )
+    ms = round((time.monotonic() - t0) * 1000, 1)
+    if isinstance(answer, str):
+        return {"path": path, "error": answer, "ms": ms}, None
+    return {"path": path, "status": answer.status, "ms": ms}, answer
+
+
+def _engine(spec: ServerSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"engine": spec.engine, "url": f"http://{spec.host}:{spec.port}"}
+    try:
+        preset = get_preset(spec.engine)
+    except ServesweepError as exc:
+        out["error"] = str(exc)
+        return out
+    endpoints: dict[str, Any] = {}
+    if preset.health_path:
+        endpoints["health"], _ = _call(spec, "GET", preset.health_path)
+    endpoints["models"], listing = _call(spec, "GET", preset.models_path)
+    models: list[str] = []
+    if listing is not None and listing.status == 200:
+        data = listing.json()
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            models = [str(m.get("id")) for m in data["data"] if isinstance(m, dict)]
+        endpoints["models"]["models"] = models
+    if preset.metrics_path:
+        endpoints["metrics"], _ = _call(spec, "GET", preset.metrics_path)
+    out["endpoints"] = endpoints
+    model = spec.served_model_name or (first_model(listing) if listing else None)
+    if model is None:
+        out["generation"] = {
+            "ok": False,
+            "error": "no model name (no served_model_name, and /v1/models listed none)",
+        }
+        return out
+    body = {
+        "model": model,
+        "prompt": "Hello",
+        "max_tokens": 4,
+        "temperature": 0,
+        **preset.request_extras,
+    }
+    gen, answer = _call(spec, "POST", "/v1/completions", body, _GEN_TIMEOUT)
+    if answer is not None and answer.status == 404:
+        chat = {k: v for k, v in body.items() if k != "prompt"}
+        chat["messages"] = [{"role": "user", "content": "Hello"}]
+        gen, answer = _call(spec, "POST", "/v1/chat/completions", chat, _GEN_TIMEOUT)
+    tokens = count_tokens(answer) if answer is not None and answer.status == 200 else 0
+    gen.update({"model": model, "tokens": tokens, "ok": tokens >= 1})
+    if answer is not None and answer.status != 200:
+        gen["body"] = answer.body[:300].decode(errors="replace")
+    out["generation"] = gen
+    return out
+
+
+def diagnose(spec: ServerSpec | None, probe: GpuProbe) -> dict[str, Any]:
+    """Facts about the GPUs, the server's port, its systemd unit and its endpoints."""
+    report: dict[str, Any] = {
+        "gpus": _gpus(probe, list(spec.gpus) if spec and spec.gpus else None),
+        "servesweep_processes": [
+            {"pid": pid, "instance": tag, "cmdline": procs.describe(pid).cmdline[:300]}
+            for pid, tag in sorted(procs.tagged().items())
+        ],
+    }
+    if spec is None:
+        return report
+    listeners = ports.listeners(spec.host, spec.port)
+    report["port"] = {
+        "host": spec.host,
+        "port": spec.port,
+        "listeners": [_process(p) for p in listeners],
+    }
+    if spec.launcher == "systemd" and spec.systemd is not None:
+        report["systemd"] = _systemd(spec)
+    if listeners:
+        report["engine"] = _engine(spec)
+    else:
+        report["engine"] = {
+            "engine": spec.engine,
+            "url": f"http://{spec.host}:{spec.port}",
+            "error": "nothing listens on the port (the server is not running)",
+        }
+    return report
