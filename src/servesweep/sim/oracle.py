@@ -101,8 +101,10 @@ class Oracle:
     """Known tasks of this process, with how many times each was asked."""
 
     def __init__(self, tasks: Iterable[OracleTask], seed: int, rate: float) -> None:
-        # Longest prompt first, so a task whose prompt contains another's wins.
+        # Longest prompt first, so a task whose prompt contains another's wins. The
+        # prompt is matched without its surrounding whitespace (clients strip it).
         self.tasks = sorted(tasks, key=lambda t: len(t.prompt), reverse=True)
+        self._keys = [t.prompt.strip() for t in self.tasks]
         self.seed = seed
         self.rate = rate
         self.asked: dict[str, int] = {}
@@ -117,8 +119,8 @@ class Oracle:
         return cls(tasks, seed, rate)
 
     def match(self, text: str) -> OracleTask | None:
-        for task in self.tasks:
-            if task.prompt in text:
+        for key, task in zip(self._keys, self.tasks, strict=True):
+            if key in text:
                 return task
         return None
 
