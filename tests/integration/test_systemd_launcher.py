@@ -22,11 +22,13 @@ from launcher_services import Sandbox, free_port, port_open, sim_argv, systemd_s
 
 from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, InstanceRecord
-from servesweep.servers import ports
+from servesweep.servers import ports, procs
 from servesweep.servers.engines import get_preset
+from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest
 from servesweep.servers.launchers.systemd import DROPIN_NAME, SystemdLauncher
+from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.readiness import wait_ready
 from servesweep.spec.schema import ServerSpec
 
@@ -121,6 +123,8 @@ def test_type_simple_unit_is_active_before_ready_and_the_gate_waits(
     unit_factory: Any, systemd_sandbox: Sandbox
 ) -> None:
     unit = unit_factory("ss-simple.service")
+    # Known before any start: read from systemd when first asked.
+    assert any("Type=simple" in w for w in unit.launcher.warnings)
     load = 2.5
     argv = unit.sim("m-a", load_time=load)
     rec = unit.start(argv)
@@ -290,3 +294,27 @@ def test_argv_reaches_the_process_verbatim_in_both_modes(
     assert "['--flag', '50%', '$HOME'] 'x y'" in lines, lines
     with pytest.raises(LaunchError, match="whitespace"):
         env_unit.start([sys.executable, "a b"], key="t2")
+
+
+def test_lifecycle_moves_the_unit_between_two_configs(unit_factory: Any) -> None:
+    """The trial lifecycle (port check, start, readiness, liveness, stop) over the unit."""
+    unit = unit_factory("ss-life.service")
+    spec = unit.spec.model_copy(update={"gpu_backend": "none"})
+    life = ServerLifecycle(
+        spec, get_preset("sim"), unit.launcher, open_probe("none"), own_tag_prefix="sdlife-"
+    )
+    seen: list[tuple[str, int | None]] = []
+    for n, model in enumerate(["m-1", "m-2"]):
+        argv = unit.sim(model, load_time=0.4)
+        rec = life.start(argv, {}, unit.tmp / f"t{n}.log", f"sdlife-{n}", f"f{n}")
+        unit.instances.append(rec)
+        info = life.wait_ready(rec)
+        assert info.model == model and _models(unit.port) == [model]
+        life.check_alive(rec)
+        assert procs.tag_of(rec.main_pid or 0) == next(
+            iter(procs.tagged(prefix=f"sdlife-{n}-").values())
+        )
+        seen.append((rec.invocation_id or "", rec.main_pid))
+        assert life.stop(rec).survivors == ()
+        assert not port_open(unit.port)
+    assert seen[0] != seen[1]

@@ -258,7 +258,7 @@ class SystemdLauncher:
         self.spec = spec
         self.sd: SystemdSpec = spec.systemd
         self.unit = self.sd.unit
-        self.warnings: list[str] = []
+        self._warnings: list[str] | None = None
         self.cgroups = UnitCgroup()
         self._copiers: dict[str, LogCopier] = {}
 
@@ -318,6 +318,17 @@ class SystemdLauncher:
             self.dropin_dir.rmdir()
         self.systemctl("daemon-reload")
 
+    @property
+    def warnings(self) -> list[str]:
+        """What the unit's settings imply (Type, KillMode, Restart), read from systemd on
+        first use and refreshed at every start."""
+        if self._warnings is None:
+            try:
+                self._warnings = self.check_unit()
+            except LaunchError as exc:
+                return [f"cannot check unit {self.unit}: {exc}"]
+        return list(self._warnings)
+
     def check_unit(self) -> list[str]:
         """The unit's warnings (Type, KillMode, Restart); LaunchError if it is not loaded."""
         props = self.show()
@@ -358,7 +369,7 @@ class SystemdLauncher:
         started_at = time.time()
         self.systemctl("start", "--no-block", self.unit)
         props = self._wait_started(before, started_at)
-        self.warnings = unit_warnings(self.unit, props)
+        self._warnings = unit_warnings(self.unit, props)
         invocation = props["InvocationID"]
         cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
         ns_main = _int(props.get("MainPID"))
