@@ -20,6 +20,9 @@ from servesweep.servers.launchers.subprocess import log_marker, write_header
 __all__ = ["LogCopier", "run_tool"]
 
 _DETAIL = 400
+# Runs the follower until its stdin closes: at ``finish``, or when servesweep itself
+# exits however it ends, so no follower outlives the process that needs it.
+_WATCHDOG = '"$@" & f=$!; read -r _ || true; kill "$f" 2>/dev/null; wait "$f"; exit 0'
 
 
 def run_tool(
@@ -65,7 +68,8 @@ class LogCopier:
 
     ``start`` appends the header line (``=== servesweep instance TAG starting ...``,
     the marker the log watcher skips to) and runs ``follow_argv`` with its output
-    appended to the file. ``finish`` ends the follower and appends whatever it had not
+    appended to the file, under a shell watchdog that ends it when servesweep's end
+    of its stdin pipe closes. ``finish`` ends the follower and appends whatever it had not
     copied yet, read once with ``dump_argv`` (the same lines, from the beginning), so the
     file ends complete even when the follower lagged.
     """
@@ -88,8 +92,8 @@ class LogCopier:
         try:
             with open(self.log_path, "ab") as out:
                 self._proc = subprocess.Popen(
-                    self.follow_argv,
-                    stdin=subprocess.DEVNULL,
+                    ["sh", "-c", _WATCHDOG, "servesweep-log-copy", *self.follow_argv],
+                    stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     close_fds=True,
@@ -106,10 +110,12 @@ class LogCopier:
     def finish(self, timeout: float = 10.0) -> None:
         """Stop following and append the lines the follower missed (best effort)."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+        if proc is not None:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # the watchdog ends the follower
             try:
-                proc.wait(timeout=2.0)
+                proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
