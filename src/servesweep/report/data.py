@@ -38,12 +38,12 @@ GPU_PHASES: tuple[str, ...] = ("stop", "release", "start", "load", "ready", "ben
 
 KEY_METRICS: tuple[str, ...] = (
     "output_throughput",
-    "request_throughput",
-    "ttft_median_ms",
     "ttft_p99_ms",
     "tpot_median_ms",
+    "ttft_median_ms",
     "itl_p99_ms",
     "e2e_median_ms",
+    "request_throughput",
     "acceptance_length",
     "error_rate",
     "pass_rate",

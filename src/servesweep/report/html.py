@@ -98,7 +98,7 @@ def _summary(data: SweepData) -> str:
     costs, unknown = phase_costs(data)
     rows = "".join(
         f'<tr><th><i style="background:{PHASE_COLORS.get(c.phase, "#bbb")}"></i> {_e(c.phase)}'
-        f"</th>{_num_cell(c.seconds / 60, format_number(c.seconds / 60))}"
+        f"</th>{_num_cell(c.seconds, _duration(c.seconds))}"
         f"{_num_cell(c.gpu_hours, f'{c.gpu_hours:.3f}')}</tr>"
         for c in costs
     )
@@ -112,9 +112,10 @@ def _summary(data: SweepData) -> str:
     return (
         '<h2 id="summary">Summary</h2>'
         f'<div class="cards">{"".join(cards)}</div>'
-        '<table class="legend"><thead><tr><th>phase</th><th>wall minutes</th>'
+        '<table class="legend"><thead><tr><th>phase</th><th>wall time</th>'
         f"<th>GPU-hours</th></tr></thead><tbody>{rows}"
-        f"<tr><th>total</th>{_num_cell(total_s / 60)}{_num_cell(total_h, f'{total_h:.3f}')}</tr>"
+        f"<tr><th>total</th>{_num_cell(total_s, _duration(total_s))}"
+        f"{_num_cell(total_h, f'{total_h:.3f}')}</tr>"
         f"</tbody></table>{note}"
         '<p class="muted">GPU-hours: phase seconds x the GPUs the trial held / 3600.</p>'
     )
@@ -229,10 +230,9 @@ def _results_table(data: SweepData, index: ResultIndex) -> str:
                 else "<td></td>"
                 for m in metrics
             )
-            warn = "; ".join(lvl.warnings)
             rows.append(
                 f"<tr{cls}>{lead}<td>{_e(lvl.workload)}</td><td>{_e(lvl.level)}</td>"
-                f"{_num_cell(len(lvl.repeats))}{cells}<td>{_e(warn)}</td></tr>"
+                f"{_num_cell(len(lvl.repeats))}{cells}{_warnings_cell(lvl.warnings)}</tr>"
             )
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (
@@ -241,6 +241,24 @@ def _results_table(data: SweepData, index: ResultIndex) -> str:
         f'<div class="scroll"><table id="results" class="sortable"><thead><tr>{header}</tr>'
         f"</thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
+
+
+def _warnings_cell(warnings: tuple[str, ...]) -> str:
+    if not warnings:
+        return '<td class="n" data-v="0"></td>'
+    items = "".join(f"<li>{_e(w)}</li>" for w in warnings)
+    return (
+        f'<td class="warn" data-v="{len(warnings)}"><details><summary>{len(warnings)} '
+        f"warning{'s' if len(warnings) > 1 else ''}</summary><ul>{items}</ul></details></td>"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
 
 
 def _param_cell(value: object) -> str:

@@ -68,12 +68,6 @@ def objective_plots(
             v is not None for v in values
         )
         ok_points: list[Point] = []
-        measured: list[float] = []
-        for trial in data.trials:
-            value = index.value(trial, objective)
-            if value is not None and math.isfinite(value):
-                measured.append(value)
-        floor = min(measured, default=0.0)
         failed_points: list[Point] = []
         for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
             raw = trial.params.get(name)
@@ -83,7 +77,7 @@ def objective_plots(
             if value is None or not math.isfinite(value):
                 if trial.outcome is Outcome.FAILED:
                     cls = trial.failure_class.value if trial.failure_class else "failed"
-                    failed_points.append(Point(x, floor, f"{label}: failed {cls}", "cross"))
+                    failed_points.append(Point(x, math.nan, f"{label}: failed {cls}", "cross"))
                 continue
             why = excluded.get(trial.id)
             marker = "star" if trial.id == winner else ("ring" if why else "dot")

@@ -130,9 +130,10 @@ def xy_chart(
     per_row = max(width // 180, 1)
     legend_rows = math.ceil(len(series) / per_row) if legend else 0
     plot_w, plot_h = width - _LEFT - _RIGHT, height - _TOP - _BOTTOM
-    height += legend_rows * 16
+    height += legend_rows * 16 + (10 if legend_rows else 0)
     pts = [p for s in series for p in s.points]
     ys = [p.y for p in pts if math.isfinite(p.y)] + [y for _, y in front]
+    # a point without a value (a failed trial) is drawn on the x axis
     y_ticks = nice_ticks(min(ys, default=0.0), max(ys, default=1.0))
     if min(ys, default=0.0) >= 0 and y_ticks[0] > 0 and y_ticks[0] <= max(ys, default=1.0) / 2:
         y_ticks = nice_ticks(0.0, max(ys, default=1.0))
@@ -197,6 +198,7 @@ def xy_chart(
         )
     for s in series:
         finite_pts = [p for p in s.points if math.isfinite(p.y)]
+        on_axis = [Point(p.x, ya.lo, p.tip, p.marker) for p in s.points if not math.isfinite(p.y)]
         if s.line and len(finite_pts) > 1:
             d = "M" + "L".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in finite_pts)
             parts.append(
@@ -204,10 +206,10 @@ def xy_chart(
                 f"<title>{_e(s.name)}</title></path>"
             )
         if s.markers:
-            parts.extend(_marker(sx(p.x), sy(p.y), p, s.color) for p in finite_pts)
+            parts.extend(_marker(sx(p.x), sy(p.y), p, s.color) for p in finite_pts + on_axis)
     for i, s in enumerate(series if legend else ()):
         lx = _LEFT + (i % per_row) * (plot_w / per_row)
-        ly = _TOP + plot_h + _BOTTOM + (i // per_row) * 16 - 4
+        ly = _TOP + plot_h + _BOTTOM + 10 + (i // per_row) * 16
         name = s.name if len(s.name) <= 26 else s.name[:25] + "…"
         parts.append(
             f'<rect x="{_num(lx)}" y="{ly - 9}" width="10" height="10" fill="{s.color}"/>'

@@ -27,7 +27,8 @@ from servesweep.report.data import (
     swept_params,
 )
 from servesweep.report.evals import eval_rates, task_flips
-from servesweep.report.refs import ResultIndex
+from servesweep.report.refs import ResultIndex, objective_of
+from servesweep.spec.constraints import parse_constraint
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["TableView", "render_markdown", "render_table", "table_view"]
@@ -62,14 +63,15 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def table_view(data: SweepData) -> TableView:
+def table_view(data: SweepData, max_metrics: int = MAX_METRIC_COLUMNS) -> TableView:
     index = ResultIndex(data)
     params = swept_params(data)
     all_levels = [lvl for levels in index.levels.values() for lvl in levels]
     names = metric_names(all_levels)
-    shown = [m for m in names if m in KEY_METRICS][:MAX_METRIC_COLUMNS]
+    preferred = [*_decision_metrics(data), "pass_rate", *KEY_METRICS]
+    shown = [m for m in dict.fromkeys(preferred) if m in names][:max_metrics]
     if not shown:
-        shown = names[:MAX_METRIC_COLUMNS]
+        shown = names[:max_metrics]
     repeats = any(len(lvl.repeats) > 1 for lvl in all_levels)
     headers = ["trial", *params, "outcome", "workload", "level"]
     headers += ["n"] if repeats else []
@@ -128,6 +130,19 @@ def table_view(data: SweepData) -> TableView:
     )
 
 
+def _decision_metrics(data: SweepData) -> list[str]:
+    """Metric names of the objective and the constraints: shown first."""
+    names: list[str] = []
+    try:
+        found = objective_of(data)
+        if found is not None:
+            names.append(found[0].metric)
+        names.extend(parse_constraint(text).ref.metric for text in data.constraints)
+    except ServesweepError:
+        pass
+    return names
+
+
 def _best_lines(data: SweepData) -> list[str]:
     try:
         best = find_best(data)
@@ -145,10 +160,7 @@ def _best_lines(data: SweepData) -> list[str]:
 _STYLES = {"ok": "green", "failed": "red", "skipped": "yellow", "interrupted": "magenta"}
 
 
-def render_table(data: SweepData, *, color: bool = False, width: int = 160) -> str:
-    """The terminal table; plain text unless ``color`` (the caller checks NO_COLOR
-    and whether the output is a terminal)."""
-    view = table_view(data)
+def _rich_table(view: TableView, color: bool) -> Table:
     table = Table(title=Text(view.title), title_justify="left", show_lines=False)
     for header in view.headers:
         numeric = header not in ("trial", "outcome", "workload", "level")
@@ -156,6 +168,13 @@ def render_table(data: SweepData, *, color: bool = False, width: int = 160) -> s
     for row, outcome in zip(view.rows, view.row_outcomes, strict=True):
         style = _STYLES.get(outcome, "") if color else ""
         table.add_row(*(Text(cell) for cell in row), style=style)
+    return table
+
+
+def render_table(data: SweepData, *, color: bool = False, width: int = 160) -> str:
+    """The terminal table; plain text unless ``color`` (the caller checks NO_COLOR
+    and whether the output is a terminal). Metric columns are dropped from the
+    right until the table fits ``width`` (at least three stay)."""
     buf = io.StringIO()
     console = Console(
         file=buf,
@@ -168,6 +187,12 @@ def render_table(data: SweepData, *, color: bool = False, width: int = 160) -> s
         markup=False,
         legacy_windows=False,
     )
+    wide = Console(file=io.StringIO(), width=10_000, color_system=None)
+    for max_metrics in range(MAX_METRIC_COLUMNS, 2, -1):
+        view = table_view(data, max_metrics)
+        table = _rich_table(view, color)
+        if wide.measure(table).maximum <= width:
+            break
     console.print(table)
     for heading, lines in (("failures:", view.failures), ("evals:", view.evals)):
         if lines:
