@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.bench.evals import Sandbox, SandboxLimits, SandboxResult
-from servesweep.bench.evals import procscan
+from servesweep.bench.evals import Sandbox, SandboxLimits, SandboxResult, procscan
 from servesweep.errors import SandboxError
 
 HOSTILE = Path(__file__).parent / "hostile"

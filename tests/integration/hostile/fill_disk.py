@@ -1,7 +1,5 @@
 """Fill the working directory's disk with many big files."""
 
-import os
-
 
 def attack():
     block = b"\0" * 2**20

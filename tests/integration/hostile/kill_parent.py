@@ -8,7 +8,7 @@ import time
 
 def attack():
     parent = os.getppid()
-    for target in (parent, 1, __TEST_PID__, __CANARY_PID__, -1):
+    for target in (parent, 1, int("__TEST_PID__"), int("__CANARY_PID__"), -1):
         try:
             os.kill(target, signal.SIGKILL)
         except OSError as exc:

@@ -17,6 +17,7 @@ being taken for a pass; the parent requires the nonce and a clean exit.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -94,6 +95,10 @@ def main() -> None:
     def report(verdict: dict[str, str]) -> NoReturn:
         verdict["message"] = verdict.get("message", "")[:_MESSAGE_MAX]
         line = f"{nonce} {json.dumps(verdict)}\n".encode()
+        for stream in (sys.stdout, sys.stderr):
+            # The candidate may have replaced or closed it.
+            with contextlib.suppress(BaseException):
+                stream.flush()
         try:
             os.write(verdict_fd, line)
         finally:

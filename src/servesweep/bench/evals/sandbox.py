@@ -76,8 +76,13 @@ class SandboxLimits:
     tmpfs_bytes: int = 64 << 20
     """Size of the private working directory (bwrap)."""
 
+    cpu_seconds: int | None = None
+    """RLIMIT_CPU; default: the timeout rounded up, plus one (a backstop)."""
+
     @property
     def cpu_s(self) -> int:
+        if self.cpu_seconds is not None:
+            return self.cpu_seconds
         return math.ceil(self.timeout_s) + 1
 
 
@@ -423,7 +428,10 @@ def _read_verdict(fd: int, nonce: str) -> dict[str, str] | None:
                     "crash",
                     "resource_limit",
                 }:
-                    return {"status": str(verdict["status"]), "message": str(verdict["message"])}
+                    return {
+                        "status": str(verdict["status"]),
+                        "message": str(verdict.get("message", "")),
+                    }
     return None
 
 

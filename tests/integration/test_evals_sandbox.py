@@ -1,0 +1,156 @@
+"""The sandbox with real programs: the builtin suite's references pass, wrong answers
+fail, each status is reported with its reason, and runs go in parallel up to the
+limit."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from servesweep.bench.evals import (
+    CodingTask,
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    extract_program,
+    load_suite,
+)
+
+CODING = [t for t in load_suite("builtin:coding").tasks if isinstance(t, CodingTask)]
+CHECK_F = "def check(candidate):\n    assert candidate(2) == 4, 'f(2) should be 4'\n"
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Sandbox]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    sandbox = Sandbox(SandboxLimits(timeout_s=5), backend="bwrap", parallel=4)
+    yield sandbox
+    sandbox.close()
+
+
+async def _all(box: Sandbox, programs: list[tuple[str, CodingTask]]) -> list[SandboxResult]:
+    return list(await asyncio.gather(*(box.run(p, t.test, t.entry_point) for p, t in programs)))
+
+
+def test_every_builtin_reference_passes(box: Sandbox) -> None:
+    programs = []
+    for task in CODING:
+        assert task.reference is not None
+        program = extract_program(f"```python\n{task.reference}```", task.prompt, task.entry_point)
+        assert program is not None
+        programs.append((program, task))
+    started = time.monotonic()
+    results = asyncio.run(_all(box, programs))
+    elapsed = time.monotonic() - started
+    failed = {
+        t.task_id: r.message
+        for (_, t), r in zip(programs, results, strict=True)
+        if r.status != "pass"
+    }
+    assert failed == {}
+    assert elapsed < 20, f"{len(CODING)} runs took {elapsed:.1f} s"
+
+
+def test_wrong_answers_fail_every_hidden_test(box: Sandbox) -> None:
+    """Proof that the hidden tests can fail: a stub and an off-by-one body."""
+    stubs = [(f"def {t.entry_point}(*args, **kwargs):\n    return None\n", t) for t in CODING]
+    results = asyncio.run(_all(box, stubs))
+    assert [r.status for r in results] == ["fail"] * len(CODING)
+    assert all("AssertionError" in r.message and "test line" in r.message for r in results)
+
+
+def test_body_completion_with_prompt(box: Sandbox) -> None:
+    task = next(t for t in CODING if t.entry_point == "digital_root")
+    body = "    while n >= 10:\n        n = sum(int(d) for d in str(n))\n    return n\n"
+    program = extract_program(body, task.prompt, task.entry_point)
+    assert program is not None
+    assert asyncio.run(box.run(program, task.test, task.entry_point)).status == "pass"
+    wrong = extract_program("    return n % 9\n", task.prompt, task.entry_point)
+    assert wrong is not None
+    result = asyncio.run(box.run(wrong, task.test, task.entry_point))
+    assert result.status == "fail" and "assert candidate(" in result.message
+
+
+@pytest.mark.parametrize(
+    ("program", "status", "words"),
+    [
+        ("def f(x):\n    return x * 2\n", "pass", ""),
+        ("def f(x):\n    return x + 3\n", "fail", "f(2) should be 4 (at test line 2"),
+        ("def f(x):\n    return x +\n", "fail", "SyntaxError"),
+        ("def f(x):\n    return undefined_name\n", "fail", "NameError"),
+        ("def g(x):\n    return 4\n", "fail", "defines no function 'f'"),
+        ("import sys\nsys.exit(3)\n", "crash", "exited with 3"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "crash", "SIGSEGV"),
+        ("x = ' ' * (2 ** 33)\n", "resource_limit", "out of memory"),
+        ("open('big', 'wb').write(b'0' * (32 << 20))\n", "resource_limit", "File too large"),
+        ("fs = [open('/dev/null') for _ in range(1000)]\n", "resource_limit", "Too many open"),
+        ("def f(x):\n    return f(x)\n", "fail", "RecursionError"),
+    ],
+)
+def test_statuses_and_messages(box: Sandbox, program: str, status: str, words: str) -> None:
+    result = asyncio.run(box.run(program, CHECK_F, "f"))
+    assert result.status == status, (result.message, result.stderr[-300:])
+    assert words in result.message
+
+
+def test_cpu_limit_before_the_wall_clock() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    box = Sandbox(SandboxLimits(timeout_s=20, cpu_seconds=1), backend="bwrap")
+    try:
+        started = time.monotonic()
+        result = asyncio.run(box.run("while True:\n    pass\n", CHECK_F, "f"))
+    finally:
+        box.close()
+    assert result.status == "resource_limit" and "CPU time limit (1 s)" in result.message
+    assert time.monotonic() - started < 15
+
+
+def test_environment_workdir_and_network_inside(box: Sandbox) -> None:
+    probe = (
+        "import os, socket\n"
+        "def f(x):\n"
+        "    allowed = {'PATH', 'HOME', 'TMPDIR', 'LANG', 'PWD'}\n"
+        "    assert set(os.environ) <= allowed, dict(os.environ)\n"
+        "    assert os.getcwd() == os.environ['HOME'], os.getcwd()\n"
+        "    assert os.listdir('.') == [], os.listdir('.')\n"
+        "    open('mine.txt', 'w').write('x')\n"
+        "    assert [n for _, n in socket.if_nameindex()] == ['lo']\n"
+        "    assert os.getuid() != 0 and os.geteuid() != 0\n"
+        "    return 4\n"
+    )
+    # Twice: the second run starts in an empty directory again (the first was deleted).
+    for _ in range(2):
+        result = asyncio.run(box.run(probe, CHECK_F, "f"))
+        assert result.status == "pass", result.message
+
+
+def test_output_is_captured_and_capped(box: Sandbox) -> None:
+    result = asyncio.run(box.run("print('hello from the candidate')\nf = abs\n", CHECK_F, "f"))
+    assert result.status == "fail" and "hello from the candidate" in result.stdout
+
+
+def test_runs_go_in_parallel_up_to_the_limit() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    box = Sandbox(SandboxLimits(timeout_s=10), backend="bwrap", parallel=4)
+    program = "import time\ntime.sleep(1)\ndef f(x):\n    return 4\n"
+    try:
+        asyncio.run(box.start())
+        started = time.monotonic()
+        results = asyncio.run(_gather8(box, program))
+        elapsed = time.monotonic() - started
+    finally:
+        box.close()
+    assert [r.status for r in results] == ["pass"] * 8
+    # 8 one-second runs, 4 at a time: two rounds; serial would take 8 s.
+    assert 1.9 <= elapsed < 7.0, elapsed
+
+
+async def _gather8(box: Sandbox, program: str) -> list[SandboxResult]:
+    return list(await asyncio.gather(*(box.run(program, CHECK_F, "f") for _ in range(8))))
