@@ -7,7 +7,8 @@ own environment goes in (not servesweep's), plus the instance tag
 0, so a ``CUDA_VISIBLE_DEVICES`` naming host indexes is left out.
 
 Identity: the container id, and its main process as the host sees it
-(``State.Pid``). ``pids``: ``docker top``. Logs: ``docker logs -f`` copied into the
+(``State.Pid``). ``pids``: the main process's tree (``docker top`` when it is not
+visible here). Logs: ``docker logs -f`` copied into the
 trial's log file. ``stop``: ``docker stop -t <grace>`` (the image's stop signal,
 then SIGKILL after the grace), ``docker kill`` if it still runs, then up to
 ``kill_timeout`` for every process to vanish, then ``docker rm -f`` (after the
@@ -184,8 +185,14 @@ class DockerLauncher:
             fingerprint=request.fingerprint,
         )
 
+    def _main_alive(self, instance: InstanceRecord) -> bool:
+        main = instance.main_pid
+        return main is not None and procs.alive(main, instance.started_at, instance.invocation_id)
+
     def poll(self, instance: InstanceRecord) -> ExitStatus | None:
         container = _require_id(instance)
+        if self._main_alive(instance):
+            return None  # its main process runs: no need to ask Docker
         state = self._state(container)
         if state is None:
             return ExitStatus()  # removed: its status is gone
@@ -194,21 +201,26 @@ class DockerLauncher:
         return _exit_status(state)
 
     def pids(self, instance: InstanceRecord) -> set[int]:
+        """The main process's tree (every process of the container's PID namespace
+        descends from it); once it is gone, processes still carrying the instance tag;
+        ``docker top`` when the main process is not visible here."""
         container = _require_id(instance)
+        if self._main_alive(instance):
+            assert instance.main_pid is not None
+            return procs.tree(instance.main_pid)
+        if instance.main_pid is not None and instance.invocation_id:
+            return set(procs.tagged(instance.invocation_id))
         done = run_tool(
             [*self.dk.docker, "top", container, "-o", "pid"],
             timeout=30.0,
             check=False,
             what="docker",
         )
-        if done.returncode == 0:
-            found = {int(w) for w in done.stdout.split() if w.isdigit()}
-            return {p for p in found if not procs.is_gone(p)}
-        # Not running (or gone): what is left of its main process tree, if any.
-        main = instance.main_pid
-        if main is not None and procs.alive(main, instance.started_at, instance.invocation_id):
-            return procs.tree(main)
-        return set()
+        if done.returncode != 0:
+            return set()
+        return {
+            p for p in (int(w) for w in done.stdout.split() if w.isdigit()) if not procs.is_gone(p)
+        }
 
     def stop(self, instance: InstanceRecord, grace: float, kill_timeout: float) -> StopResult:
         container = _require_id(instance)

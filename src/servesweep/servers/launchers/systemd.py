@@ -68,6 +68,7 @@ _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 # ExecMainCode is a CLD_* code of waitid(2).
 _CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
 _START_WAIT = 15.0
+_TTL = 0.2
 
 
 def systemd_quote(word: str) -> str:
@@ -193,10 +194,12 @@ class UnitCgroup:
         rel = control_group.strip("/")
         if not rel:
             return None
-        for root in self.roots():
-            prefix = self._prefix.get(root)
-            if prefix is not None and (prefix / rel).is_dir():
-                return prefix / rel
+        if self._prefix:
+            # The nesting does not change: once known, look only there.
+            for prefix in self._prefix.values():
+                if (prefix / rel).is_dir():
+                    return prefix / rel
+            return None
         for root in self.roots():
             for base in self._bases(root, rel):
                 folder = base / rel
@@ -259,6 +262,7 @@ class SystemdLauncher:
         self.sd: SystemdSpec = spec.systemd
         self.unit = self.sd.unit
         self._warnings: list[str] | None = None
+        self._cached_state: tuple[str | None, float, dict[str, str]] | None = None
         self.cgroups = UnitCgroup()
         self._copiers: dict[str, LogCopier] = {}
 
@@ -462,9 +466,19 @@ class SystemdLauncher:
         return None
 
     def _state(self, instance: InstanceRecord) -> dict[str, str]:
-        return self.show()
+        """``show()``, reused for a moment: the readiness gate polls many times a second."""
+        now = time.monotonic()
+        cached = self._cached_state
+        if cached is not None and cached[0] == instance.invocation_id and now - cached[1] < _TTL:
+            return cached[2]
+        props = self.show()
+        self._cached_state = (instance.invocation_id, now, props)
+        return props
 
     def poll(self, instance: InstanceRecord) -> ExitStatus | None:
+        main = instance.main_pid
+        if main is not None and procs.alive(main, instance.started_at):
+            return None  # its main process runs: no need to ask systemd
         props = self._state(instance)
         ours = props.get("InvocationID") == instance.invocation_id
         running = props.get("ActiveState") in _RUNNING_STATES
@@ -489,7 +503,8 @@ class SystemdLauncher:
     def stop(self, instance: InstanceRecord, grace: float, kill_timeout: float) -> StopResult:
         t0 = time.monotonic()
         notes: list[str] = []
-        props = self._state(instance)
+        self._cached_state = None
+        props = self.show()
         running = props.get("ActiveState") in _RUNNING_STATES
         if running and props.get("InvocationID") != instance.invocation_id:
             notes.append(
@@ -500,13 +515,17 @@ class SystemdLauncher:
         signalled: tuple[int, ...] = ()
         killed: tuple[int, ...] = ()
         if running or first:
-            self.systemctl("stop", "--no-block", self.unit)
+            try:
+                self.systemctl("stop", "--no-block", self.unit)
+            except LaunchError as exc:
+                notes.append(f"systemctl stop failed ({exc}); SIGKILL after the grace")
             signalled = tuple(sorted(first))
             if not self._wait_down(instance, grace):
                 left = self.pids(instance)
+                state = self.show(["ActiveState"]).get("ActiveState", "?")
                 notes.append(
-                    f"{self.unit} still {self.show(['ActiveState'])['ActiveState']} with "
-                    f"{len(left)} process(es) after {grace:g}s grace: SIGKILL to the cgroup"
+                    f"{self.unit} still {state} with {len(left)} process(es) after "
+                    f"{grace:g}s grace: SIGKILL to the cgroup"
                 )
                 self.systemctl("kill", "--signal=SIGKILL", self.unit, check=False)
                 killed = procs.signal_all(left, signal.SIGKILL)
