@@ -514,7 +514,7 @@ def sim(ctx: click.Context) -> None:
 @click.pass_context
 def fake_gpus_cmd(ctx: click.Context) -> None:
     """Create, show or hold fake GPUs (see `servesweep fake-gpus --help`)."""
-    from servesweep.sim.fakegpu import main as fake_main
+    from servesweep.sim.fakegpu.__main__ import main as fake_main
 
     raise _Exit(fake_main(list(ctx.args)))
 

@@ -21,6 +21,7 @@ __all__ = [
     "DockerSpec",
     "Duration",
     "EvalSpec",
+    "FakeGpusSpec",
     "Objective",
     "ParamsSpec",
     "ReleaseSpec",
@@ -204,6 +205,15 @@ class CommandSpec(_Frozen):
     pid_file: str | None = None
 
 
+class FakeGpusSpec(_Frozen):
+    """Create the fake GPUs of ``fake_gpu_dir`` when the directory does not exist yet
+    (demos, tests, the quickstart). Existing directories are left as they are."""
+
+    count: int = Field(default=1, ge=1, le=64)
+    memory: Size = 80 * 2**30
+    name: str = "NVIDIA H200 (fake)"
+
+
 class ServerSpec(_Frozen):
     engine: Literal["vllm", "sglang", "trtllm", "llamacpp", "llama-server", "generic", "sim"]
     launcher: Literal["subprocess", "systemd", "docker", "command"] = "subprocess"
@@ -226,7 +236,9 @@ class ServerSpec(_Frozen):
     commands: CommandSpec | None = None
     gpu_backend: Literal["auto", "nvml", "fake", "none"] = "auto"
     fake_gpu_dir: str | None = None
-    """Directory of the fake GPU protocol (docs/fake-gpus.md); also ``SERVESWEEP_FAKE_GPUS``."""
+    """Directory of the fake GPU protocol (docs/fake-gpus.md); also ``SERVESWEEP_FAKE_GPUS``.
+    Relative paths are relative to the sweep file."""
+    fake_gpus: FakeGpusSpec | None = None
     api_key_env: str | None = None
     """Name of an environment variable holding the API key; the key is never stored."""
     log_dir: str | None = None

@@ -239,6 +239,23 @@ class Store:
                 )
         return self.trials(sweep_id, in_plan_only=True)
 
+    def ensure_trial(self, sweep_id: int, config: ServerConfig) -> TrialRecord:
+        """The trial of this config, added out of plan when the sweep never had it."""
+        with self._tx() as db:
+            seq = db.execute(
+                "SELECT COALESCE(MAX(seq), -1) + 1 FROM trials WHERE sweep_id=?", (sweep_id,)
+            ).fetchone()[0]
+            db.execute(
+                "INSERT INTO trials(sweep_id, seq, fingerprint, params, in_plan) "
+                "VALUES (?, ?, ?, ?, 0) ON CONFLICT(sweep_id, fingerprint) DO NOTHING",
+                (sweep_id, seq, config.fingerprint, _dumps(dict(config.params))),
+            )
+        rows = self._query(
+            f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE sweep_id=? AND fingerprint=?",
+            (sweep_id, config.fingerprint),
+        )
+        return self._trial(rows[0])
+
     def trials(self, sweep_id: int, *, in_plan_only: bool = False) -> list[TrialRecord]:
         sql = f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE sweep_id=?"
         if in_plan_only:

@@ -9,21 +9,23 @@ runs the next trial's configuration), so two servers never share the GPUs.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servesweep import __version__
-from servesweep.errors import ConfigError, Interrupted, TrialFailed
+from servesweep.errors import ConfigError, Interrupted, StoreError, TrialFailed
 from servesweep.models import Outcome
 from servesweep.servers.engines import get_preset
-from servesweep.servers.gpu import open_probe
+from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.lifecycle import ServerLifecycle
@@ -34,7 +36,15 @@ from servesweep.store import Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.events import NullObserver, Observer
 from servesweep.sweep.runner import TrialRunner
 
-__all__ = ["RunOptions", "SweepSummary", "open_sweep", "run_sweep", "store_path_for"]
+__all__ = [
+    "RunOptions",
+    "SweepSummary",
+    "fake_gpu_dir",
+    "open_sweep",
+    "run_sweep",
+    "store_path_for",
+    "sweep_lock",
+]
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,30 @@ def open_sweep(loaded: LoadedSweep, store: Store, *, fresh: bool = False) -> Swe
     return store.sweep(sweep.id)
 
 
+def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
+    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing."""
+    server = loaded.spec.server
+    raw = server.fake_gpu_dir or os.environ.get(FAKE_GPUS_ENV)
+    if not raw:
+        return None
+    path = Path(raw)
+    if not path.is_absolute():
+        base = loaded.path.parent if loaded.path is not None else Path.cwd()
+        path = base / path
+    if server.fake_gpus is not None and not path.exists():
+        from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError
+
+        try:
+            FakeGpuDir.create(
+                path, server.fake_gpus.count, server.fake_gpus.memory, name=server.fake_gpus.name
+            )
+        except (OSError, FakeGpuError) as exc:
+            raise loaded.error(
+                f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
+            ) from exc
+    return str(path.resolve())
+
+
 def _environment(probe: GpuProbe, spec: SweepSpec) -> dict[str, Any]:
     env: dict[str, Any] = {
         "servesweep": __version__,
@@ -143,11 +177,42 @@ def run_sweep(
     spec = loaded.spec
     api_key = _api_key(spec)
     store_path = store_path_for(loaded, options.store)
-    store = open_store(store_path)
+    with sweep_lock(store_path):
+        store = open_store(store_path)
+        try:
+            return _run(loaded, store, store_path, options, observer, on_progress, api_key)
+        finally:
+            store.close()
+
+
+@contextmanager
+def sweep_lock(store_path: Path) -> Iterator[None]:
+    """One writer per results database: a second ``run``/``apply`` on the same store
+    would fight over the same servers. The lock (``flock`` on ``DB.lock``) dies with
+    its process, so a killed servesweep never leaves it behind."""
+    lock_path = store_path.with_name(store_path.name + ".lock")
     try:
-        return _run(loaded, store, store_path, options, observer, on_progress, api_key)
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise StoreError(f"cannot create lock file {lock_path}: {exc.strerror}") from exc
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise StoreError(
+                f"{store_path} is in use by {holder}; wait for it to finish (or stop it), "
+                "or use another --store"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"servesweep pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        yield
     finally:
-        store.close()
+        handle.close()
 
 
 def _run(
@@ -163,8 +228,11 @@ def _run(
     sweep = open_sweep(loaded, store, fresh=options.fresh)
     preset = get_preset(spec.server.engine)
     launcher = make_launcher(spec.server)
-    probe = open_probe(spec.server.gpu_backend, spec.server.fake_gpu_dir)
-    lifecycle = ServerLifecycle(spec.server, preset, launcher, probe)
+    fake_dir = fake_gpu_dir(loaded)
+    probe = open_probe(spec.server.gpu_backend, fake_dir)
+    lifecycle = ServerLifecycle(
+        spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
+    )
     warnings: list[str] = list(getattr(launcher, "warnings", []) or [])
     for warning in warnings:
         observer.event("warning", {"message": warning})
@@ -186,6 +254,7 @@ def _run(
         log_root=log_root,
         observer=observer,
         api_key=api_key,
+        instance_env={FAKE_GPUS_ENV: fake_dir} if fake_dir else None,
     )
 
     trials = store.trials(sweep.id, in_plan_only=True)
@@ -208,7 +277,11 @@ def _run(
     )
 
     _recover_instances(store, runner, todo, observer)
-    if runner.current is None:
+    stored = sweep.environment.get("baseline_bytes")
+    if runner.current is not None and isinstance(stored, dict):
+        # adopting a running instance: the GPUs are not idle now; keep the old baseline
+        lifecycle.baseline = {int(k): int(v) for k, v in stored.items()}
+    else:
         baseline = lifecycle.prepare(list(spec.server.gpus))
         store.set_environment(
             sweep.id,

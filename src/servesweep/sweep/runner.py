@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servesweep.bench import run_workload_sync
+from servesweep.bench.load import run_workload_sync
 from servesweep.bench.results import LevelResult
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, DatasetError, TrialFailed
@@ -101,6 +101,7 @@ class TrialRunner:
         log_root: Path,
         observer: Observer,
         api_key: str | None = None,
+        instance_env: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.sweep_id = sweep_id
@@ -113,6 +114,7 @@ class TrialRunner:
         self.log_root = log_root
         self.observer = observer
         self._api_key = api_key
+        self._instance_env = dict(instance_env or {})
         self.current: CurrentInstance | None = None
         self._telemetry = _TelemetrySampler(probe, server.gpus)
 
@@ -241,6 +243,7 @@ class TrialRunner:
 
         self.stop_current(trial)
         argv, env = build_launch(self.server, trial.params)
+        env = {**self._instance_env, **env}
         self._enter(trial, Phase.START)
         instance = self.lifecycle.start(
             argv, env, log_path, f"{self.sweep_name}-{trial.id}", trial.fingerprint
@@ -269,15 +272,19 @@ class TrialRunner:
         instance = self.current.instance
         for workload in self.workloads:
             self._emit("progress", trial=trial.id, phase="bench", workload=workload.name)
+
+            def progress(message: str, name: str = workload.name) -> None:
+                self._emit(
+                    "progress", trial=trial.id, phase="bench", workload=name, message=message
+                )
+
             try:
                 results = run_workload_sync(
                     target,
                     workload,
                     probe=self.probe,
                     gpus=list(self.server.gpus),
-                    on_progress=lambda msg, w=workload.name: self._emit(
-                        "progress", trial=trial.id, phase="bench", workload=w, message=msg
-                    ),
+                    on_progress=progress,
                 )
             except DatasetError:
                 raise

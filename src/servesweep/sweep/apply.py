@@ -1,0 +1,160 @@
+"""``servesweep apply``: move the server to one configuration safely, leave it running.
+
+The same gates as a sweep (stop the whole old instance, wait for its GPU memory,
+refuse a foreign port owner, start, wait for a real generation), without
+benchmarks. The instance is recorded in the store under the configuration's trial
+(added out of plan when the sweep never had it), so a later ``servesweep run``
+adopts it when its next trial has the same configuration instead of restarting it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servesweep.errors import ConfigError, TrialFailed
+from servesweep.models import FailureClass, ServerConfig
+from servesweep.servers.engines import build_launch, get_preset, launch_command_text
+from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
+from servesweep.servers.launchers import make_launcher
+from servesweep.servers.lifecycle import ServerLifecycle
+from servesweep.spec.load import load_sweep
+from servesweep.store import Store, open_store
+from servesweep.sweep.orchestrator import fake_gpu_dir, open_sweep, store_path_for, sweep_lock
+
+__all__ = ["ApplyResult", "apply_config", "parse_sets"]
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    ok: bool
+    message: str
+    trial_id: int | None = None
+    failure_class: FailureClass | None = None
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
+    """``["budget=8", "window=null"]`` -> ``{"budget": 8, "window": None}`` (YAML values)."""
+    params: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"not key=value: {item!r}", key="--set")
+        try:
+            params[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"cannot read the value of {item!r}", key="--set") from None
+    return params
+
+
+def _chosen_params(
+    store: Store, sweep_id: int, trial_id: int | None, params: Mapping[str, Any] | None, best: bool
+) -> dict[str, Any]:
+    if params is not None:
+        return dict(params)
+    if trial_id is not None:
+        trial = store.trial(trial_id)
+        if trial.sweep_id != sweep_id:
+            raise ConfigError(f"trial {trial_id} belongs to another sweep", key="--trial")
+        return dict(trial.params)
+    from servesweep.report import find_best
+
+    result = find_best(store.load_sweep_data(sweep_id, with_samples=False))
+    if not result.feasible or result.winner is None:
+        raise ConfigError(
+            "--best: the sweep has no feasible configuration yet (see `servesweep best`)"
+        )
+    return dict(result.winner.trial.params)
+
+
+def apply_config(
+    sweep_file: str | Path,
+    *,
+    trial_id: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    best: bool = False,
+    store: Path | None = None,
+) -> ApplyResult:
+    loaded = load_sweep(sweep_file)
+    spec = loaded.spec
+    store_path = store_path_for(loaded, store)
+    with sweep_lock(store_path), open_store(store_path) as db:
+        sweep = open_sweep(loaded, db)
+        chosen = _chosen_params(db, sweep.id, trial_id, params, best)
+        config = ServerConfig.of(chosen)
+        trial = db.ensure_trial(sweep.id, config)
+        preset = get_preset(spec.server.engine)
+        launcher = make_launcher(spec.server)
+        fake_dir = fake_gpu_dir(loaded)
+        probe = open_probe(spec.server.gpu_backend, fake_dir)
+        lifecycle = ServerLifecycle(
+            spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
+        )
+        label = config.label()
+        try:
+            old_pids: set[int] = set()
+            stopped_any = False
+            for live in db.live_instances():
+                instance = live.instance
+                if instance is None:
+                    continue
+                if not launcher.alive(instance):
+                    db.mark_instance_gone(live.id)
+                    continue
+                if instance.fingerprint == config.fingerprint:
+                    info = lifecycle.wait_ready(instance)
+                    return ApplyResult(
+                        True,
+                        f"already running {label} (pid {instance.main_pid}, model {info.model}); "
+                        "verified that it generates",
+                        live.id,
+                    )
+                old_pids |= set(launcher.pids(instance)) | set(instance.pids)
+                lifecycle.stop(instance)
+                db.mark_instance_gone(live.id)
+                stopped_any = True
+            stored = sweep.environment.get("baseline_bytes")
+            if isinstance(stored, dict):
+                lifecycle.baseline = {int(k): int(v) for k, v in stored.items()}
+                lifecycle.release(list(spec.server.gpus), old_pids)
+            else:
+                if stopped_any:
+                    lifecycle.release(list(spec.server.gpus), old_pids)
+                lifecycle.prepare(list(spec.server.gpus))
+            argv, env = build_launch(spec.server, chosen)
+            if fake_dir:
+                env = {FAKE_GPUS_ENV: fake_dir, **env}
+            log_root = (
+                Path(spec.server.log_dir)
+                if spec.server.log_dir
+                else store_path.parent / "runs" / f"{spec.name}-{sweep.id}"
+            )
+            log_path = log_root / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            instance = lifecycle.start(
+                argv, env, log_path, f"{spec.name}-{trial.id}", config.fingerprint
+            )
+            db.set_instance(trial.id, instance, launch_command=launch_command_text(argv, env))
+            info = lifecycle.wait_ready(instance)
+        except TrialFailed as failure:
+            return ApplyResult(
+                False,
+                f"apply {label} failed: {failure.failure_class.value}: "
+                f"{failure.evidence.summary()}",
+                trial.id,
+                failure.failure_class,
+            )
+        finally:
+            probe.close()
+        return ApplyResult(
+            True,
+            f"running {label} on {spec.server.host}:{spec.server.port} "
+            f"(pid {instance.main_pid}, model {info.model}, ready after {info.ready_s:.1f}s); "
+            f"log {log_path}",
+            trial.id,
+        )
