@@ -185,6 +185,11 @@ def _summarize(
             f"{errors} of {total} eval requests failed (first: {first[:200]}); they count "
             "as not passed — check the server log"
         )
+    if sandbox.backend == "none":
+        warnings.append(
+            "generated code ran WITHOUT network isolation (eval.allow_no_netns: true); "
+            "install bubblewrap to isolate it"
+        )
     return LevelResult(
         workload=name,
         level="eval",

@@ -147,7 +147,6 @@ class Sandbox:
         self.allow_no_netns = allow_no_netns
         self.requested = backend
         self._backend: Backend | None = None
-        self._lock = asyncio.Lock()
         self._harness = _harness_source()
         self._python, self._prefix = _interpreter(python)
         self._root = os.geteuid() == 0
@@ -163,39 +162,39 @@ class Sandbox:
         return self._backend
 
     async def start(self) -> Backend:
-        """Find a backend that really isolates the network here (cached per process)."""
-        async with self._lock:
-            if self._backend is not None:
-                return self._backend
-            order: list[Backend]
-            if self.requested == "auto":
-                order = ["bwrap", "unshare"]
-                if self.allow_no_netns:
-                    order.append("none")
-            elif self.requested == "none" and not self.allow_no_netns:
-                raise SandboxError(
-                    "the eval sandbox backend 'none' runs generated code with the host's "
-                    "network; set eval.allow_no_netns: true to accept that"
-                )
-            else:
-                order = [self.requested]
-            reasons = []
-            for backend in order:
-                key = (backend, os.geteuid(), self._python)
-                if key not in _PROBED:
-                    _PROBED[key] = await self._probe(backend)
-                reason = _PROBED[key]
-                if reason is None:
-                    self._backend = backend
-                    return backend
-                reasons.append(f"{backend}: {reason}")
+        """Find a backend that really isolates the network here (probed once per
+        process; two concurrent first calls may both probe, which is harmless)."""
+        if self._backend is not None:
+            return self._backend
+        order: list[Backend]
+        if self.requested == "auto":
+            order = ["bwrap", "unshare"]
+            if self.allow_no_netns:
+                order.append("none")
+        elif self.requested == "none" and not self.allow_no_netns:
             raise SandboxError(
-                "cannot run generated code safely here ("
-                + "; ".join(reasons)
-                + "). Install bubblewrap (apt-get install bubblewrap) or allow user "
-                "namespaces; or set eval.allow_no_netns: true to run it with the host's "
-                "network (unsafe)"
+                "the eval sandbox backend 'none' runs generated code with the host's "
+                "network; set eval.allow_no_netns: true to accept that"
             )
+        else:
+            order = [self.requested]
+        reasons = []
+        for backend in order:
+            key = (backend, os.geteuid(), self._python)
+            if key not in _PROBED:
+                _PROBED[key] = await self._probe(backend)
+            reason = _PROBED[key]
+            if reason is None:
+                self._backend = backend
+                return backend
+            reasons.append(f"{backend}: {reason}")
+        raise SandboxError(
+            "cannot run generated code safely here ("
+            + "; ".join(reasons)
+            + "). Install bubblewrap (apt-get install bubblewrap) or allow user "
+            "namespaces; or set eval.allow_no_netns: true to run it with the host's "
+            "network (unsafe)"
+        )
 
     async def _probe(self, backend: Backend) -> str | None:
         tool = {"bwrap": "bwrap", "unshare": "unshare", "none": None}[backend]
