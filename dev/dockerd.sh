@@ -27,6 +27,9 @@ sock="$dir/docker.sock"
 pidfile="$dir/dockerd.pid"
 log="$dir/dockerd.log"
 docker=(docker -H "unix://$sock")
+# Container cgroups go under <caller's cgroup>/$cgparent in every hierarchy (a relative
+# --cgroup-parent); one name per DIR, so `stop` removes only its own folders.
+cgparent="servesweep-dockerd-$(printf '%s' "$dir" | sha256sum | cut -c1-8)"
 # Keep the socket path under the 108-byte limit of unix sockets.
 [ ${#sock} -lt 100 ] || die "DIR path too long for a unix socket: $sock (use a shorter DIR)"
 
@@ -80,7 +83,7 @@ start() {
         --iptables=false \
         --ip-forward=false \
         --ip-masq=false \
-        --cgroup-parent servesweep-dockerd \
+        --cgroup-parent "$cgparent" \
         --log-level warn \
         </dev/null >"$log" 2>&1 &
     local launched=$!
@@ -119,6 +122,7 @@ stop() {
     if [ -z "${pid:-}" ]; then
         echo "dockerd.sh: no dockerd running for $dir" >&2
         unmount_all
+        remove_cgroups
         return 0
     fi
     if answers; then
@@ -141,8 +145,18 @@ stop() {
         sleep 0.5
     fi
     unmount_all
+    remove_cgroups
     rm -f "$pidfile" "$dir/launcher.pid" "$sock"
     echo "dockerd.sh: dockerd pid $pid stopped" >&2
+}
+
+remove_cgroups() {
+    # The (now empty) parent cgroup folders of our containers; rmdir refuses a folder
+    # that still has processes or children, so nothing in use is touched.
+    local d
+    find /sys/fs/cgroup -maxdepth 6 -type d -name "$cgparent" 2>/dev/null | sort -r | while read -r d; do
+        rmdir "$d" 2>/dev/null || echo "dockerd.sh: cgroup $d not empty, left" >&2
+    done
 }
 
 unmount_all() {
