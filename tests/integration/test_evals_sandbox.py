@@ -90,6 +90,8 @@ def test_body_completion_with_prompt(box: Sandbox) -> None:
         ("open('big', 'wb').write(b'0' * (32 << 20))\n", "resource_limit", "File too large"),
         ("fs = [open('/dev/null') for _ in range(1000)]\n", "resource_limit", "Too many open"),
         ("def f(x):\n    return f(x)\n", "fail", "RecursionError"),
+        # A demo block of the answer does not run (it would wait on stdin).
+        ("def f(x):\n    return 4\nif __name__ == '__main__':\n    f(input())\n", "pass", ""),
     ],
 )
 def test_statuses_and_messages(box: Sandbox, program: str, status: str, words: str) -> None:

@@ -110,7 +110,8 @@ def main() -> None:
     name = str(job["entry_point"])
     sources = {"<candidate>": str(job["candidate"]), "<test>": str(job["test"])}
     del job
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    # Not "__main__": an answer's `if __name__ == "__main__":` demo block must not run.
+    namespace: dict[str, Any] = {"__name__": "candidate", "__builtins__": __builtins__}
     try:
         exec(compile(sources["<candidate>"], "<candidate>", "exec"), namespace)
         exec(compile(sources["<test>"], "<test>", "exec"), namespace)
