@@ -42,7 +42,7 @@ Description=servesweep test unit ({name})
 Type=simple
 KillMode={kill_mode}
 Environment=PYTHONUNBUFFERED=1
-ExecStart={python} -m servesweep.sim --port 1 --load-time 60
+ExecStart={python} -m servesweep.sim --port 9 --load-time 600
 """
 
 
@@ -162,7 +162,7 @@ def test_type_simple_unit_is_active_before_ready_and_the_gate_waits(
     # The drop-in carries the trial; the unit file itself is untouched.
     dropin = (systemd_sandbox.unit_dir / f"{unit.name}.d" / DROPIN_NAME).read_text()
     assert "ExecStart=\n" in dropin and "--load-time 2.5" in dropin
-    assert "--load-time 60" in (systemd_sandbox.unit_dir / unit.name).read_text()
+    assert "--load-time 600" in (systemd_sandbox.unit_dir / unit.name).read_text()
 
     pids = unit.launcher.pids(rec)
     assert len(pids) >= 1
@@ -318,3 +318,27 @@ def test_lifecycle_moves_the_unit_between_two_configs(unit_factory: Any) -> None
         assert life.stop(rec).survivors == ()
         assert not port_open(unit.port)
     assert seen[0] != seen[1]
+
+
+def test_a_unit_already_running_is_refused_then_stopped_through_current(
+    unit_factory: Any, systemd_sandbox: Sandbox
+) -> None:
+    """The user's own server runs in the unit before the sweep: start refuses it,
+    ``current()`` names it, and stopping that record frees the unit."""
+    unit = unit_factory("ss-busy.service")
+    systemd_sandbox.sdctl("start", unit.name)
+    try:
+        with pytest.raises(LaunchError, match="already active"):
+            unit.start(unit.sim("m-z", load_time=0.2))
+        theirs = unit.launcher.current()
+        assert theirs is not None and theirs.invocation_id
+        props = systemd_sandbox.show(unit.name, "InvocationID")
+        assert theirs.invocation_id == props["InvocationID"]
+        assert theirs.main_pid in unit.launcher.pids(theirs)
+        assert unit.launcher.stop(theirs, grace=5.0, kill_timeout=5.0).survivors == ()
+        assert unit.launcher.current() is None
+    finally:
+        systemd_sandbox.sdctl("stop", unit.name, check=False)
+    rec = unit.start(unit.sim("m-z", load_time=0.2))
+    assert rec.invocation_id != theirs.invocation_id
+    unit.launcher.stop(rec, grace=5.0, kill_timeout=5.0)

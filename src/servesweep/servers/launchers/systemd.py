@@ -400,6 +400,24 @@ class SystemdLauncher:
             fingerprint=request.fingerprint,
         )
 
+    def current(self, port: int | None = None) -> InstanceRecord | None:
+        """The unit's running invocation as an instance record (None when it is not
+        running): what to stop, or to adopt, when the unit already runs before a sweep
+        (for example the user's own server). Its log is not copied."""
+        props = self.show()
+        if props.get("ActiveState") not in _RUNNING_STATES or not props.get("InvocationID"):
+            return None
+        cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
+        main = self._host_pid(cgroup, _int(props.get("MainPID")))
+        return InstanceRecord(
+            launcher=self.name,
+            pids=(main,) if main else (),
+            unit=self.unit,
+            invocation_id=props["InvocationID"],
+            cgroup=cgroup,
+            port=port,
+        )
+
     def _check_execstart(self, argv: Sequence[str]) -> None:
         shown = self.systemctl("show", "-p", "ExecStart", self.unit)
         # systemd shows words unquoted, with ``$`` still doubled (expanded at exec time).
