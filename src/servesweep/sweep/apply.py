@@ -25,7 +25,13 @@ from servesweep.servers.launchers import make_launcher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.spec.load import load_sweep
 from servesweep.store import Store, open_store
-from servesweep.sweep.orchestrator import fake_gpu_dir, open_sweep, store_path_for, sweep_lock
+from servesweep.sweep.orchestrator import (
+    fake_gpu_dir,
+    open_sweep,
+    store_path_for,
+    stored_baseline,
+    sweep_lock,
+)
 
 __all__ = ["ApplyResult", "apply_config", "parse_sets"]
 
@@ -118,14 +124,21 @@ def apply_config(
                 lifecycle.stop(instance)
                 db.mark_instance_gone(live.id)
                 stopped_any = True
-            stored = sweep.environment.get("baseline_bytes")
-            if isinstance(stored, dict):
-                lifecycle.baseline = {int(k): int(v) for k, v in stored.items()}
+            stored = stored_baseline(sweep)
+            if stored is not None:
+                lifecycle.baseline = stored
                 lifecycle.release(list(spec.server.gpus), old_pids)
             else:
                 if stopped_any:
                     lifecycle.release(list(spec.server.gpus), old_pids)
-                lifecycle.prepare(list(spec.server.gpus))
+                baseline = lifecycle.prepare(list(spec.server.gpus))
+                db.set_environment(
+                    sweep.id,
+                    {
+                        **sweep.environment,
+                        "baseline_bytes": {str(k): v for k, v in baseline.items()},
+                    },
+                )
             argv, env = build_launch(spec.server, chosen)
             if fake_dir:
                 env = {FAKE_GPUS_ENV: fake_dir, **env}

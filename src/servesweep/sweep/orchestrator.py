@@ -15,7 +15,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +124,22 @@ def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
                 f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
             ) from exc
     return str(path.resolve())
+
+
+def stored_baseline(sweep: SweepRecord) -> dict[int, int] | None:
+    stored = sweep.environment.get("baseline_bytes")
+    if not isinstance(stored, dict) or not stored:
+        return None
+    return {int(k): int(v) for k, v in stored.items()}
+
+
+def baseline_without(probe: GpuProbe, gpus: Sequence[int], pids: set[int]) -> dict[int, int]:
+    """Used memory per GPU minus what the processes ``pids`` hold."""
+    baseline = {}
+    for state in probe.snapshot(list(gpus)):
+        held = sum(h.used_bytes for h in state.holders if h.pid in pids)
+        baseline[state.index] = max(0, state.used_bytes - held)
+    return baseline
 
 
 def _environment(probe: GpuProbe, spec: SweepSpec) -> dict[str, Any]:
@@ -277,19 +293,21 @@ def _run(
     )
 
     _recover_instances(store, runner, todo, observer)
-    stored = sweep.environment.get("baseline_bytes")
-    if runner.current is not None and isinstance(stored, dict):
-        # adopting a running instance: the GPUs are not idle now; keep the old baseline
-        lifecycle.baseline = {int(k): int(v) for k, v in stored.items()}
-    else:
-        baseline = lifecycle.prepare(list(spec.server.gpus))
-        store.set_environment(
-            sweep.id,
-            {
-                **_environment(probe, spec),
-                "baseline_bytes": {str(k): v for k, v in baseline.items()},
-            },
+    if runner.current is not None:
+        # adopting a running instance: the GPUs are not idle, so the baseline is the
+        # stored one, or what the GPUs use beside the adopted instance
+        lifecycle.baseline = stored_baseline(sweep) or baseline_without(
+            probe, spec.server.gpus, launcher.pids(runner.current.instance)
         )
+    else:
+        lifecycle.prepare(list(spec.server.gpus))
+    store.set_environment(
+        sweep.id,
+        {
+            **_environment(probe, spec),
+            "baseline_bytes": {str(k): v for k, v in lifecycle.baseline.items()},
+        },
+    )
     ran: list[int] = []
     runner.open()
     try:
