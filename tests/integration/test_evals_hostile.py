@@ -37,6 +37,7 @@ EXPECTED = {
     "infinite_loop": {"timeout"},
     "kill_parent": {"fail"},
     "memory_bomb": {"resource_limit"},
+    "memory_bomb_forked": {"resource_limit"},
     "raise_privileges": {"fail"},
     "read_secret": {"fail"},
     "sleep_past_timeout": {"timeout"},

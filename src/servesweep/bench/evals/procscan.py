@@ -1,8 +1,11 @@
-"""Find and kill what a sandbox run left behind, by the run's own uid.
+"""Watch and clean up a sandbox run's processes.
 
 When servesweep runs as root every sandbox run gets a fresh uid that no other
 process has, so "every process of this uid" is exactly "everything the run
-started", wherever it moved (new session, reparented to init).
+started", wherever it moved (new session, reparented to init). The memory of a
+run is the resident memory of the whole tree under its first process (inside a
+PID namespace, orphans are reparented to the namespace's init, which stays in the
+tree).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import os
 import signal
 import time
 
-__all__ = ["kill_uid", "pids_of_uid"]
+__all__ = ["kill_uid", "pids_of_uid", "tree_rss"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def pids_of_uid(uid: int) -> list[int]:
@@ -50,3 +55,34 @@ def kill_uid(uid: int, deadline_s: float = 5.0) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
         time.sleep(0.01)
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants (0 when it is gone)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    total = 0
+    todo = [root]
+    seen: set[int] = set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            continue
+    return total

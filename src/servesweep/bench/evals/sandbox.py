@@ -55,6 +55,7 @@ _SANDBOX_DIR = "/sandbox"
 _WORK_DIR = "/tmp"
 _UID_RANGE = (1_900_000_000, 2_000_000_000)
 _VERDICT_MAX = 65536
+_MEMORY_CHECK_S = 0.1
 _PROBE_CANDIDATE = "import socket\n\ndef interfaces():\n    return socket.if_nameindex()\n"
 _PROBE_TEST = "def check(candidate):\n    assert [n for _, n in candidate()] == ['lo']\n"
 _PROBED: dict[tuple[Backend, int, str], str | None] = {}
@@ -71,6 +72,9 @@ class SandboxLimits:
     open_files: int = 64
     processes: int = 32
     """RLIMIT_NPROC of the run's own uid (root: a fresh uid per run)."""
+    total_memory_bytes: int = 2 << 30
+    """Resident memory of all the run's processes together (checked every 0.1 s):
+    RLIMIT_AS is per process, and a run may have ``processes`` of them."""
     output_bytes: int = 1 << 20
     """Per stream; more output ends the run as ``resource_limit``."""
     tmpfs_bytes: int = 64 << 20
@@ -332,6 +336,7 @@ class _Outcome:
     stderr: bytes
     timed_out: bool = False
     overflow: bool = False
+    memory: bool = False
 
 
 def _kill_group(pid: int) -> None:
@@ -376,12 +381,19 @@ def _execute(
         with selectors.DefaultSelector() as sel:
             for fd in buffers:
                 sel.register(fd, selectors.EVENT_READ)
+            next_check = time.monotonic() + _MEMORY_CHECK_S
             while sel.get_map():
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now >= deadline:
                     outcome.timed_out = True
                     break
-                for key, _ in sel.select(timeout=min(left, 0.5)):
+                if now >= next_check:
+                    next_check = now + _MEMORY_CHECK_S
+                    if procscan.tree_rss(proc.pid) > limits.total_memory_bytes:
+                        outcome.memory = True
+                        break
+                wait = min(deadline, next_check) - now
+                for key, _ in sel.select(timeout=max(wait, 0.0)):
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
                         sel.unregister(key.fd)
@@ -393,11 +405,16 @@ def _execute(
                         outcome.overflow = True
                 if outcome.overflow:
                     break
-        if not (outcome.timed_out or outcome.overflow):
+        while not (outcome.timed_out or outcome.overflow or outcome.memory):
             # Pipes closed; the process exits right after (or hangs: same deadline).
+            left = deadline - time.monotonic()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-            outcome.timed_out = proc.returncode is None
+                proc.wait(timeout=max(min(left, _MEMORY_CHECK_S), 0.0))
+            if proc.returncode is not None:
+                break
+            if procscan.tree_rss(proc.pid) > limits.total_memory_bytes:
+                outcome.memory = True
+            outcome.timed_out = time.monotonic() >= deadline
     finally:
         if proc.returncode is None:
             _kill_group(proc.pid)
@@ -464,6 +481,9 @@ def _judge(
 
     if outcome.overflow:
         return result("resource_limit", f"output over {limits.output_bytes} bytes")
+    if outcome.memory:
+        mib = limits.total_memory_bytes >> 20
+        return result("resource_limit", f"memory of all its processes over {mib} MiB")
     if outcome.timed_out:
         return result("timeout", f"no result within {limits.timeout_s:g} s (wall clock)")
     if verdict is not None and (outcome.returncode == 0 or verdict["status"] != "pass"):
