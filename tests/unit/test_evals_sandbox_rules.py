@@ -121,3 +121,14 @@ def test_a_verdict_without_message_is_read() -> None:
         assert _read_verdict(r, "n") == {"status": "pass", "message": ""}
     finally:
         os.close(r)
+
+
+def test_memory_over_the_total_is_a_resource_limit() -> None:
+    result = _judge(_outcome(-9, memory=True), None, LIMITS, 0.5)
+    assert result.status == "resource_limit" and "2048 MiB" in result.message
+
+
+def test_process_scans_see_this_process() -> None:
+    assert os.getpid() in procscan.pids_of_uid(os.getuid())
+    assert procscan.tree_rss(os.getpid()) > 1 << 20
+    assert procscan.tree_rss(2**22 + 12345) == 0
