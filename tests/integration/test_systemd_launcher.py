@@ -175,6 +175,12 @@ def test_type_simple_unit_is_active_before_ready_and_the_gate_waits(
     assert f"servesweep instance {rec.invocation_id} starting" in log
     assert "Loading weights took" in log and "model='m-a'" in log
 
+    # After the sweep: the drop-in goes, the unit runs its own command again.
+    unit.launcher.restore()
+    assert not (systemd_sandbox.unit_dir / f"{unit.name}.d").exists()
+    shown = systemd_sandbox.sdctl("show", "-p", "ExecStart", unit.name).stdout
+    assert "--load-time 600" in shown and "--load-time 2.5" not in shown
+
 
 def test_restart_with_new_params_gets_a_new_invocation_and_only_its_journal(
     unit_factory: Any,
