@@ -46,7 +46,8 @@ class ServerLifecycle:
     measures it. A runner that adopts a running instance instead of calling
     ``prepare`` should set it from the stored value (a GPU without one has baseline 0).
     ``own_tag_prefix``: instances whose tag starts with it are servesweep's own — their
-    orphans are killed by the release gate. Derived from the first trial key when None.
+    orphans are killed by the release gate. When None it is derived from each
+    ``start``'s trial key (``<sweep>-<trial id>`` gives ``<sweep>-``).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class ServerLifecycle:
         self.launcher = launcher
         self.probe = probe
         self.own_tag_prefix = own_tag_prefix
+        self._explicit_prefix = own_tag_prefix is not None
         self.baseline: dict[int, int] = {}
         self.foreign_holders: tuple[GpuHolder, ...] = ()
         self.cleaned: tuple[ProcessInfo, ...] = ()
@@ -92,8 +94,6 @@ class ServerLifecycle:
 
     def stop(self, instance: InstanceRecord) -> StopResult:
         """Stop the whole instance; ``stop_failed`` naming the survivors."""
-        if self.own_tag_prefix is None and instance.invocation_id:
-            self.own_tag_prefix = sweep_tag_prefix(instance.invocation_id.rsplit("-", 1)[0])
         return stop_instance(self.launcher, instance, self.spec.timeouts)
 
     def release(self, gpus: Sequence[int], old_pids: set[int]) -> ReleaseResult:
@@ -122,7 +122,7 @@ class ServerLifecycle:
         fingerprint: str,
     ) -> InstanceRecord:
         """Refuse a port that another program listens on (``port_in_use``), then start."""
-        if self.own_tag_prefix is None:
+        if not self._explicit_prefix:
             self.own_tag_prefix = sweep_tag_prefix(trial_key)
         self._clean_own_listeners()
         ports.check_port_free(self.spec.host, self.spec.port, ours=set())

@@ -16,6 +16,7 @@ generate). Every HTTP or socket error is an observation, never an exception.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import time
 from collections.abc import Callable
@@ -118,6 +119,15 @@ class _LogSource:
         if self.instance.log_path:
             return tuple(logs.tail(self.instance.log_path, _TAIL))
         return tuple(self.launcher.log_tail(self.instance, _TAIL))
+
+
+def _is_local(host: str) -> bool:
+    if host in ("", "localhost", "0.0.0.0", "::"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _connect_host(host: str) -> str:
@@ -282,8 +292,9 @@ class _Gate:
     def owns_socket(self) -> bool:
         pids = self.refresh_pids()
         if not pids:
-            # A launcher that cannot see the processes (remote): a listener will do.
-            return bool(ports.listening_sockets(self.host, self.port))
+            # A launcher that cannot see the processes: a local listener will do, and a
+            # remote server is judged by health and a real generation alone.
+            return not _is_local(self.host) or bool(ports.listening_sockets(self.host, self.port))
         return ports.owned_by(self.host, self.port, pids)
 
     def call(

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from servesweep.errors import TrialFailed
+from servesweep.errors import GpuProbeError, TrialFailed
 from servesweep.models import (
     Evidence,
     FailureClass,
@@ -57,6 +57,7 @@ __all__ = [
 FOREIGN_POLICIES = ("wait", "fail", "kill-own")
 _FIRST_POLL = 0.005
 _MAX_POLL = 0.05
+_PROBE_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -210,8 +211,17 @@ def wait_released(
     polls = 0
     ok_since: float | None = None
     cleaned: dict[int, ProcessInfo] = {}
+    probe_errors = 0
     while True:
-        states = probe.snapshot(gpu_list)
+        try:
+            states = probe.snapshot(gpu_list)
+        except GpuProbeError:
+            probe_errors += 1  # one bad read (a driver hiccup) is retried, a broken probe not
+            if probe_errors >= _PROBE_RETRIES or time.monotonic() - t0 >= timeout:
+                raise
+            time.sleep(_MAX_POLL)
+            continue
+        probe_errors = 0
         polls += 1
         now = time.monotonic()
         blocking = False
