@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,9 +21,11 @@ from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, InstanceRecord
 from servesweep.servers import ports, procs
 from servesweep.servers.engines import get_preset
+from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.launchers.base import LaunchRequest
 from servesweep.servers.launchers.docker import DockerLauncher
+from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.readiness import wait_ready
 from servesweep.spec.schema import ServerSpec
 
@@ -170,3 +174,49 @@ def test_same_trial_name_twice_is_refused_while_running(box: Box) -> None:
     with pytest.raises(LaunchError, match="still running"):
         box.start("m-y", key="same", load_time=0.2)
     box.launcher.stop(rec, grace=5.0, kill_timeout=5.0)
+
+
+def test_lifecycle_with_the_release_gate_on_fake_gpus(box: Box, tmp_path: Path) -> None:
+    """Two configs through the trial lifecycle; the release gate waits for the fake GPU
+    memory that the stopped container's engine gives back only ``release_delay`` later.
+    ``--pid host`` lets the engine record host PIDs in the fake GPU directory."""
+    gpus = tmp_path / "gpus"
+    subprocess.run(
+        [sys.executable, "-m", "servesweep.sim.fakegpu", "init", str(gpus), "--memory", "8GiB"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    assert box.spec.docker is not None
+    docker = box.spec.docker.model_copy(
+        update={"run_args": [*box.spec.docker.run_args, "--pid", "host", "-v", f"{gpus}:{gpus}"]}
+    )
+    spec = box.spec.model_copy(
+        update={"docker": docker, "gpus": [0], "gpu_backend": "fake", "fake_gpu_dir": str(gpus)}
+    )
+    launcher = make_launcher(spec)
+    life = ServerLifecycle(
+        spec, get_preset("sim"), launcher, open_probe("fake", str(gpus)), own_tag_prefix="dklife-"
+    )
+    assert life.prepare([0]) == {0: 0}
+    delay = 1.0
+    for n, model in enumerate(["m-1", "m-2"]):
+        argv = sim_argv(
+            spec.model_copy(update={"model": model}),
+            load_time=0.3,
+            fake_gpus=str(gpus),
+            mem_per_gpu="2GiB",
+            release_delay=delay,
+        )
+        env = {"CUDA_VISIBLE_DEVICES": "0", "PYTHONUNBUFFERED": "1"}
+        rec = life.start(argv, env, tmp_path / f"t{n}.log", f"dklife-{n}", f"f{n}")
+        box.instances.append(rec)
+        assert life.wait_ready(rec).model == model
+        used = life.probe.snapshot([0])[0]
+        assert used.used_bytes == 2 * 2**30
+        assert {h.pid for h in used.holders} <= launcher.pids(rec)
+        old = launcher.pids(rec)
+        assert life.stop(rec).survivors == ()
+        released = life.release([0], old)
+        assert released.seconds >= delay * 0.8, released
+        assert life.probe.snapshot([0])[0].used_bytes == 0
