@@ -187,10 +187,15 @@ def test_restart_with_new_params_gets_a_new_invocation_and_only_its_journal(
 ) -> None:
     unit = unit_factory("ss-restart.service")
     ready: dict[str, Any] = {"host": "127.0.0.1", "port": unit.port, "model": None}
-    first = unit.start(unit.sim("m-a", load_time=0.5), key="a")
+    # The first instance shuts down slowly, answering /v1/models meanwhile: stop
+    # returns only once every process of the unit is gone and the port is closed.
+    first = unit.start(unit.sim("m-a", load_time=0.5, shutdown_delay=1.0), key="a")
     wait_ready(unit.launcher, first, get_preset("sim"), deadline_s=60, **ready)
     assert _models(unit.port) == ["m-a"]
-    assert unit.launcher.stop(first, grace=10.0, kill_timeout=5.0).survivors == ()
+    stopped = unit.launcher.stop(first, grace=10.0, kill_timeout=5.0)
+    assert stopped.survivors == () and stopped.killed == ()
+    assert stopped.seconds >= 0.9, stopped
+    assert not port_open(unit.port) and unit.launcher.pids(first) == set()
 
     second = unit.start(unit.sim("m-b", load_time=0.5, seed=7), key="b")
     assert second.invocation_id != first.invocation_id
