@@ -158,12 +158,14 @@ async def run_eval_workload(
     finally:
         if own:
             sandbox.close()
-    return _summarize(workload.name, suite.name, results, sandbox, wall, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    return _summarize(workload.name, suite.name, spec, results, sandbox, wall, seconds)
 
 
 def _summarize(
     name: str,
     suite: str,
+    spec: EvalSpec,
     results: tuple[EvalTaskResult, ...],
     sandbox: Sandbox,
     started_at: float,
@@ -206,6 +208,8 @@ def _summarize(
             "suite": suite,
             "status_counts": dict(sorted(counts.items())),
             "per_task": per_task,
+            "tasks": len(per_task),
+            "samples": spec.samples,
             "sandbox": sandbox.backend or "not used",
         },
         started_at=started_at,
