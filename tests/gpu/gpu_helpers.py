@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,7 +155,9 @@ class ProcessKeeper:
         return killed
 
 
-def wait_for_line(path: Path, pattern: str, timeout: float, proc: subprocess.Popen[Any]) -> str:
+def wait_for_line(
+    path: Path, pattern: str, timeout: float, proc: subprocess.Popen[Any] | None
+) -> str:
     """The first line of ``path`` matching ``pattern``; fails when ``proc`` exits first."""
     regex = re.compile(pattern)
     deadline = time.monotonic() + timeout
@@ -164,7 +166,7 @@ def wait_for_line(path: Path, pattern: str, timeout: float, proc: subprocess.Pop
         for line in text.splitlines():
             if regex.search(line):
                 return line
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise AssertionError(f"pid {proc.pid} exited ({proc.returncode}); log:\n{text[-3000:]}")
         time.sleep(0.05)
     raise AssertionError(f"no line matching {pattern!r} in {path} within {timeout:g}s")
@@ -281,9 +283,11 @@ def servesweep(
     label: str,
     keeper: ProcessKeeper,
     timeout: float = 400.0,
+    on_poll: Callable[[], None] | None = None,
 ) -> CliRun:
     """Run the servesweep CLI (in its own session, ended by the keeper on failure);
-    stdout and stderr are saved as ``<label>.out`` / ``<label>.err``."""
+    stdout and stderr are saved as ``<label>.out`` / ``<label>.err``. ``on_poll``
+    is called every 50 ms while it runs."""
     argv = [sys.executable, "-m", "servesweep.cli.main", *args]
     out_path, err_path = out_dir / f"{label}.out", out_dir / f"{label}.err"
     t0 = time.monotonic()
@@ -293,7 +297,13 @@ def servesweep(
         )
         keeper.popens.append(proc)
         try:
-            proc.wait(timeout)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None:
+                if on_poll is not None:
+                    on_poll()
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                time.sleep(0.05)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
@@ -311,11 +321,23 @@ def servesweep(
     )
 
 
-def run_sweep(sweep: Path, keeper: ProcessKeeper, name: str, timeout: float = 400.0) -> CliRun:
+def run_sweep(
+    sweep: Path,
+    keeper: ProcessKeeper,
+    name: str,
+    timeout: float = 400.0,
+    on_poll: Callable[[], None] | None = None,
+) -> CliRun:
+    """``servesweep run SWEEP -q --events events.jsonl`` (events beside the sweep file)."""
     keeper.tag_prefixes.append(f"{name}-")
     events = sweep.parent / "events.jsonl"
     return servesweep(
-        ["run", str(sweep), "-q", "--events", str(events)], sweep.parent, "run", keeper, timeout
+        ["run", str(sweep), "-q", "--events", str(events)],
+        sweep.parent,
+        "run",
+        keeper,
+        timeout,
+        on_poll,
     )
 
 
