@@ -109,12 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    g.add_argument("--model", default="sim-model", help="served model name (default sim-model)")
-    g.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    g.add_argument(
+        "--host", metavar="ADDR", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
+    )
+    g.add_argument(
+        "--port", metavar="N", type=int, default=8000, help="port to bind (default 8000)"
+    )
+    g.add_argument(
+        "--model", metavar="NAME", default="sim-model", help="served model name (default sim-model)"
+    )
+    g.add_argument(
+        "--seed", metavar="N", type=int, default=0, help="seed of every random choice (default 0)"
+    )
     g.add_argument(
         "--truth",
+        metavar="FILE",
         default=os.environ.get("SERVESWEEP_SIM_TRUTH"),
         help="append ground-truth JSON lines (event, t, pid) to this file "
         "(default env SERVESWEEP_SIM_TRUTH)",
@@ -123,55 +132,89 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("GPUs")
     g.add_argument(
         "--gpus",
+        metavar="LIST",
         type=_gpus,
         default=None,
         help="GPU indexes to use, e.g. 0,1 (default CUDA_VISIBLE_DEVICES, else 0)",
     )
     g.add_argument(
         "--fake-gpus",
+        metavar="DIR",
         default=os.environ.get("SERVESWEEP_FAKE_GPUS"),
         help="fake GPU directory (default env SERVESWEEP_FAKE_GPUS; neither: no GPU accounting)",
     )
     g.add_argument(
-        "--mem-per-gpu", type=_size, default=_size("1GiB"), help="memory per GPU (default 1GiB)"
+        "--mem-per-gpu",
+        metavar="SIZE",
+        type=_size,
+        default=_size("1GiB"),
+        help="memory per GPU (default 1GiB)",
     )
 
     g = p.add_argument_group("timing")
-    g.add_argument("--load-time", type=nn_float, default=1.0, help="weights load, s (default 1)")
-    g.add_argument("--ttft-ms", type=nn_float, default=20.0, help="TTFT at concurrency 1 (20)")
+    g.add_argument(
+        "--load-time", metavar="S", type=nn_float, default=1.0, help="weights load, s (default 1)"
+    )
+    g.add_argument(
+        "--ttft-ms",
+        metavar="MS",
+        type=nn_float,
+        default=20.0,
+        help="time to first token at concurrency 1, ms (default 20)",
+    )
     g.add_argument(
         "--prefill-tok-s",
+        metavar="TOK_S",
         type=nn_float,
         default=0.0,
         help="prefill speed; adds prompt_tokens/prefill_tok_s to TTFT (default 0: none)",
     )
-    g.add_argument("--step-ms", type=nn_float, default=10.0, help="decode step, ms (default 10)")
+    g.add_argument(
+        "--step-ms", metavar="MS", type=nn_float, default=10.0, help="decode step, ms (default 10)"
+    )
     g.add_argument(
         "--batch-slowdown",
+        metavar="F",
         type=nn_float,
         default=0.05,
         help="step time x (1 + F*(running-1)) (default 0.05)",
     )
     g.add_argument(
-        "--max-num-seqs", type=int, default=256, help="running requests; more wait (256)"
+        "--max-num-seqs",
+        metavar="N",
+        type=int,
+        default=256,
+        help="requests decoded at once; more wait in a queue (default 256)",
     )
     g.add_argument(
         "--eos-range",
+        metavar="MIN:MAX",
         default="16:256",
-        help="MIN:MAX tokens after which a request without ignore_eos stops (16:256)",
+        help="without ignore_eos a request stops at a deterministic length in this range",
     )
 
     g = p.add_argument_group("speculative decoding (docs/sim.md)")
-    g.add_argument("--budget", type=nn_int, default=0, help="draft tokens (default 0: off)")
-    g.add_argument("--topk", type=int, default=1, help="draft candidates per level (default 1)")
-    g.add_argument("--window", type=nn_int, default=0, help="draft attention window (0: none)")
+    g.add_argument(
+        "--budget", metavar="N", type=nn_int, default=0, help="draft tokens (default 0: off)"
+    )
+    g.add_argument(
+        "--topk", metavar="K", type=int, default=1, help="draft candidates per level (default 1)"
+    )
+    g.add_argument(
+        "--window", metavar="W", type=nn_int, default=0, help="draft attention window (0: none)"
+    )
 
     g = p.add_argument_group("failure modes")
     g.add_argument(
-        "--release-delay", type=nn_float, default=0.0, help="GPU memory held S s after exit"
+        "--release-delay",
+        metavar="S",
+        type=nn_float,
+        default=0.0,
+        help="GPU memory held S s after exit",
     )
     g.add_argument(
         "--shutdown-delay",
+        metavar="S",
         type=nn_float,
         default=0.0,
         help="on SIGTERM keep answering /v1/models and /health for S s before exiting",
@@ -194,10 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--crash-at-load", action="store_true", help="traceback, exit 1, during load")
     g.add_argument("--hang-at-load", action="store_true", help="stop progressing, never ready")
     g.add_argument(
-        "--error-rate", type=_fraction, default=0.0, help="HTTP 500 on this fraction of generations"
+        "--error-rate",
+        metavar="P",
+        type=_fraction,
+        default=0.0,
+        help="HTTP 500 on this fraction of generations",
     )
     g.add_argument(
-        "--crash-after", type=nn_int, default=None, help="exit abruptly after N generations"
+        "--crash-after",
+        metavar="N",
+        type=nn_int,
+        default=None,
+        help="exit abruptly after N generations",
     )
     g.add_argument(
         "--models-before-ready",
@@ -208,12 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("correctness oracle")
     g.add_argument(
         "--correct-rate",
+        metavar="P",
         type=_fraction,
         default=1.0,
         help="probability that a known eval task is answered correctly (default 1)",
     )
     g.add_argument(
         "--oracle",
+        metavar="FILE",
         action="append",
         default=None,
         help="task JSONL file (repeatable; default: the builtin eval task files)",
