@@ -377,6 +377,7 @@ def _execute(
     try:
         with contextlib.suppress(OSError):
             proc.stdin.write(nonce.encode() + b"\n")
+        with contextlib.suppress(OSError):
             proc.stdin.close()
         with selectors.DefaultSelector() as sel:
             for fd in buffers:
