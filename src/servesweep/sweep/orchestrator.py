@@ -333,6 +333,11 @@ def _run(
     except (KeyboardInterrupt, Interrupted):
         _interrupt(store, runner, ran, observer)
         raise Interrupted("interrupted; the current instance was stopped") from None
+    except Exception:
+        # a bug or an unusable environment ends the sweep: leave no server behind and
+        # no trial "running" (the next run continues where this one stopped)
+        _interrupt(store, runner, ran, observer)
+        raise
     finally:
         runner.close()
         probe.close()
@@ -399,7 +404,7 @@ def _final_stop(runner: TrialRunner, observer: Observer) -> None:
 
 
 def _interrupt(store: Store, runner: TrialRunner, ran: list[int], observer: Observer) -> None:
-    observer.event("warning", {"message": "interrupted: stopping the current instance"})
+    observer.event("warning", {"message": "stopping: stopping the current instance"})
     try:
         if runner.current is not None:
             runner.lifecycle.stop(runner.current.instance)

@@ -1,0 +1,107 @@
+"""Whole-pipeline sweeps: the quickstart as a user runs it, and correctness evals
+flowing from the engine through the sandbox, the store and a constraint into `best`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import yaml
+from tests.integration.sweep_helpers import kill_tagged, report_json, run_cli, write_sweep
+
+from servesweep.sim.oracle import oracle_correct
+from servesweep.sim.testing import free_port
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_quickstart_sweep_prints_results_and_best(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "quickstart.yaml").read_text()
+    text = re.sub(r"port: \d+", f"port: {free_port()}", text)
+    sweep_file = tmp_path / "quickstart.yaml"
+    sweep_file.write_text(text)
+    try:
+        done = run_cli("run", str(sweep_file), timeout=400)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "7 trials, 7 ok" in done.stdout
+        assert "best: #" in done.stdout
+        assert "launch: " in done.stdout
+        data = report_json(sweep_file)
+        assert all(t["outcome"] == "ok" for t in data["trials"])
+        # a real optimum: speculative configurations differ in throughput
+        throughput = {
+            (t["params"]["budget"], t["params"]["topk"]): next(
+                r["metrics"]["output_throughput"] for r in t["results"] if r["level"] == "c1"
+            )
+            for t in data["trials"]
+        }
+        assert max(throughput.values()) > 1.2 * throughput[(0, 1)]
+        out = tmp_path / "r.html"
+        html = run_cli("report", str(sweep_file), "--format", "html", "--out", str(out))
+        assert html.returncode == 0, html.stderr
+        assert out.stat().st_size > 10_000
+    finally:
+        kill_tagged("quickstart")
+
+
+def test_eval_pass_rate_flows_into_constraint_and_best(tmp_path: Path) -> None:
+    limit = 10
+    sweep_file = write_sweep(
+        tmp_path,
+        name="evals",
+        grid={"correct-rate": [0.3, 0.9], "budget": [2, 8]},
+        workloads=[
+            {
+                "name": "chat",
+                "concurrency": [1],
+                "requests": 6,
+                "max_tokens": 16,
+                "ignore_eos": True,
+            },
+            {"name": "coding", "eval": {"suite": "builtin:coding", "limit": limit, "samples": 1}},
+        ],
+        extra={
+            "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 1},
+            "constraints": ["coding.pass_rate >= 0.8"],
+        },
+    )
+    try:
+        done = run_cli("run", str(sweep_file), "--quiet", timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        tasks = [
+            json.loads(line)["task_id"]
+            for line in (ROOT / "src/servesweep/bench/evals/data/coding.jsonl")
+            .read_text()
+            .splitlines()
+            if line.strip()
+        ][:limit]
+        data = report_json(sweep_file)
+        for trial in data["trials"]:
+            rate = trial["params"]["correct-rate"]
+            expected = sum(oracle_correct(0, t, 0, rate) for t in tasks) / limit
+            (coding,) = [r for r in trial["results"] if r["workload"] == "coding"]
+            assert coding["metrics"]["pass_rate"] == expected, trial["params"]
+            assert len(coding["eval_results"]) == limit
+        best = run_cli("best", str(sweep_file), "--json")
+        assert best.returncode == 0, best.stderr
+        winner = json.loads(best.stdout)
+        text = json.dumps(winner)
+        assert '"correct-rate": 0.9' in text
+        # the fast-but-wrong configurations were excluded by the constraint
+        assert "coding.pass_rate >= 0.8" in text
+        strict = run_cli("best", str(sweep_file), "--constraint", "coding.pass_rate >= 1.01")
+        assert strict.returncode == 1
+        assert "no feasible configuration" in strict.stdout
+    finally:
+        kill_tagged("evals")
+
+
+def test_sweep_file_template_is_copied_safely(tmp_path: Path) -> None:
+    # the examples are valid sweep files for `plan`
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        shutil.copy(example, tmp_path / example.name)
+        done = run_cli("plan", str(tmp_path / example.name))
+        assert done.returncode == 0, (example.name, done.stderr)
+        assert yaml.safe_load(example.read_text())["name"] in done.stdout
