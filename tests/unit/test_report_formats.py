@@ -49,7 +49,7 @@ def test_table_shows_repeat_spread() -> None:
         {1: [level("chat", "c1", r, output_throughput=v) for r, v in enumerate((10.0, 12.0))]},
     )
     text = render(data, "table")
-    assert "│ 2 │         11 ±1.414 │" in text
+    assert "│ 2 │           11 ±1.4 │" in text
     assert "┃ level ┃ n ┃ output_throughput ┃" in text
 
 

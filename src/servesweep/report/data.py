@@ -226,7 +226,7 @@ def format_stats(stats: MetricStats | None) -> str:
         return "-"
     text = format_number(stats.mean)
     if stats.n > 1 and stats.stdev is not None:
-        text += f" ±{format_number(stats.stdev)}"
+        text += f" ±{format_number(stats.stdev, digits=2)}"
     return text
 
 
