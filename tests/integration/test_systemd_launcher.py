@@ -202,6 +202,9 @@ def test_restart_with_new_params_gets_a_new_invocation_and_only_its_journal(
     assert second.main_pid != first.main_pid
     wait_ready(unit.launcher, second, get_preset("sim"), deadline_s=60, **ready)
     assert _models(unit.port) == ["m-b"]
+    # The stored first instance is not mistaken for the invocation now running the unit.
+    assert unit.launcher.alive(second) and not unit.launcher.alive(first)
+    assert unit.launcher.poll(first) is not None
 
     tail = unit.launcher.log_tail(second, 200)
     assert any("model='m-b'" in line for line in tail)

@@ -587,13 +587,16 @@ class SystemdLauncher:
         return logs.tail(instance.log_path, lines)
 
     def alive(self, instance: InstanceRecord) -> bool:
-        if self.pids(instance):
-            return True
+        """Its invocation still runs, or the stopped unit's cgroup still holds processes
+        (leftovers of it). Another invocation running the unit is not this instance."""
+        self._cached_state = None
         props = self._state(instance)
-        return (
-            props.get("InvocationID") == instance.invocation_id
-            and props.get("ActiveState") in _RUNNING_STATES
-        )
+        running = props.get("ActiveState") in _RUNNING_STATES
+        if props.get("InvocationID") == instance.invocation_id:
+            return running or bool(self.pids(instance))
+        if running and props.get("InvocationID"):
+            return False
+        return bool(self.pids(instance))
 
 
 def _exit_status(props: Mapping[str, str]) -> ExitStatus:
