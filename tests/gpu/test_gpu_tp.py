@@ -1,0 +1,299 @@
+"""Multi-GPU validation with a tensor-parallel-like server (issue 8).
+
+``tests/gpu/server/tp_server.py`` runs one worker per GPU joined by NCCL (NVLink
+multicast off), each holding most of its GPU plus pinned host memory. Three
+configs are swept by servesweep (every trial ``ok``, release time per GPU from an
+NVML monitor), the same restarts are done naively (stop, fixed short sleep,
+start) and counted, and the orphan case is run across all GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.gpu.gpu_helpers import (
+    SERVER_DIR,
+    GiB,
+    GpuMonitor,
+    ProcessKeeper,
+    child_env,
+    events,
+    free_port,
+    gpu_count,
+    per_gpu_release,
+    record_summary,
+    report_json,
+    require_gpus,
+    results_dir,
+    run_sweep,
+    total_gib,
+    trial_digest,
+    write_sweep,
+)
+
+from servesweep.servers import procs
+
+HOLD_FRACTIONS = (0.55, 0.65, 0.75)
+PINNED_GIB = (4, 8, 12)
+_OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.IGNORECASE)
+_PORT = re.compile(r"address already in use|Errno 98", re.IGNORECASE)
+
+
+def _configs(total: float) -> list[dict[str, Any]]:
+    return [
+        {"hold-gib": round(total * f), "pinned-gib": p, "layers": 2 + 2 * i, "batch": 4 * (i + 1)}
+        for i, (f, p) in enumerate(zip(HOLD_FRACTIONS, PINNED_GIB, strict=True))
+    ]
+
+
+def _gpus() -> list[int]:
+    require_gpus(2)
+    return list(range(gpu_count()))
+
+
+def test_tp_sweep_every_trial_ok_release_per_gpu(keeper: ProcessKeeper, tmp_path: Path) -> None:
+    gpus = _gpus()
+    total = min(total_gib(g) for g in gpus)
+    out = results_dir("tp_sweep", tmp_path)
+    configs = _configs(total)
+    sweep = write_sweep(
+        out / "sweep.yaml",
+        name="tp-sweep",
+        script="tp_server.py",
+        gpus=gpus,
+        args={"tp": len(gpus), "hidden": 2048, "heads": 16},
+        points=configs,
+    )
+    with GpuMonitor(gpus) as monitor:
+        run = run_sweep(sweep, keeper, "tp-sweep", timeout=420)
+    monitor.save(out / "monitor.json")
+    report = report_json(sweep, keeper)
+    trials = [trial_digest(t) for t in report["trials"]]
+    release = per_gpu_release(report, monitor)
+    record_summary(
+        "tp_sweep",
+        {
+            "gpus": gpus,
+            "gpu_total_gib": total,
+            "configs": configs,
+            "exit_code": run.returncode,
+            "seconds": run.seconds,
+            "trials": trials,
+            "release_per_gpu": release,
+        },
+    )
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{json.dumps(trials, indent=1)}"
+    assert [t["outcome"] for t in trials] == ["ok"] * len(configs)
+    assert len(release) == len(configs) - 1
+    for row in release:
+        assert set(row["from_stop_s"]) == {str(g) for g in gpus}
+        assert all(v is not None for v in row["from_stop_s"].values()), row
+
+
+def _wait_up(proc: subprocess.Popen[Any], log: Path, timeout: float) -> str:
+    """``ready`` once the log says it listens, else ``exited``/``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "Uvicorn running on" in log.read_text(errors="replace"):
+            return "ready"
+        if proc.poll() is not None:
+            return "exited"
+        time.sleep(0.05)
+    return "timeout"
+
+
+def _generate(port: int) -> int:
+    body = json.dumps({"model": "tiny-random-lm", "prompt": "hello there", "max_tokens": 8})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        data = json.loads(resp.read())
+    return int(data["usage"]["completion_tokens"])
+
+
+def _naive_round(
+    keeper: ProcessKeeper,
+    out: Path,
+    gpus: list[int],
+    configs: list[dict[str, Any]],
+    sleep_s: float,
+    monitor: GpuMonitor,
+    baseline: dict[int, int],
+) -> list[dict[str, Any]]:
+    """Start each config in turn like a shell script would: ``kill $PID; sleep S``."""
+    port = free_port()
+    rows: list[dict[str, Any]] = []
+    prev: subprocess.Popen[Any] | None = None
+    for i, cfg in enumerate(configs):
+        t_stop = None
+        if prev is not None:
+            t_stop = time.time()
+            prev.send_signal(signal.SIGTERM)
+            time.sleep(sleep_s)
+        log = out / f"naive-sleep{sleep_s:g}-{i}.log"
+        argv = [sys.executable, str(SERVER_DIR / "tp_server.py"), "--port", str(port)]
+        argv += ["--tp", str(len(gpus)), "--hidden", "2048", "--heads", "16"]
+        for key, value in cfg.items():
+            argv += [f"--{key}", str(value)]
+        env = child_env({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))})
+        t_start = time.time()
+        old_alive = prev is not None and prev.poll() is None
+        proc = keeper.popen(argv, log, env=env)
+        state = _wait_up(proc, log, 300)
+        text = log.read_text(errors="replace")
+        tokens = None
+        if state == "ready":
+            try:
+                tokens = _generate(port)
+            except OSError as exc:
+                state = f"serve_error: {exc}"
+        release = {}
+        if t_stop is not None:
+            for g in gpus:
+                at = monitor.released_at(g, t_stop, baseline[g] + GiB)
+                release[str(g)] = None if at is None else round(at - t_stop, 3)
+        rows.append(
+            {
+                "sleep_s": sleep_s,
+                "index": i,
+                "config": cfg,
+                "outcome": state,
+                "exit_code": proc.poll(),
+                "oom": bool(_OOM.search(text)),
+                "port_in_use": bool(_PORT.search(text)),
+                "tokens": tokens,
+                "old_front_alive_at_start": old_alive,
+                "start_to_ready_s": round(time.time() - t_start, 3) if state == "ready" else None,
+                "release_from_stop_s": release,
+                "log": log.name,
+            }
+        )
+        if prev is not None:
+            try:
+                prev.wait(60)
+            except subprocess.TimeoutExpired:
+                prev.kill()
+        prev = proc if proc.poll() is None else None
+    if prev is not None:
+        prev.send_signal(signal.SIGTERM)
+        try:
+            prev.wait(60)
+        except subprocess.TimeoutExpired:
+            prev.kill()
+    return rows
+
+
+def test_tp_naive_restarts_side_by_side(keeper: ProcessKeeper, tmp_path: Path) -> None:
+    """Not a pass/fail of servesweep: records how often naive restarts collide."""
+    gpus = _gpus()
+    total = min(total_gib(g) for g in gpus)
+    out = results_dir("tp_naive", tmp_path)
+    configs = _configs(total)
+    sleeps = [float(s) for s in os.environ.get("GPU_TEST_NAIVE_SLEEPS", "0.5,2").split(",")]
+    from servesweep.servers.gpu.nvml import NvmlProbe
+
+    probe = NvmlProbe()
+    try:
+        baseline = {s.index: s.used_bytes for s in probe.snapshot(gpus)}
+    finally:
+        probe.close()
+    rows: list[dict[str, Any]] = []
+    with GpuMonitor(gpus) as monitor:
+        for sleep_s in sleeps:
+            rows += _naive_round(keeper, out, gpus, configs, sleep_s, monitor, baseline)
+    monitor.save(out / "monitor.json")
+    restarts = [r for r in rows if r["index"] > 0]
+    collided = [r for r in restarts if r["outcome"] != "ready" or r["tokens"] is None]
+    record_summary(
+        "tp_naive",
+        {
+            "gpus": gpus,
+            "sleeps": sleeps,
+            "restarts": len(restarts),
+            "collided": len(collided),
+            "ooms": sum(1 for r in restarts if r["oom"]),
+            "port_in_use": sum(1 for r in restarts if r["port_in_use"]),
+            "rows": rows,
+        },
+    )
+    # the first start of each round had idle GPUs: it must work, or the test is broken
+    firsts = [r for r in rows if r["index"] == 0]
+    assert all(r["outcome"] == "ready" and r["tokens"] for r in firsts), firsts
+
+
+_ORPHAN = re.compile(r"\[worker (\d+) pid (\d+)\] the front process is gone: orphaned")
+
+
+def test_tp_orphans_on_every_gpu_are_cleaned(keeper: ProcessKeeper, tmp_path: Path) -> None:
+    """The front SIGKILLs itself mid-benchmark; its workers (own sessions) keep their
+    memory on every GPU; servesweep ends them all before the next start."""
+    gpus = _gpus()
+    total = min(total_gib(g) for g in gpus)
+    out = results_dir("tp_orphan", tmp_path)
+    hold = round(total * 0.6)
+    sweep = write_sweep(
+        out / "sweep.yaml",
+        name="tp-orphan",
+        script="tp_server.py",
+        gpus=gpus,
+        args={"tp": len(gpus), "pinned-gib": 4, "layers": 2, "heads": 16, "hidden": 2048},
+        points=[
+            {"hold-gib": hold, "orphan-workers": True, "crash-after-requests": 5},
+            {"hold-gib": hold},
+        ],
+        workload={"name": "chat", "concurrency": [1], "requests": 16, "max_tokens": 16},
+    )
+    with GpuMonitor(gpus) as monitor:
+        run = run_sweep(sweep, keeper, "tp-orphan", timeout=300)
+    monitor.save(out / "monitor.json")
+    report = report_json(sweep, keeper)
+    first, second = report["trials"]
+    log1 = Path(first["log_path"]).read_text(errors="replace")
+    orphans = {int(r): int(p) for r, p in _ORPHAN.findall(log1)}
+    keeper.pids.update(orphans.values())
+    start2 = second["phase_started"].get("start")
+    per_gpu = {}
+    for rank, pid in orphans.items():
+        # samples once trial 1 had failed: the front was dead by then
+        seen = [
+            s
+            for s in monitor.samples
+            if s.gpu == gpus[rank] and pid in s.pids and s.t >= float(first["finished_at"])
+        ]
+        per_gpu[str(gpus[rank])] = {
+            "pid": pid,
+            "max_used_gib": max((s.used for s in seen), default=0) / GiB,
+            "last_seen_before_start2_s": (start2 - max(s.t for s in seen))
+            if seen and start2
+            else None,
+            "gone": procs.is_gone(pid),
+        }
+    record_summary(
+        "tp_orphan",
+        {
+            "exit_code": run.returncode,
+            "trials": [trial_digest(t) for t in report["trials"]],
+            "orphans": per_gpu,
+            "events": [e for e in events(sweep) if e["event"] in ("warning", "trial_finished")],
+        },
+    )
+    assert first["outcome"] == "failed", first
+    assert sorted(orphans) == list(range(len(gpus))), f"orphan lines: {orphans}\n{log1[-3000:]}"
+    for gpu, row in per_gpu.items():
+        assert row["max_used_gib"] >= hold, (gpu, row)
+        assert row["gone"], (gpu, row)
+        assert row["last_seen_before_start2_s"] is not None
+        assert row["last_seen_before_start2_s"] > 0, (gpu, row)
+    assert second["outcome"] == "ok", second
