@@ -25,10 +25,10 @@ from servesweep.sim.tokenizer import count_tokens, split_pieces
 __all__ = ["MAX_MODEL_LEN", "Engine", "Plan"]
 
 MAX_MODEL_LEN = 4096
-_SPIN_STREAMS = 4
-"""Up to this many running requests, the last ~1.5 ms before a deadline are spent
+_SPIN_STREAMS = 2
+"""Up to this many running requests, the last ~1.2 ms before a deadline are spent
 yielding to the loop instead of in epoll (whose timeout has 1 ms granularity)."""
-_SPIN_S = 0.0015
+_SPIN_S = 0.0012
 
 _VOCAB_TEXT = (
     "the of and to in is that for it as with was on be by this are from at or an have not "

@@ -47,6 +47,18 @@ def print_traceback(exc: BaseException, final_line: str) -> None:
     sys.stderr.flush()
 
 
+def _exec_time() -> float | None:
+    """When the kernel started this process (10 ms resolution), before Python's start-up."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
 class SimProcess:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -68,7 +80,7 @@ class SimProcess:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self.stop.set)
-        self.truth("process_start", argv=sys.argv[1:])
+        self.truth("process_start", argv=sys.argv[1:], exec_t=_exec_time())
         cfg = self.cfg
         log(f"servesweep simulated engine, pid {self.pid}, instance {self.instance}")
         log(
