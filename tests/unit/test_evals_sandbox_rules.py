@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from servesweep.bench.evals import procscan, sandbox
-from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits, _judge, _Outcome, _read_verdict
+from servesweep.bench.evals.execution import Outcome, judge, read_verdict
+from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.errors import SandboxError
 
 LIMITS = SandboxLimits(timeout_s=5, output_bytes=100)
@@ -61,8 +62,8 @@ def test_bwrap_command_isolates_network_processes_and_files() -> None:
         assert "--cap-drop" in argv
 
 
-def _outcome(rc: int | None, **kw: bool) -> _Outcome:
-    return _Outcome(rc, b"out", b"line1\nTraceback: boom\n", **kw)
+def _outcome(rc: int | None, **kw: bool) -> Outcome:
+    return Outcome(rc, b"out", b"line1\nTraceback: boom\n", **kw)
 
 
 @pytest.mark.parametrize(
@@ -80,8 +81,8 @@ def _outcome(rc: int | None, **kw: bool) -> _Outcome:
         (_outcome(-9, overflow=True), {"status": "pass", "message": ""}, "resource_limit", "100"),
     ],
 )
-def test_judge(outcome: _Outcome, verdict: dict[str, str] | None, status: str, words: str) -> None:
-    result = _judge(outcome, verdict, LIMITS, 0.5)
+def testjudge(outcome: Outcome, verdict: dict[str, str] | None, status: str, words: str) -> None:
+    result = judge(outcome, verdict, LIMITS, 0.5)
     assert result.status == status
     assert words in result.message
 
@@ -93,7 +94,7 @@ def test_only_a_verdict_with_the_nonce_counts() -> None:
         os.write(w, b'{"status": "pass", "message": ""}\n')
         os.write(w, b'abc {"status": "fail", "message": "m"}\n')
         os.close(w)
-        assert _read_verdict(r, "abc") == {"status": "fail", "message": "m"}
+        assert read_verdict(r, "abc") == {"status": "fail", "message": "m"}
     finally:
         os.close(r)
 
@@ -103,7 +104,7 @@ def test_forged_verdicts_only_give_none() -> None:
     try:
         os.write(w, b'nonce {"status": "weird"}\nnonce not json\n')
         os.close(w)
-        assert _read_verdict(r, "nonce") is None
+        assert read_verdict(r, "nonce") is None
     finally:
         os.close(r)
 
@@ -118,13 +119,13 @@ def test_a_verdict_without_message_is_read() -> None:
     try:
         os.write(w, b'n {"status": "pass"}\n')
         os.close(w)
-        assert _read_verdict(r, "n") == {"status": "pass", "message": ""}
+        assert read_verdict(r, "n") == {"status": "pass", "message": ""}
     finally:
         os.close(r)
 
 
 def test_memory_over_the_total_is_a_resource_limit() -> None:
-    result = _judge(_outcome(-9, memory=True), None, LIMITS, 0.5)
+    result = judge(_outcome(-9, memory=True), None, LIMITS, 0.5)
     assert result.status == "resource_limit" and "2048 MiB" in result.message
 
 
