@@ -1,0 +1,41 @@
+"""The quickstart sweep, run for real on the simulated engine, gives an HTML report
+that headless Chromium opens with no console message and whose plots are drawn."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from tests.integration.sweep_helpers import kill_tagged, run_cli
+
+from helpers.report_browser import CHROMIUM, Browser, console_lines, plots_drawn
+from servesweep.sim.testing import free_port
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_quickstart_html_report_in_chromium(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "quickstart.yaml").read_text()
+    sweep_file = tmp_path / "quickstart.yaml"
+    sweep_file.write_text(re.sub(r"port: \d+", f"port: {free_port()}", text))
+    try:
+        done = run_cli("run", str(sweep_file), "--quiet", timeout=400)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        kill_tagged("quickstart")
+    out = tmp_path / "report.html"
+    made = run_cli("report", str(sweep_file), "--format", "html", "--out", str(out))
+    assert made.returncode == 0, made.stderr
+    html = out.read_text(encoding="utf-8")
+    assert "<code>" in html and "--budget" in html  # the best configuration's launch command
+    with Browser(tmp_path) as browser:
+        dom, err = browser.run(out.as_uri(), "--dump-dom")
+        assert console_lines(err) == []
+        assert 'data-js="ok"' in dom
+        plots = plots_drawn(browser, html, tmp_path / "shots", tmp_path / "shot.png")
+    ids = {p["id"] for p in plots}
+    assert {"plot-objective-0", "plot-objective-1", "plot-pareto-0", "plot-timeline"} <= ids
+    assert "plot-memory" in ids  # the fake GPUs' memory over the sweep
