@@ -410,7 +410,7 @@ class Sample:
 @dataclass
 class GpuMonitor:
     """Polls NVML every ``interval`` seconds in a thread; keeps a sample whenever a
-    GPU's used memory or holders change (and one per second otherwise)."""
+    GPU's used memory or holders change (and every 0.2 s otherwise)."""
 
     gpus: Sequence[int]
     interval: float = 0.02
@@ -438,7 +438,7 @@ class GpuMonitor:
                     pids = tuple(h.pid for h in s.holders)
                     prev = last.get(s.index)
                     changed = prev is None or prev[0] != s.used_bytes or prev[1] != pids
-                    if changed or now - prev[2] > 1:
+                    if changed or now - prev[2] > 0.2:
                         self.samples.append(Sample(now, s.index, s.used_bytes, pids))
                         last[s.index] = (s.used_bytes, pids, now)
                 self._stop.wait(self.interval)
