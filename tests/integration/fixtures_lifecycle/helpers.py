@@ -120,6 +120,10 @@ class Tracker:
         procs.wait_gone(pids, 5.0)
         for launcher, inst in self.instances:
             launcher.stop(inst, 0.0, 5.0)  # reaps our children
+            children = getattr(launcher, "_children", {})
+            for child in children.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)
         for cg in self.cgroups:
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
