@@ -331,3 +331,60 @@ def _ok(fn: Any) -> Any:
         return fn()
     except OSError:
         return False
+
+
+def test_old_sim_draining_on_a_shared_port_is_not_taken_for_the_new_one(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    port = free_port()
+    spec = ServerSpec(engine="sim", port=port)
+    old = tracker.spawn(
+        SIM.build_argv(spec, {"reuse-port": True, "load-time": 0, "shutdown-delay": 5}),
+        tmp_path / "old.log",
+    )
+    assert wait_for(lambda: _ok(lambda: http_request(port, "/health", timeout=1).status == 200))
+    old.send_signal(signal.SIGTERM)  # draining: still answers for 5 s
+    assert wait_for(lambda: "draining" in (tmp_path / "old.log").read_text(), 5)
+    launcher = SubprocessLauncher()
+    argv = SIM.build_argv(spec, {"reuse-port": True, "load-time": 1.0})
+    from servesweep.servers.launchers.base import LaunchRequest
+
+    inst = launcher.start(
+        LaunchRequest(argv, {}, "127.0.0.1", port, (), tmp_path / "new.log", "rp-1", "fp")
+    )
+    tracker.track(launcher, inst)
+    info = lc_ready(launcher, inst, port)
+    assert info.load_s >= 1.0, "ready before the new instance even listened"
+    assert old.poll() is None, "the old instance was still serving on the shared port"
+    # Each connection lands on one of the two listeners; the gate tells them apart by
+    # the owner of the server side of the connection.
+    from servesweep.servers.readiness import http_call
+
+    owners = set()
+    body = {"model": "sim-model", "prompt": "x", "max_tokens": 1}
+    ours = launcher.pids(inst)
+    for _ in range(20):
+        ans = http_call(
+            "127.0.0.1",
+            port,
+            "POST",
+            "/v1/completions",
+            body=body,
+            api_key=None,
+            timeout=2,
+            ours=ours,
+        )
+        assert not isinstance(ans, str), ans
+        served_by = int(ans.json()["system_fingerprint"].split("-")[0])
+        if ans.served_by_other:
+            assert ans.served_by_other == {old.pid} and served_by == old.pid
+        else:
+            assert served_by == inst.main_pid
+        owners.add(served_by)
+    assert inst.main_pid in owners
+
+
+def lc_ready(launcher: SubprocessLauncher, inst: InstanceRecord, port: int) -> Any:
+    from servesweep.servers.readiness import wait_ready
+
+    return wait_ready(launcher, inst, SIM, host="127.0.0.1", port=port, model=None, deadline_s=20)
