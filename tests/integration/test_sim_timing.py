@@ -102,3 +102,37 @@ def test_spec_decode_tokens_per_chunk_and_step_time(tmp_path: Path, sims: list[S
     assert statistics.mean(per_chunk) == pytest.approx(spec.expected_tokens_per_step, rel=0.12)
     itls = [i * 1000 for r in results for i in _itls(r[1])]
     assert statistics.median(itls) == pytest.approx(4 * spec.step_factor, abs=0.5)
+
+
+async def _ttft(port: int, prompt: str) -> float:
+    body = {"prompt": prompt, "max_tokens": 2, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        start = time.perf_counter()
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+            async for raw in resp.content:
+                if raw.startswith(b'data: {"id"'):
+                    return time.perf_counter() - start
+    raise AssertionError("no chunk")
+
+
+def test_prefill_adds_prompt_tokens_over_speed(tmp_path: Path, sims: list[SimRun]) -> None:
+    args = ["--load-time", "0", "--ttft-ms", "10", "--step-ms", "1", "--prefill-tok-s", "1000"]
+    run = start_sim(args, tmp_path)
+    sims.append(run)
+    run.wait_ready()
+    short = min(asyncio.run(_ttft(run.port, "a")) for _ in range(3)) * 1000
+    long = min(asyncio.run(_ttft(run.port, "word " * 100)) for _ in range(3)) * 1000
+    assert short == pytest.approx(11, abs=1.5)  # 10 ms + 1 token / 1000 tok/s
+    assert long == pytest.approx(110, abs=2.0)  # 10 ms + 100 tokens / 1000 tok/s
+
+
+def test_max_num_seqs_queues_requests(tmp_path: Path, sims: list[SimRun]) -> None:
+    args = ["--load-time", "0", "--ttft-ms", "10", "--step-ms", "10", "--batch-slowdown", "0"]
+    run = start_sim([*args, "--max-num-seqs", "2"], tmp_path)
+    sims.append(run)
+    run.wait_ready()
+    results = asyncio.run(_run(run.port, 4, 10, rounds=2))[4:]  # the first round warms up
+    ttfts = sorted(r[0] * 1000 for r in results)
+    # Two start at once; two wait for a slot: 10 ms TTFT + 9 steps of 10 ms, then theirs.
+    assert ttfts[1] < 25
+    assert ttfts[2] == pytest.approx(110, abs=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -148,3 +149,28 @@ def test_main_returns_2_on_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["--no-such-flag"]) == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def _chunks(seed: int, index: int) -> list[list[str]]:
+    import asyncio
+
+    from servesweep.sim.engine import Engine
+
+    cfg = parse_args(["--seed", str(seed), "--budget", "12", "--topk", "3", "--step-ms", "0"])
+    cfg = dataclasses.replace(cfg, ttft_ms=0.0)
+    engine = Engine(cfg, Oracle([], seed, 1.0))
+    got: list[list[str]] = []
+
+    async def emit(chunk: list[str]) -> None:
+        got.append(chunk)
+
+    plan = engine.plan("same prompt", 200, True, index)
+    asyncio.run(engine.run(plan, emit))
+    assert sum(len(c) for c in got) == 200
+    return got
+
+
+def test_generation_is_deterministic_by_seed_and_index() -> None:
+    assert _chunks(1, 0) == _chunks(1, 0)
+    assert [len(c) for c in _chunks(1, 0)] != [len(c) for c in _chunks(2, 0)]
+    assert _chunks(1, 0) != _chunks(1, 1)
