@@ -9,14 +9,14 @@ import pytest
 
 from servesweep.errors import LaunchError
 from servesweep.servers.launchers.base import ExitStatus
-from servesweep.servers.launchers.systemd import (
-    UnitCgroup,
-    _exit_status,
+from servesweep.servers.launchers.systemd_unit import (
     args_dropin_text,
     dropin_text,
+    exit_status,
     systemd_quote,
     unit_warnings,
 )
+from servesweep.servers.launchers.unit_cgroup import UnitCgroup
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_warnings_for_type_killmode_restart() -> None:
     ],
 )
 def test_exit_status_from_exec_main(code: str, status: str, expected: ExitStatus) -> None:
-    assert _exit_status({"ExecMainCode": code, "ExecMainStatus": status}) == expected
+    assert exit_status({"ExecMainCode": code, "ExecMainStatus": status}) == expected
 
 
 def _fake_cgroup(root: Path, nest: str, unit: str, pids: list[int]) -> Path:

@@ -22,10 +22,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from servesweep.errors import LaunchError
@@ -33,6 +32,15 @@ from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.servers.launchers.external import LogCopier, run_tool
+from servesweep.servers.launchers.systemd_unit import (
+    args_dropin_text,
+    dropin_text,
+    exit_status,
+    parse_int,
+    systemd_quote,
+    unit_warnings,
+)
+from servesweep.servers.launchers.unit_cgroup import UnitCgroup, host_pid
 from servesweep.spec.schema import ServerSpec, SystemdSpec
 
 __all__ = [
@@ -64,190 +72,8 @@ _PROPS = (
     "Job",
 )
 _RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
-_SAFE_WORD = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
-# ExecMainCode is a CLD_* code of waitid(2).
-_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
 _START_WAIT = 15.0
 _TTL = 0.2
-
-
-def systemd_quote(word: str) -> str:
-    """One word of an ``ExecStart=`` line: quoted for systemd's parser, with ``%``
-    specifiers and ``$`` variable expansion escaped so the word arrives verbatim."""
-    text = word.replace("%", "%%").replace("$", "$$")
-    if word and _SAFE_WORD.match(word):
-        return text
-    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{text}"'
-
-
-def _env_assignment(key: str, value: str) -> str:
-    """``"KEY=value"`` for an ``Environment=`` line (no ``$`` expansion there)."""
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-        raise LaunchError(f"invalid environment variable name for systemd: {key!r}")
-    text = f"{key}={value}".replace("%", "%%")
-    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{text}"'
-
-
-def _header(trial_key: str) -> str:
-    return (
-        f"# Written by servesweep for trial {trial_key}. The unit file itself is not changed;\n"
-        "# delete this file and run `systemctl daemon-reload` to restore the unit.\n"
-    )
-
-
-def dropin_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> str:
-    """The ``execstart`` drop-in: replace ExecStart with ``argv``, add ``env``."""
-    lines = [_header(trial_key), "[Service]", "ExecStart="]
-    lines.append("ExecStart=" + " ".join(systemd_quote(w) for w in argv))
-    lines += [f"Environment={_env_assignment(k, v)}" for k, v in sorted(env.items())]
-    return "\n".join(lines) + "\n"
-
-
-def args_dropin_text(argv: Sequence[str], env: Mapping[str, str], trial_key: str) -> str:
-    """The ``envfile`` drop-in: the unit keeps its own ``ExecStart=``, which uses
-    ``$SERVESWEEP_ARGS`` (argv after the program, split by systemd at whitespace);
-    ``SERVESWEEP_PROGRAM`` holds argv[0]. Set with ``Environment=`` in the drop-in
-    itself, so no path has to be valid on both sides of a container or ``-H`` host."""
-    bad = [w for w in argv[1:] if not w or any(c.isspace() for c in w)]
-    if bad:
-        raise LaunchError(
-            f"systemd splits $SERVESWEEP_ARGS at whitespace, so argument {bad[0]!r} cannot "
-            "be passed in envfile mode; use systemd.mode: execstart"
-        )
-    lines = [_header(trial_key), "[Service]"]
-    lines.append(f"Environment={_env_assignment('SERVESWEEP_PROGRAM', argv[0])}")
-    lines.append(f"Environment={_env_assignment('SERVESWEEP_ARGS', ' '.join(argv[1:]))}")
-    lines += [f"Environment={_env_assignment(k, v)}" for k, v in sorted(env.items())]
-    return "\n".join(lines) + "\n"
-
-
-def unit_warnings(unit: str, props: Mapping[str, str]) -> list[str]:
-    """What a unit's settings imply for a sweep, as advice (empty when all is well)."""
-    out: list[str] = []
-    kind = props.get("Type", "")
-    if kind in ("simple", "exec", "idle"):
-        out.append(
-            f"{unit} is Type={kind}: systemd reports it 'active' as soon as the process "
-            "starts, long before the engine can serve. servesweep's readiness gate waits "
-            "for a real generation; anything that trusts `systemctl is-active` or start "
-            "ordering does not (consider Type=notify)."
-        )
-    kill_mode = props.get("KillMode", "")
-    if kill_mode and kill_mode != "control-group":
-        effect = {
-            "mixed": "only the main process gets SIGTERM; workers get SIGKILL without a "
-            "chance to clean up",
-            "process": "only the main process is signalled; workers (vLLM EngineCore, "
-            "tensor-parallel workers) survive and keep GPU memory",
-            "none": "no process is signalled; every process survives and keeps GPU memory",
-        }.get(kill_mode, "not every process is signalled")
-        out.append(
-            f"{unit} has KillMode={kill_mode}: on `systemctl stop` {effect}. servesweep "
-            "kills what is left in the unit's cgroup after the grace period; set "
-            "KillMode=control-group to let systemd stop the whole instance."
-        )
-    restart = props.get("Restart", "")
-    if restart and restart != "no":
-        out.append(
-            f"{unit} has Restart={restart}: systemd restarts a crashed trial by itself; "
-            "servesweep counts the first exit as the end of the instance and stops the unit."
-        )
-    return out
-
-
-class UnitCgroup:
-    """Finds a unit's cgroup folder on this machine.
-
-    ``ControlGroup`` is relative to systemd's cgroup namespace. For the host's systemd
-    it lies right under the cgroup mount; for a systemd in a container (nspawn, the
-    test sandbox) it lies some folders deeper. The nesting found once is remembered.
-    """
-
-    def __init__(self) -> None:
-        self._prefix: dict[Path, Path] = {}
-
-    @staticmethod
-    def roots() -> list[Path]:
-        """Mount points of the cgroup v2 hierarchy and of the v1 ``name=systemd`` one."""
-        v2: list[Path] = []
-        v1: list[Path] = []
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-                for line in fh:
-                    left, _, right = line.partition(" - ")
-                    fields = left.split()
-                    rfields = right.split()
-                    if len(fields) < 5 or len(rfields) < 3:
-                        continue
-                    if rfields[0] == "cgroup2":
-                        v2.append(Path(fields[4]))
-                    elif rfields[0] == "cgroup" and "name=systemd" in rfields[2].split(","):
-                        v1.append(Path(fields[4]))
-        except OSError:
-            return []
-        return v2 + v1
-
-    def find(self, control_group: str, main_pid: int | None = None) -> Path | None:
-        """The folder of ``control_group`` (None when no local folder matches)."""
-        rel = control_group.strip("/")
-        if not rel:
-            return None
-        if self._prefix:
-            # The nesting does not change: once known, look only there.
-            for prefix in self._prefix.values():
-                if (prefix / rel).is_dir():
-                    return prefix / rel
-            return None
-        for root in self.roots():
-            for base in self._bases(root, rel):
-                folder = base / rel
-                if main_pid and not _holds_ns_pid(folder, main_pid):
-                    continue
-                self._prefix[root] = base
-                return folder
-        return None
-
-    @staticmethod
-    def _bases(root: Path, rel: str, depth: int = 4) -> Iterable[Path]:
-        """Folders up to ``depth`` levels below ``root`` that contain ``rel``."""
-        level = [root]
-        for _ in range(depth + 1):
-            nxt: list[Path] = []
-            for base in level:
-                if (base / rel).is_dir():
-                    yield base
-                with contextlib.suppress(OSError):
-                    nxt += [
-                        Path(e.path) for e in os.scandir(base) if e.is_dir(follow_symlinks=False)
-                    ]
-            level = nxt
-
-    @staticmethod
-    def procs(folder: Path) -> set[int]:
-        """Every PID in ``folder`` and the cgroups below it."""
-        out: set[int] = set()
-        for dirpath, _dirs, _files in os.walk(folder):
-            with contextlib.suppress(OSError), open(os.path.join(dirpath, "cgroup.procs")) as fh:
-                out.update(int(x) for x in fh.read().split())
-        return out
-
-
-def _ns_pid(pid: int) -> int | None:
-    """The PID as the innermost PID namespace of the process sees it."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _holds_ns_pid(folder: Path, ns_pid: int) -> bool:
-    return any(pid == ns_pid or _ns_pid(pid) == ns_pid for pid in UnitCgroup.procs(folder))
 
 
 class SystemdLauncher:
@@ -376,7 +202,7 @@ class SystemdLauncher:
         self._warnings = unit_warnings(self.unit, props)
         invocation = props["InvocationID"]
         cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
-        ns_main = _int(props.get("MainPID"))
+        ns_main = parse_int(props.get("MainPID"))
         main = self._host_pid(cgroup, ns_main)
         log_path = Path(request.log_path)
         copier = LogCopier(
@@ -408,7 +234,7 @@ class SystemdLauncher:
         if props.get("ActiveState") not in _RUNNING_STATES or not props.get("InvocationID"):
             return None
         cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
-        main = self._host_pid(cgroup, _int(props.get("MainPID")))
+        main = self._host_pid(cgroup, parse_int(props.get("MainPID")))
         return InstanceRecord(
             launcher=self.name,
             pids=(main,) if main else (),
@@ -440,7 +266,7 @@ class SystemdLauncher:
             props = self.show()
             inv = props.get("InvocationID", "")
             running = props.get("ActiveState") in _RUNNING_STATES
-            if inv and inv != old_invocation and (_int(props.get("MainPID")) or not running):
+            if inv and inv != old_invocation and (parse_int(props.get("MainPID")) or not running):
                 return props
             if not inv and not running and not props.get("Job"):
                 # No job queued and no invocation: it ran and already ended cleanly,
@@ -476,12 +302,7 @@ class SystemdLauncher:
         if not ns_pid:
             return None
         folder = self.cgroups.find(cgroup, ns_pid)
-        if folder is None:
-            return None
-        for pid in UnitCgroup.procs(folder):
-            if pid == ns_pid or _ns_pid(pid) == ns_pid:
-                return pid
-        return None
+        return None if folder is None else host_pid(folder, ns_pid)
 
     def _state(self, instance: InstanceRecord) -> dict[str, str]:
         """``show()``, reused for a moment: the readiness gate polls many times a second."""
@@ -506,7 +327,7 @@ class SystemdLauncher:
             if not props.get("InvocationID") and props.get("Result") == "success":
                 return ExitStatus(exit_code=0)  # a clean exit clears the invocation
             return ExitStatus()  # a later invocation replaced it: its status is gone
-        return _exit_status(props)
+        return exit_status(props)
 
     def pids(self, instance: InstanceRecord) -> set[int]:
         if instance.cgroup:
@@ -546,7 +367,8 @@ class SystemdLauncher:
                     f"{grace:g}s grace: SIGKILL to the cgroup"
                 )
                 self.systemctl("kill", "--signal=SIGKILL", self.unit, check=False)
-                killed = procs.signal_all(left, signal.SIGKILL)
+                procs.signal_all(left, signal.SIGKILL)  # also if systemctl kill failed
+                killed = tuple(sorted(left))
                 if not self._wait_down(instance, kill_timeout):
                     notes.append(f"processes survived SIGKILL for {kill_timeout:g}s")
         survivors = tuple(sorted(self.pids(instance)))
@@ -597,23 +419,6 @@ class SystemdLauncher:
         if running and props.get("InvocationID"):
             return False
         return bool(self.pids(instance))
-
-
-def _exit_status(props: Mapping[str, str]) -> ExitStatus:
-    code = _int(props.get("ExecMainCode"))
-    status = _int(props.get("ExecMainStatus"))
-    if code in (_CLD_KILLED, _CLD_DUMPED):
-        return ExitStatus(signal=status)
-    if code == _CLD_EXITED:
-        return ExitStatus(exit_code=status)
-    return ExitStatus()
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value else None
-    except ValueError:
-        return None
 
 
 def _write_atomic(path: Path, text: str) -> None:
