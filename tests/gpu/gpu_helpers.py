@@ -372,12 +372,20 @@ def trial_digest(trial: Mapping[str, Any]) -> dict[str, Any]:
         "failure_class": trial.get("failure_class"),
         "failure": failure.get("summary"),
         "phase_seconds": trial["phase_seconds"],
-        "peak_gpu_memory_bytes": trial.get("peak_gpu_memory_bytes"),
+        "peak_gpu_memory_gib": _peak_gib(trial.get("peak_gpu_memory_bytes")),
         "worker_load": worker_load_times(trial.get("log_path")),
         "output_throughput": [
             (r["level"], r["metrics"].get("output_throughput")) for r in trial.get("results", [])
         ],
     }
+
+
+def _peak_gib(peak: Any) -> float | None:
+    """The report's peak GPU memory (bytes, or bytes per GPU) as GiB, the largest GPU."""
+    if isinstance(peak, dict):
+        values = [float(v) for v in peak.values() if isinstance(v, (int, float))]
+        return max(values) / GiB if values else None
+    return float(peak) / GiB if isinstance(peak, (int, float)) else None
 
 
 _LOADED = re.compile(r"\[worker (\d+) pid (\d+)\] loaded: (.*)")
@@ -437,8 +445,7 @@ class GpuMonitor:
                 for s in probe.snapshot(list(self.gpus)):
                     pids = tuple(h.pid for h in s.holders)
                     prev = last.get(s.index)
-                    changed = prev is None or prev[0] != s.used_bytes or prev[1] != pids
-                    if changed or now - prev[2] > 0.2:
+                    if prev is None or prev[:2] != (s.used_bytes, pids) or now - prev[2] > 0.2:
                         self.samples.append(Sample(now, s.index, s.used_bytes, pids))
                         last[s.index] = (s.used_bytes, pids, now)
                 self._stop.wait(self.interval)

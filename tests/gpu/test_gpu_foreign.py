@@ -84,7 +84,7 @@ def test_foreign_holder_between_trials_fails_the_next_trial(
             "ignore_eos": True,
         },
     )
-    triggered = []
+    triggered: list[bool] = []
 
     def on_poll() -> None:
         if triggered:

@@ -57,8 +57,8 @@ def test_nvml_agrees_with_nvidia_smi(keeper: ProcessKeeper, tmp_path: Path) -> N
         assert lo - 2 <= used_mib <= hi + 2, rows[-1]
         assert abs(before[index].total_bytes // MiB - total_mib) <= 2
     smi_holders: dict[int, dict[int, int]] = {}
-    for gpu_uuid, pid, used in smi_apps:
-        smi_holders.setdefault(uuid_index[gpu_uuid], {})[int(pid)] = int(used)
+    for gpu_uuid, pid_text, used_text in smi_apps:
+        smi_holders.setdefault(uuid_index[gpu_uuid], {})[int(pid_text)] = int(used_text)
     for state in after:
         nvml = {h.pid: h.used_bytes // MiB for h in state.holders}
         smi = smi_holders.get(state.index, {})

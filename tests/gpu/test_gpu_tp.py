@@ -233,7 +233,9 @@ def test_tp_naive_restarts_side_by_side(keeper: ProcessKeeper, tmp_path: Path) -
     assert all(r["outcome"] == "ready" and r["tokens"] for r in firsts), firsts
 
 
-_ORPHAN = re.compile(r"\[worker (\d+) pid (\d+)\] the front process is gone: orphaned")
+_ORPHAN = re.compile(
+    r"\[worker (\d+) pid (\d+)\] the front process is gone: orphaned.*\(at ([0-9.]+)\)"
+)
 
 
 def test_tp_orphans_on_every_gpu_are_cleaned(keeper: ProcessKeeper, tmp_path: Path) -> None:
@@ -261,16 +263,18 @@ def test_tp_orphans_on_every_gpu_are_cleaned(keeper: ProcessKeeper, tmp_path: Pa
     report = report_json(sweep, keeper)
     first, second = report["trials"]
     log1 = Path(first["log_path"]).read_text(errors="replace")
-    orphans = {int(r): int(p) for r, p in _ORPHAN.findall(log1)}
+    found = _ORPHAN.findall(log1)
+    orphans = {int(r): int(p) for r, p, _ in found}
+    orphaned_at = {int(r): float(t) for r, _, t in found}
     keeper.pids.update(orphans.values())
     start2 = second["phase_started"].get("start")
-    per_gpu = {}
+    per_gpu: dict[str, dict[str, Any]] = {}
     for rank, pid in orphans.items():
-        # samples once trial 1 had failed: the front was dead by then
+        # samples after the worker saw its front die
         seen = [
             s
             for s in monitor.samples
-            if s.gpu == gpus[rank] and pid in s.pids and s.t >= float(first["finished_at"])
+            if s.gpu == gpus[rank] and pid in s.pids and s.t >= orphaned_at[rank]
         ]
         per_gpu[str(gpus[rank])] = {
             "pid": pid,

@@ -108,7 +108,7 @@ class TinyLM(nn.Module):
         x = self.embed(windows) + self.pos[: windows.shape[1]]
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.norm(x[:, -1]))
+        logits: torch.Tensor = self.head(self.norm(x[:, -1]))
         return logits.float().argmax(dim=-1)
 
 

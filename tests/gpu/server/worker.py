@@ -168,7 +168,7 @@ class Worker:
         log(
             self.rank,
             f"the front process is gone: orphaned, keeping {used:.1f} GiB on {self.device} "
-            f"and {pinned:.1f} GiB pinned",
+            f"and {pinned:.1f} GiB pinned (at {time.time():.3f})",
         )
         while True:
             signal.pause()
