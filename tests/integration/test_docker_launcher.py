@@ -163,6 +163,7 @@ def test_sigterm_ignored_is_killed_after_the_grace(box: Box) -> None:
     result = box.launcher.stop(rec, grace=1.0, kill_timeout=5.0)
     took = time.monotonic() - t0
     assert result.survivors == ()
+    assert result.killed and any("SIGKILL" in note for note in result.notes), result
     assert 0.9 <= took < 15, took
     status = box.launcher.poll(rec)
     assert status is not None and status.signal == 9, status

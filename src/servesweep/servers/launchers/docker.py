@@ -233,6 +233,7 @@ class DockerLauncher:
         if state is not None and state.get("Status") in _ALIVE:
             signalled = tuple(sorted(first))
             seconds = max(0, math.ceil(grace))
+            began = time.monotonic()
             try:
                 self.docker(
                     "stop", "-t", str(seconds), container, timeout=seconds + kill_timeout + 30
@@ -241,6 +242,11 @@ class DockerLauncher:
                 notes.append(f"docker stop failed: {exc}")
             left = self.pids(instance)
             state = self._state(container)
+            waited = time.monotonic() - began
+            if state is not None and state.get("ExitCode") == 137 and waited >= seconds:
+                # docker stop itself sent SIGKILL: the grace ran out.
+                notes.append(f"still running after {seconds}s grace: docker sent SIGKILL")
+                killed = signalled
             if left or (state is not None and state.get("Status") in _ALIVE):
                 notes.append(f"{len(left)} process(es) still running after docker stop: kill")
                 killed = tuple(sorted(left))
