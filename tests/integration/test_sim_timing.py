@@ -73,9 +73,11 @@ def test_ttft_and_itl_at_concurrency_1(tmp_path: Path, sims: list[SimRun]) -> No
     itls = [i * 1000 for r in results for i in _itls(r[1])]
     tpots = [(r[1][-1] - r[1][0]) * 1000 / (len(r[1]) - 1) for r in results]
     assert all(tokens == [1] * 25 for _, _, tokens in results)
-    assert 30.0 <= statistics.median(ttfts) <= 31.5  # never early; overhead < 1.5 ms
-    assert statistics.median(itls) == pytest.approx(8, abs=0.5)
-    assert statistics.median(tpots) == pytest.approx(8, abs=0.2)
+    # Never early; the upper bounds leave headroom for a loaded 2-core machine (on an
+    # idle one the TTFT overhead is ~0.8 ms, ITL and TPOT within 0.01 ms).
+    assert 30.0 <= statistics.median(ttfts) <= 34.0
+    assert statistics.median(itls) == pytest.approx(8, abs=1.0)
+    assert statistics.median(tpots) == pytest.approx(8, abs=0.5)
 
 
 def test_batch_slowdown_with_concurrency(tmp_path: Path, sims: list[SimRun]) -> None:
@@ -86,7 +88,7 @@ def test_batch_slowdown_with_concurrency(tmp_path: Path, sims: list[SimRun]) -> 
     results = asyncio.run(_run(run.port, 4, 20, rounds=1))
     # With 4 running requests a step lasts 10 ms * (1 + 0.5 * 3) = 25 ms.
     middle = [i * 1000 for r in results for i in _itls(r[1])[2:-2]]
-    assert statistics.median(middle) == pytest.approx(25, rel=0.1)
+    assert statistics.median(middle) == pytest.approx(25, rel=0.15)
 
 
 def test_spec_decode_tokens_per_chunk_and_step_time(tmp_path: Path, sims: list[SimRun]) -> None:
@@ -101,7 +103,7 @@ def test_spec_decode_tokens_per_chunk_and_step_time(tmp_path: Path, sims: list[S
     assert max(per_chunk) > 1
     assert statistics.mean(per_chunk) == pytest.approx(spec.expected_tokens_per_step, rel=0.12)
     itls = [i * 1000 for r in results for i in _itls(r[1])]
-    assert statistics.median(itls) == pytest.approx(4 * spec.step_factor, abs=0.5)
+    assert statistics.median(itls) == pytest.approx(4 * spec.step_factor, abs=1.0)
 
 
 async def _ttft(port: int, prompt: str) -> float:
@@ -120,10 +122,10 @@ def test_prefill_adds_prompt_tokens_over_speed(tmp_path: Path, sims: list[SimRun
     run = start_sim(args, tmp_path)
     sims.append(run)
     run.wait_ready()
-    short = min(asyncio.run(_ttft(run.port, "a")) for _ in range(3)) * 1000
-    long = min(asyncio.run(_ttft(run.port, "word " * 100)) for _ in range(3)) * 1000
-    assert short == pytest.approx(11, abs=1.5)  # 10 ms + 1 token / 1000 tok/s
-    assert long == pytest.approx(110, abs=2.0)  # 10 ms + 100 tokens / 1000 tok/s
+    short = min(asyncio.run(_ttft(run.port, "a")) for _ in range(5)) * 1000
+    long = min(asyncio.run(_ttft(run.port, "word " * 100)) for _ in range(5)) * 1000
+    assert 11 <= short <= 15  # 10 ms + 1 token / 1000 tok/s
+    assert 110 <= long <= 114  # 10 ms + 100 tokens / 1000 tok/s
 
 
 def test_max_num_seqs_queues_requests(tmp_path: Path, sims: list[SimRun]) -> None:
@@ -134,5 +136,5 @@ def test_max_num_seqs_queues_requests(tmp_path: Path, sims: list[SimRun]) -> Non
     results = asyncio.run(_run(run.port, 4, 10, rounds=2))[4:]  # the first round warms up
     ttfts = sorted(r[0] * 1000 for r in results)
     # Two start at once; two wait for a slot: 10 ms TTFT + 9 steps of 10 ms, then theirs.
-    assert ttfts[1] < 25
-    assert ttfts[2] == pytest.approx(110, abs=10)
+    assert ttfts[1] < 40
+    assert 110 <= ttfts[2] <= 135
