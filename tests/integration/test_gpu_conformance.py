@@ -43,7 +43,7 @@ def backend(
         probe = open_probe("fake", fake_dir)
 
         def hold(gpu: int, size: int) -> contextlib.AbstractContextManager[suite.MemoryHolder]:
-            return suite.fake_holder(fake_dir, gpu, size, release_delay_s=0.3)
+            return suite.fake_holder(fake_dir, gpu, size, release_delay_s=0.5)
 
     else:
         probe = _nvml_or_skip()

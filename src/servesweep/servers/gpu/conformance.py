@@ -207,7 +207,8 @@ def check_holder_lifecycle(
 
         _wait_for(f"GPU {holder.gpu} memory of pid {holder.pid} released", settle_s, released)
         took = time.monotonic() - killed_at
-        # The heartbeat (20 ms) may place the exit slightly before the kill.
-        assert took >= holder.release_delay_s - 0.05, (
+        # The last heartbeat (every 20 ms, later on a loaded machine) is the exit time
+        # of a killed holder, so the release may come a little before kill + delay.
+        assert took >= holder.release_delay_s - min(0.2, holder.release_delay_s / 2), (
             f"released after {took:.3f} s, before the {holder.release_delay_s} s release delay"
         )
