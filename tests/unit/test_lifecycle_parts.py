@@ -153,3 +153,22 @@ def test_release_within_baseline_tolerates_resident_processes() -> None:
         foreign_policy="fail",
     )
     assert result.polls == 1
+
+
+def test_netlink_and_proc_net_agree_on_listeners() -> None:
+    import socket
+
+    with socket.socket() as v4, socket.socket(socket.AF_INET6) as v6:
+        v4.bind(("127.0.0.1", 0))
+        v4.listen()
+        v6.bind(("::1", 0))
+        v6.listen()
+        for sock in (v4, v6):
+            port = sock.getsockname()[1]
+            via_proc = ports._sockets(port, listening=True)
+            assert len(via_proc) == 1
+            via_netlink = ports._diag_listening(port)
+            if via_netlink is not None:  # netlink may be unavailable in a sandbox
+                assert via_netlink == via_proc
+            assert ports.owned_by("127.0.0.1" if sock is v4 else "::1", port, [os.getpid()])
+            assert not ports.owned_by("127.0.0.1", port + 1 if port < 65535 else 1, [])
