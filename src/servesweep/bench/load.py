@@ -60,9 +60,9 @@ async def run_workload(
     Raises :class:`BenchError` (``DatasetError``) when the workload cannot run at all;
     failed requests are data in the result."""
     if workload.eval is not None:
-        from servesweep.bench.evals import run_eval_workload  # type: ignore[attr-defined]
+        from servesweep.bench.evals import run_eval_workload
 
-        result: LevelResult = await run_eval_workload(target, workload)
+        result: LevelResult = await run_eval_workload(target, workload, base_dir=base_dir)
         return [result]
     n_workers = max(1, workers or int(getattr(workload, "workers", 1) or 1))
     headers = build_headers(target.api_key)

@@ -7,6 +7,7 @@ A :class:`LevelPlan` is plain picklable data so that a worker process can run it
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -83,7 +84,13 @@ async def _sleep_until(t_ns: int) -> None:
 
 
 async def run_plan(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutput:
-    monitor = LoopLagMonitor()
+    """Run one plan. Python's full garbage collections (tens of ms with many samples
+    on the heap) are held off during the level, so they cannot stamp chunks late:
+    the young generations are still collected every second by the loop-lag ticker,
+    and a full collection runs after the level."""
+    monitor = LoopLagMonitor(collect_young_every_s=1.0)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     monitor.start()
     try:
         if plan.offsets_ns is not None:
@@ -92,6 +99,9 @@ async def run_plan(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutpu
             out = await _closed_loop(plan, session)
     finally:
         await monitor.stop()
+        if gc_was_enabled:
+            gc.enable()
+    gc.collect()
     out.loop_lags_ns = [x for x in monitor.lags_ns]
     return out
 
@@ -131,7 +141,8 @@ async def _closed_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanO
                 scheduled_ns=scheduled,
             )
             raws.append(r)
-            scheduled = r.end_ns if r.end_ns is not None else monotonic_ns()
+            # the slot is free again now: its next request is due at once
+            scheduled = monotonic_ns()
 
     await asyncio.gather(*(slot() for _ in range(concurrency)))
     return out

@@ -1,0 +1,237 @@
+"""``servesweep bench --url URL``: benchmark an already-running OpenAI-compatible
+server without a sweep file, and render the results as a table or JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pydantic
+from rich.table import Table
+
+from servesweep.bench.client import build_headers, get_text, make_session
+from servesweep.bench.load import run_workload
+from servesweep.bench.results import LevelResult
+from servesweep.bench.target import Target
+from servesweep.errors import BenchError, ConfigError
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.spec.schema import WorkloadSpec
+
+__all__ = ["format_results", "results_as_dicts", "run_standalone"]
+
+VLLM_SPEC_COUNTERS = {
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+}
+
+
+def run_standalone(
+    url: str,
+    *,
+    model: str | None = None,
+    concurrency: Sequence[int] = (1,),
+    requests: int | None = 32,
+    rate: Sequence[float] = (),
+    dataset: str = "builtin:chat",
+    max_tokens: int = 256,
+    endpoint: str = "chat",
+    api_key_env: str | None = None,
+    duration: float | None = None,
+    input_tokens: int | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    warmup: int = 0,
+    ignore_eos: bool = False,
+    temperature: float = 0.0,
+    stream: bool = True,
+    seed: int = 0,
+    slo: Mapping[str, float] | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+    workers: int = 1,
+    timeout_s: float = 600.0,
+    tokenize_path: str | None = "/tokenize",
+    metrics_path: str | None = "/metrics",
+    spec_decode_counters: Mapping[str, str] | None = None,
+    probe: GpuProbe | None = None,
+    gpus: Sequence[int] = (),
+    on_progress: Callable[[str], None] | None = None,
+) -> list[LevelResult]:
+    """Run one workload against ``url`` (``http://host:port``, ``/v1`` optional).
+
+    With ``rate`` the levels are open-loop rates and ``concurrency`` is ignored.
+    ``model`` None: the first model ``/v1/models`` lists. ``api_key_env``: the name
+    of the environment variable holding the API key (the key is never printed).
+    Raises :class:`ConfigError` for bad options, :class:`BenchError` when the
+    server cannot be asked at all."""
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    if not base.startswith(("http://", "https://")):
+        raise ConfigError(f"not an http(s) URL: {url!r}", key="--url")
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise ConfigError(f"environment variable {api_key_env} is not set", key="--api-key-env")
+    spec: dict[str, Any] = {
+        "name": "bench",
+        "endpoint": endpoint,
+        "dataset": dataset,
+        "input_tokens": input_tokens,
+        "arrival": arrival,
+        "burstiness": burstiness,
+        "requests": requests,
+        "duration": duration,
+        "warmup": warmup,
+        "max_tokens": max_tokens,
+        "ignore_eos": ignore_eos,
+        "temperature": temperature,
+        "stream": stream,
+        "seed": seed,
+        "slo": dict(slo or {}),
+        "extra_body": dict(extra_body or {}),
+    }
+    if rate:
+        spec["rate"] = list(rate)
+    else:
+        spec["concurrency"] = list(concurrency)
+    try:
+        workload = WorkloadSpec(**spec)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ConfigError(str(first.get("msg", exc)), key=where or None) from exc
+    return asyncio.run(
+        _run(
+            base,
+            model,
+            api_key,
+            workload,
+            workers=workers,
+            timeout_s=timeout_s,
+            tokenize_path=tokenize_path,
+            metrics_path=metrics_path,
+            counters=VLLM_SPEC_COUNTERS if spec_decode_counters is None else spec_decode_counters,
+            probe=probe,
+            gpus=gpus,
+            on_progress=on_progress,
+        )
+    )
+
+
+async def _run(
+    base: str,
+    model: str | None,
+    api_key: str | None,
+    workload: WorkloadSpec,
+    *,
+    workers: int,
+    timeout_s: float,
+    tokenize_path: str | None,
+    metrics_path: str | None,
+    counters: Mapping[str, str],
+    probe: GpuProbe | None,
+    gpus: Sequence[int],
+    on_progress: Callable[[str], None] | None,
+) -> list[LevelResult]:
+    if model is None:
+        model = await _first_model(base, api_key)
+    target = Target(
+        base_url=base,
+        model=model,
+        api_key=api_key,
+        tokenize_path=tokenize_path,
+        metrics_path=metrics_path,
+        spec_decode_counters=dict(counters),
+        timeout_s=timeout_s,
+    )
+    return await run_workload(
+        target, workload, probe=probe, gpus=gpus, on_progress=on_progress, workers=workers
+    )
+
+
+async def _first_model(base: str, api_key: str | None) -> str:
+    async with make_session(30.0) as session:
+        text = await get_text(session, base + "/v1/models", build_headers(api_key))
+    try:
+        data = json.loads(text)
+        return str(data["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise BenchError(
+            f"{base}/v1/models lists no model; give the model name with --model"
+        ) from exc
+
+
+def _f(m: Mapping[str, float], key: str, fmt: str = "{:.1f}") -> str:
+    return fmt.format(m[key]) if key in m else "-"
+
+
+def format_results(results: Sequence[LevelResult]) -> Table:
+    """One row per level and repeat: throughput, latency percentiles (ms), tokens per
+    chunk, acceptance length with its source, concurrency really in flight."""
+    table = Table(title="servesweep bench", show_lines=False)
+    columns = [
+        "workload", "level", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
+        "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "tok/chunk", "accept len", "in flight",
+    ]  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("workload", "level") else "right")
+    notes: list[str] = []
+    for r in results:
+        m = r.metrics
+        level = r.level if r.repeat == 0 else f"{r.level} #{r.repeat}"
+        acc = "-"
+        if "acceptance_length" in m:
+            source = "counters" if r.info.get("acceptance_source") == "engine_counters" else "est."
+            acc = f"{m['acceptance_length']:.2f} ({source})"
+        table.add_row(
+            r.workload,
+            level,
+            _f(m, "completed", "{:.0f}"),
+            _f(m, "failed", "{:.0f}"),
+            _f(m, "request_throughput", "{:.2f}"),
+            _f(m, "output_throughput", "{:.0f}"),
+            _f(m, "ttft_median_ms"),
+            _f(m, "ttft_p99_ms"),
+            _f(m, "tpot_median_ms", "{:.2f}"),
+            _f(m, "itl_median_ms", "{:.2f}"),
+            _f(m, "itl_p99_ms", "{:.2f}"),
+            _f(m, "e2e_median_ms"),
+            _f(m, "tokens_per_chunk_mean", "{:.2f}"),
+            acc,
+            _f(m, "concurrency_mean", "{:.1f}"),
+        )
+        notes += [f"{r.level}: {w}" for w in r.warnings]
+        for kind, count in (r.info.get("errors") or {}).items():
+            example = (r.info.get("error_examples") or {}).get(kind, "")
+            notes.append(f"{r.level}: {count} x {kind} {example[:120]}".rstrip())
+    if notes:
+        table.caption = "\n".join(notes)
+    return table
+
+
+def results_as_dicts(
+    results: Sequence[LevelResult], *, samples: bool = False
+) -> list[dict[str, Any]]:
+    """JSON-ready records (``--json``); per-request samples only when asked."""
+    out = []
+    for r in results:
+        d: dict[str, Any] = {
+            "workload": r.workload,
+            "level": r.level,
+            "repeat": r.repeat,
+            "metrics": dict(r.metrics),
+            "warnings": list(r.warnings),
+            "info": dict(r.info),
+            "started_at": r.started_at,
+            "duration_s": r.duration_s,
+        }
+        if samples:
+            d["samples"] = [dataclasses.asdict(s) for s in r.samples]
+        out.append(d)
+    return out
