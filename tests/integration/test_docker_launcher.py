@@ -174,7 +174,10 @@ def test_same_trial_name_twice_is_refused_while_running(box: Box) -> None:
     rec = box.start("m-x", key="same", load_time=0.2)
     with pytest.raises(LaunchError, match="still running"):
         box.start("m-y", key="same", load_time=0.2)
-    box.launcher.stop(rec, grace=5.0, kill_timeout=5.0)
+    assert box.launcher.stop(rec, grace=1.0, kill_timeout=5.0).survivors == ()
+    # Stopping it again is harmless: the container is gone.
+    again = box.launcher.stop(rec, grace=1.0, kill_timeout=5.0)
+    assert again.survivors == () and again.signalled == () and again.seconds < 5
 
 
 def test_lifecycle_with_the_release_gate_on_fake_gpus(box: Box, tmp_path: Path) -> None:

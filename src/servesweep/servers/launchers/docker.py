@@ -229,6 +229,12 @@ class DockerLauncher:
         first = self.pids(instance)
         signalled: tuple[int, ...] = ()
         killed: tuple[int, ...] = ()
+        exists = self.inspect(container) is not None
+        if not exists:
+            # Already removed: only leftovers carrying its tag can remain.
+            left = procs.wait_gone(first, kill_timeout, refresh=lambda: self.pids(instance))
+            self._copiers.pop(container, None)
+            return StopResult(seconds=time.monotonic() - t0, survivors=tuple(sorted(left)))
         state = self._state(container)
         if state is not None and state.get("Status") in _ALIVE:
             signalled = tuple(sorted(first))

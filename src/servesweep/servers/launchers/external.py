@@ -21,8 +21,25 @@ __all__ = ["LogCopier", "run_tool"]
 
 _DETAIL = 400
 # Runs the follower until its stdin closes: at ``finish``, or when servesweep itself
-# exits however it ends, so no follower outlives the process that needs it.
-_WATCHDOG = '"$@" & f=$!; read -r _ || true; kill "$f" 2>/dev/null; wait "$f"; exit 0'
+# exits however it ends, so no follower outlives the process that needs it. The
+# follower's children get SIGTERM first: a wrapper such as nsenter (the systemd
+# sandbox's journalctl) then reaps its child and exits by itself; killing the wrapper
+# first would leave the child a zombie that no init reaps. After 2 s (at once when it
+# has no children): SIGTERM to the follower itself.
+_WATCHDOG = """
+"$@" & f=$!
+read -r _ || true
+i=20
+for c in $(cat /proc/"$f"/task/*/children 2>/dev/null); do kill "$c" 2>/dev/null; i=0; done
+while [ "$i" -lt 20 ]; do
+    case "$(sed 's/.*) //' /proc/"$f"/stat 2>/dev/null)" in [RSD]*) ;; *) break ;; esac
+    sleep 0.1
+    i=$((i + 1))
+done
+kill "$f" 2>/dev/null
+wait "$f"
+exit 0
+"""
 
 
 def run_tool(
