@@ -49,6 +49,7 @@ _PROGRESS_EVERY = 0.5
 _TAIL_EVERY = 0.5
 _FATAL_WAIT = 1.0
 _HTTP_TIMEOUT = 2.0
+_ACCEPT_WAIT = 0.5
 _GEN_TIMEOUT = 60.0
 _IDLE_SILENT = 30.0
 _TAIL = 40
@@ -157,19 +158,40 @@ def http_call(
     try:
         conn.connect()
         client = conn.sock.getsockname() if conn.sock is not None else None
+        known, other = False, set[int]()
+        if ours and client is not None:
+            # Who accepted the connection, asked before the request: a server that
+            # answers and closes at once (an old one draining) leaves nothing to see
+            # afterwards.
+            known, other = _accepted_by(port, client, ours)
         conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         payload = resp.read(1 << 20)
-        other: set[int] = set()
-        if ours and client is not None:
-            mine = ports.connection_owner(port, client, ours)
-            if not mine:
-                other = ports.connection_owner(port, client) - ours
+        if ours and client is not None and not known:
+            known, other = _accepted_by(port, client, ours, wait=0.0)
         return HttpAnswer(resp.status, payload, other)
     except (OSError, http.client.HTTPException) as exc:
         return f"{method} {path}: {type(exc).__name__}: {exc}".strip()
     finally:
         conn.close()
+
+
+def _accepted_by(
+    port: int, client: tuple[Any, ...], ours: set[int], wait: float = _ACCEPT_WAIT
+) -> tuple[bool, set[int]]:
+    """(owner known, other PIDs) for the server side of the connection from ``client``:
+    ``(True, set())`` when one of ``ours`` holds it, ``(True, {pid})`` for another
+    process, ``(False, set())`` while nobody has accepted it yet (after ``wait``)."""
+    deadline = time.monotonic() + wait
+    while True:
+        if ports.connection_owner(port, client, ours):
+            return True, set()
+        other = ports.connection_owner(port, client) - ours
+        if other:
+            return True, other
+        if time.monotonic() >= deadline:
+            return False, set()
+        time.sleep(0.005)
 
 
 def count_tokens(answer: HttpAnswer) -> int:
@@ -298,7 +320,11 @@ class _Gate:
         return ports.owned_by(self.host, self.port, pids)
 
     def call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 2.0
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float = _HTTP_TIMEOUT,
     ) -> HttpAnswer | None:
         answer = http_call(
             self.host,
