@@ -48,13 +48,19 @@ export GPU_TEST_RESULTS="$RESULTS"
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
+# The multi-GPU tests first (issue 8), then the single-GPU ones, then the rest.
+ORDER="tests/gpu/test_gpu_tp.py tests/gpu/test_gpu_sweep.py tests/gpu/test_gpu_orphan.py"
+ORDER="$ORDER tests/gpu/test_gpu_foreign.py tests/gpu/test_gpu_smi.py tests/gpu/test_gpu_servers.py"
+ORDER="$ORDER $(ls tests/gpu/test_*.py | grep -v -F -e test_gpu_tp.py -e test_gpu_sweep.py \
+    -e test_gpu_orphan.py -e test_gpu_foreign.py -e test_gpu_smi.py -e test_gpu_servers.py | tr '\n' ' ')"
 case "$MODE" in
     smoke) SELECT=(-k "smi or servers or conformance") ;;
     full) SELECT=() ;;
     *) echo "usage: dev/gpu-tests.sh [smoke|full] [pytest args]" >&2; exit 2 ;;
 esac
 
-timeout -s INT "${GPU_TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider \
+# shellcheck disable=SC2086
+timeout -s INT "${GPU_TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu ${GPU_TEST_PATHS:-$ORDER} -v -p no:cacheprovider \
     -o timeout=400 --junitxml="$OUT/junit.xml" "${SELECT[@]}" "$@" 2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
 

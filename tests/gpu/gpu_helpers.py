@@ -455,9 +455,13 @@ class GpuMonitor:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps([s.__dict__ for s in self.samples]))
 
-    def released_at(self, gpu: int, after: float, limit_bytes: int) -> float | None:
-        """First time at or after ``after`` when ``gpu`` used at most ``limit_bytes``."""
+    def released_at(
+        self, gpu: int, after: float, limit_bytes: int, before: float | None = None
+    ) -> float | None:
+        """First time in [``after``, ``before``] when ``gpu`` used at most ``limit_bytes``."""
         for s in self.samples:
+            if before is not None and s.t > before:
+                break
             if s.gpu == gpu and s.t >= after and s.used <= limit_bytes:
                 return s.t
         return None

@@ -30,6 +30,22 @@ def _smi(*query: str) -> list[list[str]]:
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
+def _reserved_mib(count: int) -> list[int]:
+    """Memory the driver reserves on each GPU (NVML v2 memory info), in MiB."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out = []
+        for i in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            out.append(int(info.reserved) // MiB)
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def test_nvml_agrees_with_nvidia_smi(keeper: ProcessKeeper, tmp_path: Path) -> None:
     gpus = require_gpus(1)
     if shutil.which("nvidia-smi") is None:
@@ -48,13 +64,28 @@ def test_nvml_agrees_with_nvidia_smi(keeper: ProcessKeeper, tmp_path: Path) -> N
     finally:
         probe.close()
     uuid_index = {row[1]: int(row[0]) for row in smi_mem}
+    reserved_mib = _reserved_mib(len(smi_mem))
     rows = []
     for row in smi_mem:
         index, used_mib, total_mib = int(row[0]), int(row[2]), int(row[3])
         lo = min(before[index].used_bytes, after[index].used_bytes) // MiB
         hi = max(before[index].used_bytes, after[index].used_bytes) // MiB
-        rows.append({"gpu": index, "smi_used_mib": used_mib, "nvml_used_mib": [lo, hi]})
-        assert lo - 2 <= used_mib <= hi + 2, rows[-1]
+        reserved = reserved_mib[index]
+        rows.append(
+            {
+                "gpu": index,
+                "smi_used_mib": used_mib,
+                "nvml_used_mib": [lo, hi],
+                "driver_reserved_mib": reserved,
+            }
+        )
+        # nvidia-smi's "used" leaves out the driver's reserved memory (NVML's v2
+        # memory info); the backend may count it (v1 memory info): a constant offset
+        # the release gate cancels with its baseline, but recorded here.
+        exact = lo - 2 <= used_mib <= hi + 2
+        plus_reserved = lo - 2 <= used_mib + reserved <= hi + 2
+        rows[-1]["agreement"] = "exact" if exact else "plus_reserved" if plus_reserved else "none"
+        assert exact or plus_reserved, rows[-1]
         assert abs(before[index].total_bytes // MiB - total_mib) <= 2
     smi_holders: dict[int, dict[int, int]] = {}
     for gpu_uuid, pid_text, used_text in smi_apps:

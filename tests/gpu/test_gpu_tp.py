@@ -162,7 +162,8 @@ def _naive_round(
         release = {}
         if t_stop is not None:
             for g in gpus:
-                at = monitor.released_at(g, t_stop, baseline[g] + GiB)
+                # released before the new instance was up (else: it never was)
+                at = monitor.released_at(g, t_stop, baseline[g] + GiB, before=time.time())
                 release[str(g)] = None if at is None else round(at - t_stop, 3)
         rows.append(
             {
