@@ -1,7 +1,9 @@
 """A tiny random-weight llama GGUF, written at test time, that real llama.cpp loads.
 
 The model is a 2-layer llama (64 dims) with a small SentencePiece-style vocabulary
-(control tokens, 256 byte-fallback tokens, ASCII letters and a few word pieces).
+(control tokens, 256 byte-fallback tokens, ASCII characters, letter pairs and common
+English words with their prefixes: 2.4 characters per token on servesweep's builtin
+prompts, so none of them needs more than ~320 tokens of context).
 Weights are random: the text it generates is noise, so tests assert on mechanics
 (tokens streamed, usage counts, timings), never on content.
 
@@ -26,10 +28,36 @@ import numpy as np
 
 __all__ = ["TinyLlamaShape", "write_tiny_gguf"]
 
+# Common English words and letter pairs: with every prefix of "▁word" in the vocab,
+# SentencePiece merges reach whole words, so prompts cost a few characters per token
+# (a character-level vocab would overflow small contexts that real models handle).
 _WORDS = (
-    "the", "a", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as",
-    "server", "model", "token", "sweep", "fast", "slow", "data", "code", "test", "hello",
-    "world", "python", "return", "def", "print", "value", "list",
+    "the", "a", "an", "and", "or", "but", "if", "then", "else", "of", "to", "in", "on",
+    "at", "by", "for", "with", "from", "into", "about", "between", "under", "over",
+    "without", "is", "are", "was", "be", "been", "it", "its", "this", "that", "these",
+    "those", "what", "which", "who", "why", "how", "when", "where", "i", "you", "we",
+    "they", "he", "she", "me", "my", "your", "our", "their", "do", "does", "can",
+    "could", "should", "would", "will", "have", "has", "make", "give", "write", "explain",
+    "describe", "list", "use", "using", "suggest", "compare", "summarize", "translate",
+    "return", "returns", "function", "python", "code", "value", "values", "string",
+    "number", "numbers", "list", "file", "data", "test", "input", "output", "example",
+    "difference", "words", "word", "sentence", "sentences", "short", "long", "one", "two",
+    "three", "four", "five", "ten", "each", "every", "all", "some", "more", "most",
+    "first", "last", "next", "day", "week", "year", "years", "time", "minutes", "people",
+    "city", "world", "work", "good", "small", "large", "new", "old", "main", "way", "up",
+    "not", "no", "yes", "so", "as", "than", "only", "also", "just", "like", "very",
+    "server", "model", "token", "sweep", "fast", "slow", "hello", "print", "def",
+    "class", "import", "true", "false", "none", "while", "self", "key", "keys", "dict",
+    "sorted", "sort", "count", "total", "sum", "max", "min", "len", "range", "result",
+    "answer", "question", "reason", "idea", "ideas", "light", "water", "food", "dinner",
+    "travel", "train", "station", "history", "science", "energy", "because", "after",
+    "before", "during", "through", "other", "same", "different", "simple", "plain",
+)  # fmt: skip
+_PAIRS = (
+    "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te",
+    "of", "ed", "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou",
+    "io", "le", "ve", "co", "me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce",
+    "li", "ch", "ll", "be", "ma", "si", "om", "ur", "ing", "ion", "tion", "ent", "ers",
 )  # fmt: skip
 
 
@@ -56,8 +84,11 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
     ]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [gguf.TokenType.BYTE] * 256
-    pieces = ["▁", *string.ascii_letters, *string.digits, *".,:;!?()[]{}'\"-+=*/_"]
-    pieces += [f"▁{w}" for w in _WORDS] + list(_WORDS)
+    pieces = ["▁", *string.ascii_letters, *string.digits, *".,:;!?()[]{}'\"-+=*/_<>#%&@"]
+    pieces += list(_PAIRS) + [f"▁{p}" for p in _PAIRS]
+    for word in _WORDS:
+        for w in (f"▁{word}", word, f"▁{word.capitalize()}", word.capitalize()):
+            pieces += [w[:n] for n in range(2, len(w) + 1)]
     seen = set(tokens)
     for piece in pieces:
         if piece not in seen:

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,14 @@ def test_real_server_is_ready_and_serves(
     assert usage["completion_tokens"] == 24
     assert usage["prompt_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+    # Concurrent streams all finish: the preset turns off interrupt_requests, which by
+    # default cancels the running request when the next one arrives.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        body = {"model": "tiny", "prompt": "the server", "max_tokens": 48, "temperature": 0}
+        runs = list(pool.map(lambda _: stream(s.base + "/v1/completions", body), range(3)))
+    for events in runs:
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
 
     chat = stream(
         s.base + "/v1/chat/completions",

@@ -190,6 +190,7 @@ def test_llamacpp_python_argv_underscores_valued_booleans_and_env() -> None:
     assert after(argv, "--model") == "/models/m"
     assert after(argv, "--n_threads") == "2" and after(argv, "--n_ctx") == "1024"
     assert after(argv, "--flash_attn") == "false"
+    assert after(argv, "--interrupt_requests") == "false"  # concurrent requests all run
     i = argv.index("--tensor_split")
     assert argv[i + 1 : i + 3] == ["0.5", "0.5"]
     # the engine's own HOST/PORT come from the spec; an explicit env.* param still wins

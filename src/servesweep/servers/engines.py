@@ -354,6 +354,9 @@ PRESETS: dict[str, EnginePreset] = {
         fatal_patterns=LLAMACPP_PY_FATAL,
         supports_ignore_eos=False,
         streams_usage=False,
+        # The engine default (True) cancels the running request when another one
+        # arrives: every concurrent benchmark level would fail. Serve them in turn.
+        default_args={"interrupt_requests": False},
         launch_env=_llamacpp_py_env,
         spec_params=("draft_model", "draft_model_num_pred_tokens"),
         description="python -m llama_cpp.server --model MODEL (llama-cpp-python)",
