@@ -77,28 +77,46 @@ def stop_processes(
     on_poll: Callable[[], None] | None = None,
 ) -> StopResult:
     """SIGTERM (and SIGCONT) every process ``discover`` finds, wait up to ``grace``,
-    SIGKILL what is left, wait up to ``kill_timeout``; never longer."""
+    SIGKILL what is left, wait up to ``kill_timeout``; never longer. A process that
+    appears meanwhile (a worker forked during shutdown) gets the phase's signal too."""
     t0 = time.monotonic()
     pids = discover()
     if not pids:
         return StopResult(seconds=time.monotonic() - t0)
-    signalled = procs.signal_all(pids, signal.SIGTERM)
-    procs.signal_all(pids, signal.SIGCONT)
+    sent: dict[signal.Signals, set[int]] = {signal.SIGTERM: set(), signal.SIGKILL: set()}
+
+    def send(sig: signal.Signals, targets: set[int]) -> None:
+        new = targets - sent[sig]
+        if new:
+            sent[sig] |= set(procs.signal_all(new, sig))
+            if sig is signal.SIGTERM:
+                procs.signal_all(new, signal.SIGCONT)  # a stopped process must run to exit
+
+    def discover_and(sig: signal.Signals) -> Callable[[], set[int]]:
+        def again() -> set[int]:
+            found = discover()
+            send(sig, found)
+            return found
+
+        return again
+
+    send(signal.SIGTERM, pids)
     _signal_group(pgid, signal.SIGTERM)
-    left = procs.wait_gone(pids, grace, refresh=discover, on_poll=on_poll)
-    killed: tuple[int, ...] = ()
+    left = procs.wait_gone(pids, grace, refresh=discover_and(signal.SIGTERM), on_poll=on_poll)
     notes: list[str] = []
     if left:
-        killed = procs.signal_all(left, signal.SIGKILL)
+        send(signal.SIGKILL, left)
         _signal_group(pgid, signal.SIGKILL)
         notes.append(f"{len(left)} process(es) still running after {grace:g}s grace: SIGKILL")
-        left = procs.wait_gone(left, kill_timeout, refresh=discover, on_poll=on_poll)
+        left = procs.wait_gone(
+            left, kill_timeout, refresh=discover_and(signal.SIGKILL), on_poll=on_poll
+        )
         if left:
             notes.append(f"{len(left)} process(es) survived SIGKILL for {kill_timeout:g}s")
     return StopResult(
         seconds=time.monotonic() - t0,
-        signalled=signalled,
-        killed=killed,
+        signalled=tuple(sorted(sent[signal.SIGTERM])),
+        killed=tuple(sorted(sent[signal.SIGKILL])),
         survivors=tuple(sorted(left)),
         notes=tuple(notes),
     )
