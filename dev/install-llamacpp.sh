@@ -6,7 +6,8 @@
 #   dev/install-llamacpp.sh [PYTHON]        default PYTHON: .venv/bin/python
 #
 # Environment:
-#   LLAMACPP_VERSION    version to install (default: newest cached wheel, else newest on the index)
+#   LLAMACPP_VERSION    version to install (default: 0.3.36, the version docs/engines.md and
+#                       the tests were checked against; "latest": newest cached, else newest)
 #   WHEEL_CACHE         wheel cache directory (default: ~/.cache/servesweep/wheels)
 #   CMAKE_BUILD_PARALLEL_LEVEL   build parallelism when compiling (default: 2)
 #
@@ -15,7 +16,8 @@ set -euo pipefail
 
 PYTHON="${1:-.venv/bin/python}"
 CACHE="${WHEEL_CACHE:-$HOME/.cache/servesweep/wheels}"
-VERSION="${LLAMACPP_VERSION:-}"
+VERSION="${LLAMACPP_VERSION:-0.3.36}"
+[ "$VERSION" = latest ] && VERSION=""
 
 if ! command -v "$PYTHON" >/dev/null 2>&1 && [ ! -x "$PYTHON" ]; then
     echo "install-llamacpp: no Python at '$PYTHON' (pass the venv's python as first argument)" >&2
