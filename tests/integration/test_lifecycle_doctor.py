@@ -136,3 +136,30 @@ def test_make_launcher_reports_a_missing_launcher_module_clearly(tmp_path: Path)
     )
     with pytest.raises(LaunchError, match="cannot run the server command"):
         SubprocessLauncher().start(missing)
+
+
+def test_command_launcher_start_failure_is_start_crash(tmp_path: Path, tracker: Tracker) -> None:
+    from servesweep.errors import TrialFailed
+    from servesweep.models import FailureClass
+
+    port = free_port()
+    spec = ServerSpec.model_validate(
+        {
+            "engine": "sim",
+            "launcher": "command",
+            "port": port,
+            "commands": {"start": "echo 'cannot reach {host}:{port}' >&2; exit 3"},
+            "timeouts": {"ready": 10},
+        }
+    )
+    from servesweep.servers.gpu import NoGpuProbe
+
+    launcher = make_launcher(spec)
+    lc = ServerLifecycle(spec, SIM, launcher, NoGpuProbe())
+    inst = lc.start(["ignored"], {}, tmp_path / "s.log", "cmd-2", "fp")
+    tracker.track(launcher, inst)
+    with pytest.raises(TrialFailed) as caught:
+        lc.wait_ready(inst)
+    assert caught.value.failure_class is FailureClass.START_CRASH
+    assert caught.value.evidence.exit_code == 3
+    assert f"cannot reach 127.0.0.1:{port}" in caught.value.evidence.log_tail
