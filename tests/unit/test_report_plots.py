@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from helpers.report_data import sweep_data, throughput_sweep, trial
 from servesweep.report.plots import memory_plot, pareto_front, timeline_plot
@@ -57,3 +58,14 @@ def test_timeline_has_one_bar_per_phase_and_memory_one_line_per_gpu() -> None:
     assert memory is not None and "GPU 0" in memory and "GPU 1" in memory
     empty = sweep_data([trial(1, {}, phases={})], {})
     assert timeline_plot(empty) is None and memory_plot(empty) is None
+
+
+def test_running_trial_phase_lasts_until_now() -> None:
+    done = trial(1, {"b": 1})
+    running = trial(2, {"b": 2}, "running", phases={"stop": 1.0, "release": 0.5, "load": 9.0})
+    live = replace(running, phase_seconds={"stop": 1.0, "release": 0.5}, finished_at=None)
+    data = sweep_data([done, live], {})
+    load_start = live.phase_started["load"]
+    timeline = timeline_plot(data, now=load_start + 4.0)
+    assert timeline is not None and "#2 load: 4 s so far (running)" in timeline
+    assert "#2 load" not in (timeline_plot(data) or "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import time
 from html import escape
 from importlib import resources
 
@@ -194,7 +195,7 @@ def _plots(data: SweepData, index: ResultIndex, best: BestResult | None) -> str:
             '<p class="muted">filled: feasible; hollow: excluded by a constraint; '
             "ringed: the best (objective plots) or on the Pareto front; red cross: failed.</p>"
         )
-    timeline = timeline_plot(data)
+    timeline = timeline_plot(data, now=time.time())
     if timeline:
         legend = "".join(
             f'<span><i style="background:{color}"></i>{_e(phase)}</span>'

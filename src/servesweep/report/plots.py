@@ -186,8 +186,9 @@ def sweep_origin(data: SweepData) -> float:
     return min(starts, default=data.sweep.created_at)
 
 
-def timeline_plot(data: SweepData) -> str | None:
-    """One row per trial, one bar per phase it went through."""
+def timeline_plot(data: SweepData, now: float | None = None) -> str | None:
+    """One row per trial, one bar per phase it went through; the phase a running
+    trial is in lasts until ``now`` (the time the report is rendered)."""
     origin = sweep_origin(data)
     rows: list[str] = []
     bars: list[Bar] = []
@@ -200,8 +201,11 @@ def timeline_plot(data: SweepData) -> str | None:
             if phase == "done":
                 continue
             secs = trial.phase_seconds.get(phase)
+            note = ""
             if secs is None and trial.finished_at is not None:
                 secs = max(trial.finished_at - started, 0.0)
+            elif secs is None and trial.outcome is Outcome.RUNNING and now is not None:
+                secs, note = max(now - started, 0.0), " so far (running)"
             if secs is None or not math.isfinite(secs):
                 continue
             bars.append(
@@ -210,7 +214,7 @@ def timeline_plot(data: SweepData) -> str | None:
                     started - origin,
                     secs,
                     PHASE_COLORS.get(phase, "#bbbbbb"),
-                    f"#{trial.id} {phase}: {format_number(secs)} s",
+                    f"#{trial.id} {phase}: {format_number(secs)} s{note}",
                 )
             )
     if not bars:
