@@ -161,7 +161,8 @@ def test_orphan_worker_of_our_instance_is_found_and_cleaned(
     assert "servesweep.sim.worker" in result.cleaned[0].cmdline
     assert procs.is_gone(worker)
     assert probe.snapshot([0])[0].used_bytes == 0
-    assert result.seconds >= 0.3  # the worker's release delay after the kill
+    # the worker's release delay (0.3 s after its last 20 ms heartbeat)
+    assert result.seconds >= 0.25
 
 
 def test_foreign_holder_is_gpu_busy_naming_it(
@@ -228,7 +229,7 @@ def test_leftover_instance_of_an_earlier_run_is_killed_under_kill_own(
     lc = ServerLifecycle(_spec(free_port(), fake, "kill-own"), SIM, SubprocessLauncher(), probe)
     t0 = time.monotonic()
     assert lc.prepare([0]) == {0: 0}
-    assert time.monotonic() - t0 >= 0.3  # waited for the release delay after the kill
+    assert time.monotonic() - t0 >= 0.25  # waited for the release delay after the kill
     assert [p.pid for p in lc.cleaned] == [left.pid]
     assert left.wait(timeout=5) == -signal.SIGKILL
 
@@ -300,8 +301,8 @@ def test_models_before_ready_is_not_ready_until_it_generates(
         lambda: _ok(lambda: http_request(port, "/v1/models", timeout=1).status == 200), 10
     )
     info = lc.wait_ready(inst)
-    assert info.load_s < 1.0, "the socket was ours early"
-    assert info.ready_s >= 1.5, "but ready only once it generates"
+    assert info.ready_s - info.load_s >= 1.0, "the socket was ours early, ready only later"
+    assert info.ready_s >= 1.5, "ready only once it generates"
     lc.stop(inst)
 
 
@@ -339,11 +340,11 @@ def test_old_sim_draining_on_a_shared_port_is_not_taken_for_the_new_one(
     port = free_port()
     spec = ServerSpec(engine="sim", port=port)
     old = tracker.spawn(
-        SIM.build_argv(spec, {"reuse-port": True, "load-time": 0, "shutdown-delay": 5}),
+        SIM.build_argv(spec, {"reuse-port": True, "load-time": 0, "shutdown-delay": 10}),
         tmp_path / "old.log",
     )
     assert wait_for(lambda: _ok(lambda: http_request(port, "/health", timeout=1).status == 200))
-    old.send_signal(signal.SIGTERM)  # draining: still answers for 5 s
+    old.send_signal(signal.SIGTERM)  # draining: still answers for 10 s
     assert wait_for(lambda: "draining" in (tmp_path / "old.log").read_text(), 5)
     launcher = SubprocessLauncher()
     argv = SIM.build_argv(spec, {"reuse-port": True, "load-time": 1.0})
