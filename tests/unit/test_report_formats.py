@@ -11,7 +11,7 @@ import pytest
 from helpers.report_data import level, sweep_data, throughput_sweep, trial
 from servesweep.errors import ConfigError
 from servesweep.models import Evidence
-from servesweep.report import FORMATS, JSON_FORMAT, JSON_VERSION, render
+from servesweep.report import FORMATS, JSON_FORMAT, JSON_VERSION, find_best, format_best, render
 
 
 def test_table_lists_every_level_failure_and_best() -> None:
@@ -136,3 +136,20 @@ def test_every_format_renders_an_empty_sweep() -> None:
         assert render(empty, fmt)
     with pytest.raises(ConfigError, match="unknown report format"):
         render(empty, "pdf")
+
+
+def test_terminal_escapes_from_logs_are_neutralised() -> None:
+    evil = Evidence("boom \x1b]0;owned\x07 \x1b[2J\x1b[31mred\r\u202e", log_path="x.log")
+    data = sweep_data(
+        [
+            trial(1, {"b": "\x1b[2Jx"}, "failed", failure="start_crash", evidence=evil),
+            trial(2, {"b": "ok"}),
+        ],
+        {2: [level("chat", "c1", output_throughput=1.0)]},
+        objective={"maximize": "chat.c1.output_throughput"},
+    )
+    for text in (render(data, "table"), render(data, "markdown"), format_best(find_best(data))):
+        assert "\x1b" not in text and "\x07" not in text and "\r" not in text
+        assert "\u202e" not in text
+        assert "x1b" in text  # shown, as text
+    assert "\\x1b]0;owned\\x07" in render(data, "table")

@@ -26,7 +26,13 @@ from typing import Any
 
 from servesweep.errors import ConfigError
 from servesweep.models import Outcome
-from servesweep.report.data import MetricStats, config_label, format_number, swept_params
+from servesweep.report.data import (
+    MetricStats,
+    config_label,
+    format_number,
+    printable,
+    swept_params,
+)
 from servesweep.report.refs import ResultIndex, objective_of
 from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
 from servesweep.store.records import SweepData, TrialRecord
@@ -371,7 +377,7 @@ def format_best(result: BestResult) -> str:
             "try: loosen a constraint (--constraint), check the failures above "
             "(servesweep report), or rerun failed trials (servesweep run --retry-failed)"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(" ".join(line.splitlines())) for line in lines)
 
 
 def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from servesweep.report.data import (
     format_number,
     format_stats,
     metric_names,
+    printable,
 )
 from servesweep.report.evals import TaskFlip, task_status
 from servesweep.report.refs import ResultIndex
@@ -202,4 +203,4 @@ def format_comparison(comparison: Comparison) -> str:
     for side, trials in (("A", comparison.only_a), ("B", comparison.only_b)):
         for trial in trials:
             lines.append(f"only in {side}: {config_label(trial)} ({trial.outcome.value})")
-    return "\n".join(lines)
+    return "\n".join(printable(" ".join(line.splitlines())) for line in lines)

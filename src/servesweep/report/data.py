@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "metric_names",
     "outcome_counts",
     "phase_costs",
+    "printable",
     "swept_params",
     "trial_gpu_count",
 ]
@@ -192,6 +194,22 @@ def config_label(trial: TrialRecord, params: Sequence[str] | None = None) -> str
     names = list(params) if params is not None else list(trial.params)
     bits = [f"{n}={format_value(trial.params.get(n))}" for n in names if n in trial.params]
     return f"#{trial.id} " + (" ".join(bits) if bits else "(defaults)")
+
+
+def printable(text: str) -> str:
+    """Text safe for a terminal: control and format characters (ANSI escapes, OSC
+    sequences, bidi overrides, carriage returns) are shown as ``\\xNN`` escapes
+    instead of being sent to the terminal. Newlines and tabs are kept."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return "".join(out)
 
 
 def format_value(value: Any) -> str:

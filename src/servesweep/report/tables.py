@@ -24,6 +24,7 @@ from servesweep.report.data import (
     format_value,
     metric_names,
     outcome_counts,
+    printable,
     swept_params,
 )
 from servesweep.report.evals import eval_rates, task_flips
@@ -60,7 +61,7 @@ def _outcome_cell(trial: TrialRecord) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))
 
 
 def table_view(data: SweepData, max_metrics: int = MAX_METRIC_COLUMNS) -> TableView:
