@@ -95,21 +95,27 @@ def report_json(sweep_file: Path) -> dict[str, Any]:
     return data
 
 
-def tagged_processes(prefix: str) -> list[psutil.Process]:
-    """Live processes started by servesweep for a sweep (instance tag ``prefix-*``)."""
+def tagged_processes(prefix: str, within: Path) -> list[psutil.Process]:
+    """Live processes that servesweep started for a sweep of this test: instance tag
+    ``prefix-*`` and fake GPUs under the test's own directory ``within`` (so a test
+    never touches another run's servers)."""
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            tag = proc.environ().get("SERVESWEEP_INSTANCE", "")
+            env = proc.environ()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
         except (psutil.Error, OSError):
             continue
-        if tag.startswith(prefix + "-") and proc.status() != psutil.STATUS_ZOMBIE:
+        tag = env.get("SERVESWEEP_INSTANCE", "")
+        gpus = env.get("SERVESWEEP_FAKE_GPUS", "")
+        if tag.startswith(prefix + "-") and gpus.startswith(str(within)):
             found.append(proc)
     return found
 
 
-def kill_tagged(prefix: str) -> None:
-    for proc in tagged_processes(prefix):
+def kill_tagged(prefix: str, within: Path) -> None:
+    for proc in tagged_processes(prefix, within):
         with suppress(psutil.Error):
             proc.kill()
 

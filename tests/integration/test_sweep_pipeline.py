@@ -43,7 +43,7 @@ def test_quickstart_sweep_prints_results_and_best(tmp_path: Path) -> None:
         assert html.returncode == 0, html.stderr
         assert out.stat().st_size > 10_000
     finally:
-        kill_tagged("quickstart")
+        kill_tagged("quickstart", tmp_path)
 
 
 def test_eval_pass_rate_flows_into_constraint_and_best(tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_eval_pass_rate_flows_into_constraint_and_best(tmp_path: Path) -> None:
         assert strict.returncode == 1
         assert "no feasible configuration" in strict.stdout
     finally:
-        kill_tagged("evals")
+        kill_tagged("evals", tmp_path)
 
 
 def test_sweep_file_template_is_copied_safely(tmp_path: Path) -> None:

@@ -60,9 +60,9 @@ def test_sigkill_then_rerun_completes_each_trial_once(tmp_path: Path, phase: str
         attempts = {row["id"]: row["attempts"] for row in data["trials"]}  # type: ignore[union-attr]
         assert attempts[1] == 1 and attempts[3] == 1
         assert attempts[2] == 2, "the interrupted trial ran again"
-        assert tagged_processes(f"kill-{phase}") == [], "no server left running"
+        assert tagged_processes(f"kill-{phase}", tmp_path) == [], "no server left running"
     finally:
-        kill_tagged(f"kill-{phase}")
+        kill_tagged(f"kill-{phase}", tmp_path)
 
 
 def test_sigint_stops_cleanly_and_marks_interrupted(tmp_path: Path) -> None:
@@ -83,13 +83,13 @@ def test_sigint_stops_cleanly_and_marks_interrupted(tmp_path: Path) -> None:
             trial = store.trial(1)
             assert trial.outcome is Outcome.INTERRUPTED
             assert store.live_instances(1) == []
-        assert tagged_processes("sigint") == []
+        assert tagged_processes("sigint", tmp_path) == []
         # the next run picks the interrupted trial up again
         done = run_cli("run", str(sweep_file), "--quiet", timeout=180)
         assert done.returncode == 0, done.stderr
         _assert_measured_once(sweep_file, 3)
     finally:
-        kill_tagged("sigint")
+        kill_tagged("sigint", tmp_path)
 
 
 def test_second_writer_is_refused(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_second_writer_is_refused(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=30)
     finally:
-        kill_tagged("lock")
+        kill_tagged("lock", tmp_path)
 
 
 def test_apply_then_run_adopts_the_running_instance(tmp_path: Path) -> None:
@@ -116,7 +116,9 @@ def test_apply_then_run_adopts_the_running_instance(tmp_path: Path) -> None:
         assert applied.returncode == 0, applied.stderr
         assert "running budget=4" in applied.stdout
         (server,) = [
-            p for p in tagged_processes("adopt") if "servesweep.sim" in " ".join(p.cmdline())
+            p
+            for p in tagged_processes("adopt", tmp_path)
+            if "servesweep.sim" in " ".join(p.cmdline())
         ]
         started = time.monotonic()
         done = run_cli(
@@ -132,4 +134,4 @@ def test_apply_then_run_adopts_the_running_instance(tmp_path: Path) -> None:
         assert not server.is_running(), "the adopted instance was stopped before trial 2"
         assert time.monotonic() - started < 120
     finally:
-        kill_tagged("adopt")
+        kill_tagged("adopt", tmp_path)

@@ -86,6 +86,6 @@ def test_seed_scenario_every_config_measured_by_its_own_instance(tmp_path: Path)
                 previous_pid = pid
                 (result,) = store.results(trial.id)
                 assert result.metrics["completed"] == 4
-        assert tagged_processes("seed") == []
+        assert tagged_processes("seed", tmp_path) == []
     finally:
-        kill_tagged("seed")
+        kill_tagged("seed", tmp_path)

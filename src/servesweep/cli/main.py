@@ -20,7 +20,7 @@ import click
 from rich.console import Console
 
 from servesweep import __version__
-from servesweep.errors import ConfigError, Interrupted, ServesweepError
+from servesweep.errors import ConfigError, Interrupted, SandboxError, ServesweepError
 
 __all__ = ["main"]
 
@@ -543,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except (Interrupted, KeyboardInterrupt) as exc:
         err.print(f"servesweep: interrupted ({exc or 'SIGINT'})", markup=False)
         code = EXIT_INTERRUPTED
-    except ConfigError as exc:
+    except (ConfigError, SandboxError) as exc:
         err.print(f"servesweep: {exc}", markup=False, highlight=False)
         code = EXIT_USAGE
     except ServesweepError as exc:

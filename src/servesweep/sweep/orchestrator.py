@@ -23,7 +23,7 @@ from typing import Any
 
 from servesweep import __version__
 from servesweep.errors import ConfigError, Interrupted, StoreError, TrialFailed
-from servesweep.models import Outcome
+from servesweep.models import InstanceRecord, Outcome
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.gpu.base import GpuProbe
@@ -388,6 +388,17 @@ def _recover_instances(
         )
         runner.lifecycle.stop(instance)
         store.mark_instance_gone(trial.id)
+    current = getattr(launcher, "current", None)
+    if runner.current is None and callable(current):
+        # a launcher that manages an existing service (systemd) may find it running
+        # the user's own configuration: stop it before the first start
+        running = current(runner.server.port)
+        if isinstance(running, InstanceRecord):
+            observer.event(
+                "warning",
+                {"message": f"stopping the running {running.unit or 'service'} before the sweep"},
+            )
+            runner.lifecycle.stop(running)
     for trial in store.trials(runner.sweep_id):
         if trial.outcome is Outcome.RUNNING:
             # the run that owned it died; its results are incomplete: run it again
@@ -395,12 +406,15 @@ def _recover_instances(
 
 
 def _final_stop(runner: TrialRunner, observer: Observer) -> None:
-    if runner.current is None:
-        return
+    """Stop the last instance; a systemd unit gets its own ExecStart back."""
     try:
-        runner.stop_current()
+        if runner.current is not None:
+            runner.stop_current()
     except TrialFailed as failure:
         observer.event("warning", {"message": f"final stop: {failure}"})
+    restore = getattr(runner.lifecycle.launcher, "restore", None)
+    if callable(restore):
+        restore()
 
 
 def _interrupt(store: Store, runner: TrialRunner, ran: list[int], observer: Observer) -> None:
