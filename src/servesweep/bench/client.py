@@ -39,6 +39,8 @@ class RawResult:
     ok: bool = False
     error: str | None = None
     message: str = ""
+    first_byte_ns: int | None = None
+    """First bytes of the response body (for chat: usually the role-only chunk)."""
     first_ns: int | None = None
     """First chunk carrying generated tokens (content, reasoning, tool calls)."""
     first_answer_ns: int | None = None
@@ -113,6 +115,8 @@ async def send(
         result.error = "client_error"
         result.message = f"{type(exc).__name__}: {exc}"[:300]
     result.end_ns = reads[-1][0] if reads else monotonic_ns()
+    if reads:
+        result.first_byte_ns = reads[0][0]
     if result.error is not None:
         if reads:  # keep what arrived: the chunks before a broken stream are still facts
             _parse_into(result, reads, stream)

@@ -221,6 +221,9 @@ def compute_level(
         s = summary_stats([x * _MS for x in ctx.loop_lags_ns])
         m["loop_lag_p99_ms"] = s["p99"]
         info["loop_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
+    ttfb = [(r.first_byte_ns - r.sent_ns) * _MS for r in ok if r.first_byte_ns is not None]
+    if ttfb and ctx.stream:
+        info["ttfb_ms"] = {k: round(v, 3) for k, v in summary_stats(ttfb).items()}
     sent = sorted(r.sent_ns for r in raws)
     end_all = max(ends) if ends else t0
     if ctx.steady is not None:
