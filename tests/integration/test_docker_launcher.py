@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_services import Dockerd, dockerd, free_port, port_open, sim_argv
+from launcher_services import Dockerd, free_port, port_open, sim_argv
 
 from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, InstanceRecord
@@ -28,8 +28,6 @@ from servesweep.servers.launchers.docker import DockerLauncher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.readiness import wait_ready
 from servesweep.spec.schema import ServerSpec
-
-__all__ = ["dockerd"]
 
 
 class Box:

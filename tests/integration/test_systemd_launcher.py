@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_services import Sandbox, free_port, port_open, sim_argv, systemd_sandbox
+from launcher_services import Sandbox, free_port, port_open, sim_argv
 
 from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, InstanceRecord
@@ -31,8 +31,6 @@ from servesweep.servers.launchers.systemd import DROPIN_NAME, SystemdLauncher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.readiness import wait_ready
 from servesweep.spec.schema import ServerSpec
-
-__all__ = ["systemd_sandbox"]
 
 UNIT_TEMPLATE = """\
 [Unit]

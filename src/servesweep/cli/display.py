@@ -23,9 +23,15 @@ __all__ = ["ProgressDisplay"]
 
 class ProgressDisplay:
     def __init__(
-        self, console: Console, *, quiet: bool = False, history: Mapping[str, float] | None = None
+        self,
+        console: Console,
+        *,
+        quiet: bool = False,
+        history: Mapping[str, float] | None = None,
+        err_console: Console | None = None,
     ) -> None:
         self.console = console
+        self.err_console = err_console or console
         self.quiet = quiet
         self.live_mode = console.is_terminal and not quiet
         self._live: Live | None = None
@@ -122,7 +128,11 @@ class ProgressDisplay:
         self._phase = ""
 
     def _on_warning(self, data: Mapping[str, Any]) -> None:
-        self._print(Text(f"warning: {data['message']}", style="yellow"))
+        text = Text(f"warning: {data['message']}", style="yellow")
+        if self._live is not None or self.err_console is self.console:
+            self._print(text)
+        else:
+            self.err_console.print(text, soft_wrap=True, highlight=False, markup=False)
 
     # -- the status line ------------------------------------------------------------
 

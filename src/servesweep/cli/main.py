@@ -100,7 +100,11 @@ def run(
 
     console = _console()
     events_to_stdout = events == "-"
-    display = ProgressDisplay(_console(stderr=events_to_stdout), quiet=quiet or events_to_stdout)
+    display = ProgressDisplay(
+        _console(stderr=events_to_stdout),
+        quiet=quiet or events_to_stdout,
+        err_console=_console(stderr=True),
+    )
     observers: list[Observer] = [display]
     events_file = None
     if events:
