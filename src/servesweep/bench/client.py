@@ -142,40 +142,51 @@ def _events(reads: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
     """Split the raw reads into SSE ``data:`` payloads, each stamped with the
     arrival time of the read that completed it."""
     out: list[tuple[int, bytes]] = []
+    append = out.append
     buf = b""
     for t, data in reads:
-        buf = buf + data if buf else data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            for line in buf[start:end].split(b"\n"):
+        if buf:
+            data = buf + data
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        parts = data.split(b"\n\n")
+        buf = parts.pop()  # an incomplete event, or b""
+        for event in parts:
+            if event.startswith(b"data:") and b"\n" not in event:
+                append((t, event[5:].strip()))
+                continue
+            for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
-                    out.append((t, line[5:].strip()))
-            start = end + 2
-        buf = buf[start:]
+                    append((t, line[5:].strip()))
     if buf.strip():  # a last event without its blank line
         for line in buf.split(b"\n"):
             if line.startswith(b"data:"):
-                out.append((reads[-1][0], line[5:].strip()))
+                append((reads[-1][0], line[5:].strip()))
+    return out
+
+
+def _decode_all(payloads: list[bytes]) -> list[Any]:
+    """All payloads with one ``json.loads`` (per-call overhead dominates small
+    chunks); a payload that breaks the batch is found by decoding one by one."""
+    try:
+        out = json.loads(b"[" + b",".join(payloads) + b"]")
+    except ValueError:
+        out = None
+    if not isinstance(out, list) or len(out) != len(payloads):
+        out = [json.loads(p) for p in payloads]  # raises ValueError on the bad one
     return out
 
 
 def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
     """Fill ``result`` from a streamed response's reads (see module docstring)."""
-    loads = json.loads
     chunk_ns = result.chunk_ns
     tokens: list[int] = []
     continuous = False
     last_ct = 0
     usage: Any = None
-    for t, payload in _events(reads):
-        if not payload or payload == _DONE:
-            continue
-        obj = loads(payload)
+    events = [(t, p) for t, p in _events(reads) if p and p != _DONE]
+    objs = _decode_all([p for _, p in events])
+    for (t, _), obj in zip(events, objs, strict=True):
         if not isinstance(obj, dict):
             continue
         choices = obj.get("choices")
