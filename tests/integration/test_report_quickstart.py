@@ -25,7 +25,7 @@ def test_quickstart_html_report_in_chromium(tmp_path: Path) -> None:
         done = run_cli("run", str(sweep_file), "--quiet", timeout=400)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finally:
-        kill_tagged("quickstart")
+        kill_tagged("quickstart", tmp_path)
     out = tmp_path / "report.html"
     made = run_cli("report", str(sweep_file), "--format", "html", "--out", str(out))
     assert made.returncode == 0, made.stderr
