@@ -1,0 +1,153 @@
+"""The standalone tools as a user runs them: `wait-gpus` for shell scripts, `doctor`,
+`status` while another process runs the sweep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.sweep_helpers import (
+    background_run,
+    kill_tagged,
+    run_cli,
+    wait_for_event,
+    write_sweep,
+)
+
+
+def _init_gpus(path: Path) -> None:
+    done = run_cli("fake-gpus", "init", str(path), "--count", "2", "--memory", "8GiB")
+    assert done.returncode == 0, done.stderr
+
+
+def _wait_listed(gpus: Path, pid: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        shown = run_cli("fake-gpus", "show", str(gpus))
+        if str(pid) in shown.stdout:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"holder {pid} never appeared in {gpus}")
+
+
+def test_wait_gpus_names_the_holder_then_returns_when_released(tmp_path: Path) -> None:
+    gpus = tmp_path / "gpus"
+    _init_gpus(gpus)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servesweep.sim.fakegpu",
+            "hold",
+            str(gpus),
+            "--gpus",
+            "1",
+            "--mem",
+            "4GiB",
+            "--release-delay",
+            "1.0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listed(gpus, holder.pid)
+        busy = run_cli(
+            "wait-gpus",
+            "--gpus",
+            "0-1",
+            "--timeout",
+            "0.5s",
+            "--fake-gpus",
+            str(gpus),
+            "--backend",
+            "fake",
+        )
+        assert busy.returncode == 1
+        assert f"pid {holder.pid}" in busy.stderr
+        assert "4096 MiB" in busy.stderr
+        assert "Traceback" not in busy.stderr
+        # only GPU 0 is asked for: it is free
+        free0 = run_cli("wait-gpus", "--gpus", "0", "--fake-gpus", str(gpus), "--backend", "fake")
+        assert free0.returncode == 0, free0.stderr
+        holder.kill()
+        holder.wait(timeout=10)
+        started = time.monotonic()
+        freed = run_cli(
+            "wait-gpus",
+            "--gpus",
+            "0-1",
+            "--timeout",
+            "20s",
+            "--fake-gpus",
+            str(gpus),
+            "--backend",
+            "fake",
+        )
+        waited = time.monotonic() - started
+        assert freed.returncode == 0, freed.stderr
+        assert "free after" in freed.stdout
+        # it waited for the release delay of the killed holder, not less
+        assert waited >= 0.5
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_doctor_reports_gpus_holders_and_port(tmp_path: Path) -> None:
+    sweep_file = write_sweep(tmp_path, name="doctor")
+    gpus = tmp_path / "gpus"
+    _init_gpus(gpus)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servesweep.sim.fakegpu",
+            "hold",
+            str(gpus),
+            "--gpus",
+            "0",
+            "--mem",
+            "1GiB",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listed(gpus, holder.pid)
+        done = run_cli("doctor", str(sweep_file), "--json", "--fake-gpus", str(gpus))
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        text = json.dumps(report)
+        assert str(holder.pid) in text
+        plain = run_cli("doctor", str(sweep_file), "--fake-gpus", str(gpus))
+        assert plain.returncode == 0, plain.stderr
+        assert str(holder.pid) in plain.stdout
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_status_while_a_sweep_runs(tmp_path: Path) -> None:
+    sweep_file = write_sweep(tmp_path, name="status", args={"load-time": 2})
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep_file, events=events) as proc:
+            wait_for_event(events, lambda e: e["event"] == "phase" and e["phase"] == "load")
+            done = run_cli("status", str(sweep_file), "--json")
+            assert done.returncode == 0, done.stderr
+            status = json.loads(done.stdout)
+            running = [t for t in status["trials"] if t["outcome"] == "running"]
+            assert len(running) == 1
+            assert running[0]["phase"] in ("load", "ready")
+            assert running[0]["seconds_in_phase"] >= 0
+            plain = run_cli("status", str(sweep_file))
+            assert "running" in plain.stdout and "[load" in plain.stdout
+            proc.send_signal(2)
+            proc.communicate(timeout=30)
+    finally:
+        kill_tagged("status", tmp_path)
