@@ -1,8 +1,10 @@
-"""The quickstart sweep, run for real on the simulated engine, gives an HTML report
-that headless Chromium opens with no console message and whose plots are drawn."""
+"""The quickstart sweep, run for real on the simulated engine as a user runs it: it
+prints the results and the best configuration, and gives an HTML report that headless
+Chromium opens with no console message and whose plots are drawn."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -22,10 +24,22 @@ def test_quickstart_html_report_in_chromium(tmp_path: Path) -> None:
     sweep_file = tmp_path / "quickstart.yaml"
     sweep_file.write_text(re.sub(r"port: \d+", f"port: {free_port()}", text))
     try:
-        done = run_cli("run", str(sweep_file), "--quiet", timeout=400)
+        done = run_cli("run", str(sweep_file), timeout=400)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finally:
         kill_tagged("quickstart", tmp_path)
+    assert "7 trials, 7 ok" in done.stdout
+    assert "best (max chat.c1.output_throughput): #" in done.stdout
+    assert "launch: " in done.stdout
+    data = json.loads(run_cli("report", str(sweep_file), "--format", "json").stdout)
+    throughput = {
+        (t["params"]["budget"], t["params"]["topk"]): next(
+            r["metrics"]["output_throughput"] for r in t["results"] if r["level"] == "c1"
+        )
+        for t in data["trials"]
+    }
+    # a real optimum: the best speculative configuration beats no speculation clearly
+    assert max(throughput.values()) > 1.2 * throughput[(0, 1)]
     out = tmp_path / "report.html"
     made = run_cli("report", str(sweep_file), "--format", "html", "--out", str(out))
     assert made.returncode == 0, made.stderr

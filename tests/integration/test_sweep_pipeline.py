@@ -1,10 +1,10 @@
-"""Whole-pipeline sweeps: the quickstart as a user runs it, and correctness evals
-flowing from the engine through the sandbox, the store and a constraint into `best`."""
+"""Whole-pipeline sweeps: correctness evals flowing from the engine through the
+sandbox, the store and a constraint into `best` (the quickstart is in
+test_report_quickstart.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -12,38 +12,8 @@ import yaml
 from tests.integration.sweep_helpers import kill_tagged, report_json, run_cli, write_sweep
 
 from servesweep.sim.oracle import oracle_correct
-from servesweep.sim.testing import free_port
 
 ROOT = Path(__file__).parents[2]
-
-
-def test_quickstart_sweep_prints_results_and_best(tmp_path: Path) -> None:
-    text = (ROOT / "examples" / "quickstart.yaml").read_text()
-    text = re.sub(r"port: \d+", f"port: {free_port()}", text)
-    sweep_file = tmp_path / "quickstart.yaml"
-    sweep_file.write_text(text)
-    try:
-        done = run_cli("run", str(sweep_file), timeout=400)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "7 trials, 7 ok" in done.stdout
-        assert "best: #" in done.stdout
-        assert "launch: " in done.stdout
-        data = report_json(sweep_file)
-        assert all(t["outcome"] == "ok" for t in data["trials"])
-        # a real optimum: speculative configurations differ in throughput
-        throughput = {
-            (t["params"]["budget"], t["params"]["topk"]): next(
-                r["metrics"]["output_throughput"] for r in t["results"] if r["level"] == "c1"
-            )
-            for t in data["trials"]
-        }
-        assert max(throughput.values()) > 1.2 * throughput[(0, 1)]
-        out = tmp_path / "r.html"
-        html = run_cli("report", str(sweep_file), "--format", "html", "--out", str(out))
-        assert html.returncode == 0, html.stderr
-        assert out.stat().st_size > 10_000
-    finally:
-        kill_tagged("quickstart", tmp_path)
 
 
 def test_eval_pass_rate_flows_into_constraint_and_best(tmp_path: Path) -> None:

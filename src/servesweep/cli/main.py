@@ -139,18 +139,26 @@ def run(
 
 
 def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
-    from servesweep.report import find_best, format_best, render
+    """The results table (it ends with the best configuration) and its launch command."""
+    from servesweep.report import find_best, render
     from servesweep.store import open_store
 
     with open_store(store_path, readonly=True) as store:
         data = store.load_sweep_data(sweep_id, with_samples=False)
+    color = console.is_terminal and not console.no_color
     console.print(
-        render(data, "table", color=console.is_terminal and not console.no_color),
+        render(data, "table", color=color, width=console.width), markup=False, highlight=False
+    )
+    result = find_best(data)
+    if result.feasible and result.trial is not None and result.trial.launch_command:
+        console.print(f"launch: {result.trial.launch_command}", markup=False, highlight=False)
+    console.print(
+        "ranking, exclusions and constraints: servesweep best; plots: servesweep report "
+        "--format html --out report.html",
+        style="dim",
         markup=False,
         highlight=False,
     )
-    if data.objective or data.constraints:
-        console.print(format_best(find_best(data)), markup=False, highlight=False)
 
 
 # -- plan, status ---------------------------------------------------------------------
@@ -279,14 +287,13 @@ def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None)
 
     path, name = _resolve_store(target)
     with open_store(path, readonly=True) as store:
-        data = store.load_sweep_data(
-            sweep_id, None if sweep_id else name, with_samples=fmt in ("html", "json")
-        )
+        data = store.load_sweep_data(sweep_id, None if sweep_id else name, with_samples=False)
     console = _console()
     text = render(
         data,
         fmt,
         color=out is None and fmt == "table" and console.is_terminal and not console.no_color,
+        width=console.width if out is None else 200,
     )
     if out is not None:
         try:
@@ -300,30 +307,51 @@ def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None)
 
 @cli.command()
 @click.argument("target", required=False)
-@click.option("--objective", help="Metric to optimise, e.g. chat.c1.output_throughput.")
-@click.option("--minimize", is_flag=True, help="Minimise the objective (default: maximise).")
+@click.option(
+    "--objective",
+    "objectives",
+    multiple=True,
+    help="Metric to optimise, e.g. chat.c1.output_throughput or chat.c8.tpot_p99_ms:min. "
+    "Repeat for several objectives: the Pareto set is shown.",
+)
+@click.option("--minimize", is_flag=True, help="Minimise an objective without :min/:max.")
 @click.option(
     "--constraint",
     "constraints",
     multiple=True,
-    help="e.g. 'chat.c1.ttft_p99_ms < 500' (repeatable).",
+    help="e.g. 'chat.c1.ttft_p99_ms < 500' (repeatable; replaces the sweep file's).",
 )
 @click.option("--json", "as_json", is_flag=True)
 def best(
     target: str | None,
-    objective: str | None,
+    objectives: tuple[str, ...],
     minimize: bool,
     constraints: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """The best configuration under the objective and constraints."""
+    """The best configuration under the objective and constraints, and why each other
+    configuration lost. Exit 1 when none is feasible."""
     from servesweep.report import best_to_json, find_best, format_best
     from servesweep.store import open_store
 
+    default = "min" if minimize else "max"
+    parsed: list[tuple[str, str]] = []
+    for text in objectives:
+        if text.endswith((":min", ":max")):
+            ref, _, direction = text.rpartition(":")
+            parsed.append((ref, direction))
+        else:
+            parsed.append((text, default))
     path, name = _resolve_store(target)
     with open_store(path, readonly=True) as store:
         data = store.load_sweep_data(None, name, with_samples=False)
-    result = find_best(data, objective, "min" if minimize else "max", constraints)
+    if len(parsed) > 1:
+        result = find_best(
+            data, None, default, constraints or tuple(data.constraints), objectives=parsed
+        )
+    else:
+        objective, direction = parsed[0] if parsed else (None, default)
+        result = find_best(data, objective, direction, constraints or tuple(data.constraints))
     if as_json:
         click.echo(json.dumps(best_to_json(result), indent=2))
     else:
