@@ -161,3 +161,26 @@ def sim_requests_before(sim: SimRun) -> int:
         for m in re.finditer(r"^vllm:request_success_total\{[^}]*\} ([0-9.]+)$", text, re.M)
     )
     return int(total) - 1
+
+
+def test_client_disconnect_frees_the_slot(sim: SimRun) -> None:
+    import json as _json
+    import socket
+    import time
+
+    body = _json.dumps({"prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True})
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=5) as s:
+        s.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = sim.request("/metrics").body.decode()
+        if re.search(r"^vllm:num_requests_running\{[^}]*\} 0\.0$", text, re.M):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the aborted stream still counts as running")
+    assert sim.request("/health").status == 200

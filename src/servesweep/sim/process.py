@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import traceback
+from typing import TextIO
 
 from aiohttp import web
 
@@ -31,20 +32,26 @@ _LOAD_STEPS = 10
 _FAIL_STEP = 4  # --crash-at-load / --hang-at-load strike at 40%
 
 
+def _write(stream: TextIO, text: str) -> None:
+    """Log ``text``; a closed log pipe (its reader died) must not kill the engine."""
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(text)
+        stream.flush()
+
+
 def log(message: str) -> None:
     stamp = time.strftime("%m-%d %H:%M:%S")
-    print(f"INFO {stamp} [sim] {message}", flush=True)
+    _write(sys.stdout, f"INFO {stamp} [sim] {message}\n")
 
 
 def uvicorn(message: str, level: str = "INFO") -> None:
-    print(f"{level + ':':<9} {message}", file=sys.stderr, flush=True)
+    _write(sys.stderr, f"{level + ':':<9} {message}\n")
 
 
 def print_traceback(exc: BaseException, final_line: str) -> None:
     """A real Python traceback of ``exc`` whose last line is ``final_line``."""
     lines = ["Traceback (most recent call last):\n", *traceback.format_tb(exc.__traceback__)]
-    sys.stderr.write("".join(lines) + final_line + "\n")
-    sys.stderr.flush()
+    _write(sys.stderr, "".join(lines) + final_line + "\n")
 
 
 def _exec_time() -> float | None:
@@ -297,7 +304,7 @@ class SimProcess:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         except RuntimeError as exc:
             print_traceback(exc, f"RuntimeError: {exc}")
-        print(f"ERROR: engine core died after {limit} requests (--crash-after)", flush=True)
+        _write(sys.stdout, f"ERROR: engine core died after {limit} requests (--crash-after)\n")
         if self.worker is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.worker.terminate()
