@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,11 +167,7 @@ def sim_requests_before(sim: SimRun) -> int:
 
 
 def test_client_disconnect_frees_the_slot(sim: SimRun) -> None:
-    import json as _json
-    import socket
-    import time
-
-    body = _json.dumps({"prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True})
+    body = json.dumps({"prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True})
     with socket.create_connection(("127.0.0.1", sim.port), timeout=5) as s:
         s.sendall(
             f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
