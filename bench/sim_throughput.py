@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -134,7 +135,7 @@ def _clients(
             subprocess.Popen(
                 argv,
                 stdout=subprocess.PIPE,
-                preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu}),
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, {cpu}),
             )
         )
     return procs

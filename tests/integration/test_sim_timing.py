@@ -50,9 +50,12 @@ async def _stream(
     return arrivals[0] - start, arrivals, tokens
 
 
-async def _run(port: int, concurrency: int, max_tokens: int, rounds: int) -> list[tuple]:
+Stream = tuple[float, list[float], list[int]]
+
+
+async def _run(port: int, concurrency: int, max_tokens: int, rounds: int) -> list[Stream]:
     async with aiohttp.ClientSession() as session:
-        out = []
+        out: list[Stream] = []
         for _ in range(rounds):
             out += await asyncio.gather(
                 *(_stream(session, port, max_tokens) for _ in range(concurrency))
