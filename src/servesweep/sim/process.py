@@ -77,6 +77,7 @@ class SimProcess:
         self.holder: Holder | None = None
         self.worker: subprocess.Popen[bytes] | None = None
         self.stop = asyncio.Event()
+        self._util_task: asyncio.Task[None] | None = None
 
     def truth(self, event: str, **fields: object) -> None:
         append_truth(self.cfg.truth, event, instance=self.instance, **fields)
@@ -131,7 +132,8 @@ class SimProcess:
         uvicorn("Application startup complete.")
         self.truth("ready")
         if self.holder is not None:
-            asyncio.get_running_loop().create_task(self._report_utilization())
+            # Keep a reference: the loop holds tasks only weakly.
+            self._util_task = asyncio.get_running_loop().create_task(self._report_utilization())
         await self.stop.wait()
         return None
 
