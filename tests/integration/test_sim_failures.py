@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from servesweep.servers.gpu import open_probe
 from servesweep.sim.fakegpu import FakeGpuDir
 from servesweep.sim.testing import SimRun, http_request, start_sim
 
@@ -308,3 +310,27 @@ def test_orphan_worker_released_on_graceful_stop(
     assert run.wait_exit(10) == 0
     time.sleep(0.1)
     assert used(gpus) == 0
+
+
+def test_fake_gpu_utilisation_follows_requests(
+    tmp_path: Path, gpus: Path, sims: list[SimRun]
+) -> None:
+    run = start_sim(["--load-time", "0", "--step-ms", "5"], tmp_path, fake_gpus=gpus)
+    sims.append(run)
+    run.wait_ready()
+    probe = open_probe("fake", str(gpus))
+    assert probe.snapshot([0])[0].utilization_pct == 0.0
+    body = {"prompt": "x", "max_tokens": 150, "ignore_eos": True}
+    worker = threading.Thread(target=run.request, args=("/v1/completions", body))
+    worker.start()
+    seen = []
+    while worker.is_alive():
+        seen.append(probe.snapshot([0])[0].utilization_pct)
+        time.sleep(0.02)
+    worker.join()
+    assert 100.0 in seen
+    deadline = time.monotonic() + 3
+    while probe.snapshot([0])[0].utilization_pct and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (state,) = probe.snapshot([0])
+    assert state.utilization_pct == 0.0 and state.power_w == 75.0
