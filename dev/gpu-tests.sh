@@ -48,9 +48,9 @@ export GPU_TEST_RESULTS="$RESULTS"
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-# The multi-GPU tests first (issue 8), then the single-GPU ones, then the rest.
-ORDER="tests/gpu/test_gpu_tp.py tests/gpu/test_gpu_sweep.py tests/gpu/test_gpu_orphan.py"
-ORDER="$ORDER tests/gpu/test_gpu_foreign.py tests/gpu/test_gpu_smi.py tests/gpu/test_gpu_servers.py"
+# NVML against nvidia-smi, the multi-GPU tests (issue 8), the single-GPU ones, the rest.
+ORDER="tests/gpu/test_gpu_smi.py tests/gpu/test_gpu_tp.py tests/gpu/test_gpu_sweep.py"
+ORDER="$ORDER tests/gpu/test_gpu_orphan.py tests/gpu/test_gpu_foreign.py tests/gpu/test_gpu_servers.py"
 ORDER="$ORDER $(ls tests/gpu/test_*.py | grep -v -F -e test_gpu_tp.py -e test_gpu_sweep.py \
     -e test_gpu_orphan.py -e test_gpu_foreign.py -e test_gpu_smi.py -e test_gpu_servers.py | tr '\n' ' ')"
 case "$MODE" in

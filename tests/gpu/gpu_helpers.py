@@ -134,6 +134,9 @@ class ProcessKeeper:
         """SIGKILL everything left; the PIDs that had to be killed."""
         killed: list[int] = []
         for proc in self.popens:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
             if proc.poll() is None:
                 killed.append(proc.pid)
                 with contextlib.suppress(ProcessLookupError):
@@ -399,7 +402,7 @@ def worker_load_times(log_path: str | None) -> dict[str, dict[str, float]]:
     for line in Path(log_path).read_text(errors="replace").splitlines():
         m = _LOADED.search(line)
         if m:
-            pairs = (p.strip().split(" ") for p in m.group(3).split(","))
+            pairs = re.findall(r"(\w+_s) ([0-9]+\.[0-9]+)", m.group(3))
             out[m.group(1)] = {k: float(v) for k, v in pairs}
     return out
 

@@ -51,7 +51,9 @@ STOPPING = threading.Event()
 
 
 def log(message: str) -> None:
-    print(f"[front pid {os.getpid()}] {message}", flush=True)
+    """One ``write`` per line, so the front's and the workers' lines never interleave."""
+    sys.stdout.flush()
+    os.write(1, f"[front pid {os.getpid()}] {message}\n".encode())
 
 
 def _free_port() -> int:

@@ -33,7 +33,8 @@ _CHUNK = 2 * GiB
 
 
 def log(rank: int, message: str) -> None:
-    print(f"[worker {rank} pid {os.getpid()}] {message}", flush=True)
+    """One ``write`` per line, so the workers' lines never interleave in the log."""
+    os.write(1, f"[worker {rank} pid {os.getpid()}] {message}\n".encode())
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
