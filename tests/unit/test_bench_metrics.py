@@ -168,6 +168,11 @@ def test_loop_lag_warning_when_large_against_latency() -> None:
     ctx = LevelContext(t0_ns=0, concurrency=1, loop_lags_ns=[3 * MS] * 10)
     m, _, _, warnings = compute_level([raw], ctx)
     assert m["loop_lag_p99_ms"] == pytest.approx(3.0)
+    assert any("event loop lagged" in w for w in warnings)
+    ctx = LevelContext(t0_ns=0, concurrency=1, loop_lags_ns=[int(1.5 * MS)] * 10)
+    assert not compute_level([raw], ctx)[3]
+    ctx = LevelContext(t0_ns=0, concurrency=1, loop_lags_ns=[3 * MS] * 10)
+    m, _, _, warnings = compute_level([raw], ctx)
     assert any("event loop lagged" in w and "worker processes" in w for w in warnings)
 
 

@@ -286,7 +286,7 @@ def _warnings(
     out: list[str] = []
     advice = "use more worker processes (workers), fewer concurrent levels, or a less busy machine"
     lag = m.get("loop_lag_p99_ms")
-    if lag is not None and lag > 1.0:
+    if lag is not None and lag > 2.0:
         ttft_med = m.get("ttft_median_ms")
         gap_med = m.get("chunk_gap_median_ms")
         if (ttft_med is not None and lag > 0.05 * ttft_med) or (

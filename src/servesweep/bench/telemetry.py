@@ -101,11 +101,13 @@ def summarize_gpu(
 
 
 class LoopLagMonitor:
-    """Measures how long a ready callback waits before the event loop runs it: every
-    ``interval_s`` the ticker schedules a callback with ``call_soon`` and records
-    the delay in ns. A chunk that arrives while the loop is busy waits as long before
-    it is stamped, so this lag bounds the generator's own timing error. (Timer
-    oversleep is not used: epoll's 1 ms timeout granularity would dominate it.)"""
+    """Measures how late the event loop runs what is due. Every ``interval_s`` the
+    ticker queues a callback with ``call_soon`` and records the larger of (a) the
+    time until that callback runs and (b) how late the ticker's own sleep ended,
+    less 1 ms (epoll rounds timeouts up to whole milliseconds). (a) is the delay a
+    chunk that arrives while the loop is busy waits before it is stamped; (b)
+    catches stalls of the whole process (descheduled, swapped, a long collection),
+    which (a) alone cannot see. Either bounds the generator's own timing error."""
 
     def __init__(
         self, interval_s: float = 0.005, collect_young_every_s: float | None = None
@@ -120,8 +122,8 @@ class LoopLagMonitor:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._tick())
 
-    def _probe(self, queued_ns: int) -> None:
-        self.lags_ns.append(monotonic_ns() - queued_ns)
+    def _probe(self, queued_ns: int, overslept_ns: int) -> None:
+        self.lags_ns.append(max(monotonic_ns() - queued_ns, overslept_ns - 1_000_000))
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -130,10 +132,12 @@ class LoopLagMonitor:
         sleep = asyncio.sleep
         every = self._collect_every_ns
         next_collect = monotonic_ns() + every if every is not None else None
+        interval_ns = int(self._interval * 1e9)
         while True:
+            start = monotonic_ns()
             await sleep(self._interval)
             now = monotonic_ns()
-            call_soon(probe, now)
+            call_soon(probe, now, now - start - interval_ns)
             if next_collect is not None and every is not None and now >= next_collect:
                 gc.collect(1)  # young generations only: cheap, bounded by recent garbage
                 next_collect = now + every
