@@ -146,6 +146,21 @@ def test_errors_counted_and_usage_matches_server_counters(tmp_path: Path) -> Non
     assert r.info["completion_tokens_source"] == "usage"
 
 
+def test_non_streaming_and_duration_bound(tmp_path: Path) -> None:
+    with sim(tmp_path, "--ttft-ms", "5", "--step-ms", "5", "--batch-slowdown", "0") as run:
+        plain = bench(run, stream=False, concurrency=[2], requests=4, max_tokens=6, ignore_eos=True)
+        timed = bench(run, concurrency=[2], duration=0.6, max_tokens=6, ignore_eos=True)
+    m = plain.metrics
+    assert m["completed"] == 4 and m["completion_tokens_mean"] == 6
+    assert abs(m["e2e_median_ms"] - (5 + 5 * 5)) <= 5.0
+    assert "ttft_median_ms" not in m and "itl_median_ms" not in m
+    # about 0.6 s / 30 ms per request x 2 slots; none started after the deadline
+    n = timed.metrics["completed"]
+    assert 20 <= n <= 42
+    assert max(s.sent_at for s in timed.samples) <= 0.6
+    assert timed.metrics["duration_s"] < 0.6 + 0.2
+
+
 def test_open_loop_achieves_the_rate(tmp_path: Path) -> None:
     with sim(tmp_path, "--ttft-ms", "5", "--step-ms", "2") as run:
         r = bench(run, rate=[40.0], arrival="poisson", duration=2.5, max_tokens=8, seed=3)

@@ -48,11 +48,20 @@ def test_acceptance_length_is_one_plus_accepted_per_draft() -> None:
     after = {COUNTERS["drafts"]: 150.0, COUNTERS["accepted"]: 210.0}
     acc, detail = acceptance_from_counters(COUNTERS, before, after)
     assert acc == pytest.approx(3.0)
-    assert detail == {"accepted_tokens": 200.0, "drafts": 100.0}
+    assert detail == {"accepted_tokens": 200.0, "drafts": 100.0, "source": "engine_counters"}
     assert acceptance_from_counters(COUNTERS, after, after)[0] is None  # no draft in the level
     assert acceptance_from_counters({}, before, after) == (None, {})
     missing = acceptance_from_counters(COUNTERS, {}, {})
     assert missing[0] is None and missing[1]["counters_missing"]
+
+
+def test_engine_acceptance_gauge_is_averaged_over_engines() -> None:
+    text = 'sglang:spec_accept_length{engine="0"} 3.0\nsglang:spec_accept_length{engine="1"} 2.0\n'
+    gauges = parse_counters(text, ["sglang:spec_accept_length"], mean=True)
+    acc, detail = acceptance_from_counters(
+        {"accept_length": "sglang:spec_accept_length"}, {}, gauges
+    )
+    assert acc == pytest.approx(2.5) and detail["source"] == "engine_gauge"
 
 
 def test_chunk_estimate_skips_first_and_last_chunk() -> None:

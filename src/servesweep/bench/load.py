@@ -27,7 +27,7 @@ from servesweep.bench.datasets import (
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
 from servesweep.bench.results import LevelResult
-from servesweep.bench.specdecode import acceptance_from_counters, parse_counters
+from servesweep.bench.specdecode import acceptance_from_counters, counter_names, parse_counters
 from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.bench.workers import WorkerPool
@@ -220,7 +220,8 @@ class _Runner:
         )
 
     async def _counters(self) -> tuple[dict[str, float], str | None]:
-        names = list(self.target.spec_decode_counters.values())
+        counters = self.target.spec_decode_counters
+        names = counter_names(counters)
         if not names or not self.target.metrics_path:
             return {}, None
         try:
@@ -229,7 +230,11 @@ class _Runner:
             )
         except BenchError as exc:
             return {}, str(exc)
-        return parse_counters(text, names), None
+        values = parse_counters(text, names)
+        gauge = counters.get("accept_length")
+        if gauge:  # a gauge of several engines is averaged, not summed
+            values.update(parse_counters(text, [gauge], mean=True))
+        return values, None
 
     def _plans(
         self, conc: int | None, rate: float | None, n_workers: int, t0: int, repeat: int
@@ -361,7 +366,7 @@ class _Runner:
         acc, detail = acceptance_from_counters(self.target.spec_decode_counters, before, after)
         if acc is not None:
             metrics["acceptance_length"] = acc
-            info["acceptance_source"] = "engine_counters"
+            info["acceptance_source"] = detail.pop("source", "engine_counters")
             info["spec_decode"] = detail
         elif "acceptance_estimate_from_chunks" in info:
             metrics["acceptance_length"] = info["acceptance_estimate_from_chunks"]

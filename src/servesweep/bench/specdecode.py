@@ -13,16 +13,32 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["acceptance_from_counters", "estimate_from_chunks", "parse_counters"]
+__all__ = [
+    "acceptance_from_counters",
+    "counter_names",
+    "estimate_from_chunks",
+    "parse_counters",
+]
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
-def parse_counters(text: str, names: Sequence[str]) -> dict[str, float]:
+def counter_names(counters: Mapping[str, str]) -> list[str]:
+    """The Prometheus names to read for ``Target.spec_decode_counters``."""
+    return [v for k, v in counters.items() if k in ("accepted", "drafts", "draft_tokens", _GAUGE)]
+
+
+_GAUGE = "accept_length"
+"""Key of an engine's own acceptance-length gauge (SGLang reports one) in
+``Target.spec_decode_counters``; used when there are no accepted/drafts counters."""
+
+
+def parse_counters(text: str, names: Sequence[str], *, mean: bool = False) -> dict[str, float]:
     """Sum of each wanted metric over all its label sets (several engines of a
-    data-parallel server each report their own series)."""
+    data-parallel server each report their own series); their mean with ``mean``."""
     wanted = set(names)
     out: dict[str, float] = {}
+    seen: dict[str, int] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -35,6 +51,9 @@ def parse_counters(text: str, names: Sequence[str]) -> dict[str, float]:
             continue
         if math.isfinite(value):
             out[m.group(1)] = out.get(m.group(1), 0.0) + value
+            seen[m.group(1)] = seen.get(m.group(1), 0) + 1
+    if mean:
+        return {k: v / seen[k] for k, v in out.items()}
     return out
 
 
@@ -42,10 +61,15 @@ def acceptance_from_counters(
     counters: Mapping[str, str], before: Mapping[str, float], after: Mapping[str, float]
 ) -> tuple[float | None, dict[str, Any]]:
     """Acceptance length from counter deltas; None when the counters are missing or
-    no draft happened during the level."""
+    no draft happened during the level. ``after`` may hold the engine's own
+    acceptance-length gauge (key ``accept_length``), used when there are no counters;
+    ``detail["source"]`` says which."""
     acc_name = counters.get("accepted")
     drafts_name = counters.get("drafts")
+    gauge = counters.get(_GAUGE)
     if not acc_name or not drafts_name:
+        if gauge and gauge in after and after[gauge] > 0:
+            return after[gauge], {"source": "engine_gauge", "gauge": gauge}
         return None, {}
     if acc_name not in after or drafts_name not in after:
         return None, {"counters_missing": [n for n in (acc_name, drafts_name) if n not in after]}
@@ -60,6 +84,7 @@ def acceptance_from_counters(
             detail["draft_acceptance_rate"] = accepted / draft_tokens
     if drafts <= 0:
         return None, detail
+    detail["source"] = "engine_counters"
     return 1.0 + accepted / drafts, detail
 
 
