@@ -6,6 +6,7 @@ every run is bounded by a request count."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,6 +128,7 @@ def test_speculative_decoding_chunks_and_acceptance(tmp_path: Path) -> None:
     assert all(sum(s.chunk_tokens) == 96 == s.completion_tokens for s in r.samples)
     detail = r.info["spec_decode"]
     assert detail["draft_tokens"] == 8 * detail["drafts"]
+    json.dumps(r.info)  # the store keeps info as JSON
 
 
 def test_errors_counted_and_usage_matches_server_counters(tmp_path: Path) -> None:

@@ -1,1 +1,13 @@
-"""servesweep.bench."""
+"""servesweep.bench: the load generator, its metrics and the correctness evals.
+
+Entry points (import them from their modules; importing this package stays cheap):
+
+- ``servesweep.bench.load.run_workload(target, workload, *, probe, gpus, on_progress,
+  workers, base_dir) -> list[LevelResult]`` (async) and ``run_workload_sync(...)``;
+- ``servesweep.bench.standalone.run_standalone(url, ...)``, ``format_results(results)``,
+  ``results_as_dicts(results)`` for ``servesweep bench --url``;
+- ``servesweep.bench.datasets.load_prompts(dataset)`` for the prompt sets;
+- ``servesweep.bench.evals.run_eval_workload(target, workload)`` for correctness suites.
+
+Metric names and definitions: docs/metrics.md.
+"""
