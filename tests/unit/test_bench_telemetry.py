@@ -146,7 +146,7 @@ def test_result_table_and_json() -> None:
     console = Console(width=250, record=True)
     console.print(format_results([r]))
     text = console.export_text()
-    assert "31.2" in text and "2.80 (counters)" in text
+    assert "31.2/-" in text and "2.80 c" in text and "8/1" in text
     assert "slow generator" in text and "1 x http_500" in text
     assert results_as_dicts([r])[0]["metrics"]["completed"] == 8
 

@@ -88,7 +88,7 @@ async def send(
             if resp.status != 200:
                 text = await resp.content.read(_MAX_ERROR_BODY)
                 result.error = f"http_{resp.status}"
-                result.message = text.decode("utf-8", "replace")[:300]
+                result.message = _error_message(text)
                 result.end_ns = monotonic_ns()
                 return result
             content = resp.content
@@ -124,6 +124,20 @@ async def send(
         return result
     _parse_into(result, reads, stream)
     return result
+
+
+def _error_message(body: bytes) -> str:
+    """The ``message`` of an OpenAI-style error body, else the body's start."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        msg = err.get("message") if isinstance(err, dict) else obj.get("message", err)
+        if isinstance(msg, str) and msg:
+            return msg[:300]
+    return body.decode("utf-8", "replace").strip()[:300]
 
 
 def _parse_into(result: RawResult, reads: list[tuple[int, bytes]], stream: bool) -> None:

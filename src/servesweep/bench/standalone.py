@@ -8,9 +8,10 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
+from rich import box
 from rich.table import Table
 
 from servesweep.bench.client import build_headers, get_text, make_session
@@ -171,47 +172,62 @@ def _f(m: Mapping[str, float], key: str, fmt: str = "{:.1f}") -> str:
     return fmt.format(m[key]) if key in m else "-"
 
 
+def _pair(m: Mapping[str, float], a: str, b: str, fmt: str = "{:.1f}") -> str:
+    return f"{_f(m, a, fmt)}/{_f(m, b, fmt)}"
+
+
 def format_results(results: Sequence[LevelResult]) -> Table:
-    """One row per level and repeat: throughput, latency percentiles (ms), tokens per
-    chunk, acceptance length with its source, concurrency really in flight."""
-    table = Table(title="servesweep bench", show_lines=False)
+    """One row per level and repeat: requests ok/failed, throughput, latency
+    percentiles (ms), tokens per chunk, acceptance length with its source
+    (``c``: engine counters, ``e``: estimated from chunks), concurrency really in
+    flight; warnings and errors below the table."""
+    several = len({r.workload for r in results}) > 1
+    table = Table(title="servesweep bench", box=box.SIMPLE_HEAD, pad_edge=False)
     columns = [
-        "workload", "level", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
-        "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "tok/chunk", "accept len", "in flight",
+        "level", "ok/err", "req/s", "out tok/s", "TTFT p50/p99", "TPOT p50",
+        "ITL p50/p99", "E2E p50", "tok per chunk", "accept", "in flight",
     ]  # fmt: skip
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("workload", "level") else "right")
+    if several:
+        columns.insert(0, "workload")
+    rows: list[list[str]] = []
     notes: list[str] = []
     for r in results:
         m = r.metrics
         level = r.level if r.repeat == 0 else f"{r.level} #{r.repeat}"
         acc = "-"
         if "acceptance_length" in m:
-            source = "counters" if r.info.get("acceptance_source") == "engine_counters" else "est."
-            acc = f"{m['acceptance_length']:.2f} ({source})"
-        table.add_row(
-            r.workload,
+            source = "e" if r.info.get("acceptance_source") == "tokens_per_chunk_estimate" else "c"
+            acc = f"{m['acceptance_length']:.2f} {source}"
+        row = [
             level,
-            _f(m, "completed", "{:.0f}"),
-            _f(m, "failed", "{:.0f}"),
+            _pair(m, "completed", "failed", "{:.0f}"),
             _f(m, "request_throughput", "{:.2f}"),
             _f(m, "output_throughput", "{:.0f}"),
-            _f(m, "ttft_median_ms"),
-            _f(m, "ttft_p99_ms"),
+            _pair(m, "ttft_median_ms", "ttft_p99_ms"),
             _f(m, "tpot_median_ms", "{:.2f}"),
-            _f(m, "itl_median_ms", "{:.2f}"),
-            _f(m, "itl_p99_ms", "{:.2f}"),
-            _f(m, "e2e_median_ms"),
+            _pair(m, "itl_median_ms", "itl_p99_ms", "{:.2f}"),
+            _f(m, "e2e_median_ms", "{:.0f}"),
             _f(m, "tokens_per_chunk_mean", "{:.2f}"),
             acc,
             _f(m, "concurrency_mean", "{:.1f}"),
-        )
-        notes += [f"{r.level}: {w}" for w in r.warnings]
+        ]
+        if several:
+            row.insert(0, r.workload)
+        rows.append(row)
+        name = f"{r.workload} {level}" if several else level
+        notes += [f"{name}: {w}" for w in r.warnings]
         for kind, count in (r.info.get("errors") or {}).items():
             example = (r.info.get("error_examples") or {}).get(kind, "")
-            notes.append(f"{r.level}: {count} x {kind} {example[:120]}".rstrip())
+            notes.append(f"{name}: {count} x {kind} {example[:120]}".rstrip())
+    for i, col in enumerate(columns):
+        width = max([len(row[i]) for row in rows] + [3])  # numbers stay whole, headers wrap
+        justify: Literal["left", "right"] = "left" if col in ("workload", "level") else "right"
+        table.add_column(col, justify=justify, min_width=width, no_wrap=False)
+    for row in rows:
+        table.add_row(*row)
     if notes:
         table.caption = "\n".join(notes)
+        table.caption_justify = "left"
     return table
 
 
