@@ -181,10 +181,20 @@ def test_workers_split_and_merge(tmp_path: Path) -> None:
             WorkloadSpec(name="w", concurrency=[4], requests=20, max_tokens=8, ignore_eos=True),
             workers=2,
         )
+        (o,) = run_workload_sync(
+            target(run),
+            WorkloadSpec(name="w", rate=[50.0], arrival="constant", requests=40, max_tokens=4),
+            workers=2,
+        )
     assert sorted(s.index for s in r.samples) == list(range(20))
     assert r.metrics["completed"] == 20 and r.info["workers"] == 2
     assert r.metrics["concurrency_mean"] > 3.5
     assert abs(r.metrics["tpot_median_ms"] - 5.0) <= 1.5
+    # open loop: arrivals dealt out in turn, one schedule on the shared clock
+    assert sorted(s.index for s in o.samples) == list(range(40))
+    assert o.metrics["achieved_rate"] == pytest.approx(50.0, rel=0.02)
+    planned = sorted(s.scheduled_at or 0 for s in o.samples)
+    assert planned == pytest.approx([(i + 1) / 50 for i in range(40)], abs=1e-6)
 
 
 def test_crash_mid_level_is_data(tmp_path: Path) -> None:
