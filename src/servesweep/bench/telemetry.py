@@ -47,6 +47,10 @@ class GpuSampler:
             if len(self.errors) < 5:
                 self.errors.append(str(exc))
             return
+        except Exception as exc:  # a probe that broke its contract must not kill the level
+            if len(self.errors) < 5:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            return
         now = monotonic_ns()
         for s in states:
             self.samples.append((now, s.index, s.used_bytes / 2**20, s.utilization_pct, s.power_w))
