@@ -125,3 +125,30 @@ def test_nvml_other_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(GpuProbeError, match="NVML failed to initialise") as exc:
         NvmlProbe().snapshot()
     assert not isinstance(exc.value, NoGpuDriverError)
+
+
+@pytest.mark.parametrize("v2_works", [True, False])
+def test_nvml_reads_memory_like_nvidia_smi(monkeypatch: pytest.MonkeyPatch, v2_works: bool) -> None:
+    """The v2 memory query leaves the driver's reserved memory out of ``used``, as
+    nvidia-smi does; a driver without it gets the v1 answer, asked once."""
+    m = _fake_pynvml()
+    m.nvmlMemory_v2 = 0x02000028
+    calls: list[str] = []
+
+    def memory(handle: int, version: int | None = None) -> Any:
+        if version is None:
+            calls.append("v1")
+            return types.SimpleNamespace(total=80 * MiB, used=6 * MiB)
+        calls.append("v2")
+        if not v2_works:
+            raise _NVMLError(13)  # function not found
+        return types.SimpleNamespace(total=80 * MiB, used=4 * MiB, reserved=2 * MiB)
+
+    m.nvmlDeviceGetMemoryInfo = memory
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    probe = NvmlProbe()
+    (state,) = probe.snapshot([0])
+    probe.snapshot([0])
+    assert state.used_bytes == (4 if v2_works else 6) * MiB
+    assert calls == (["v2", "v2"] if v2_works else ["v2", "v1", "v1"])
+    probe.close()

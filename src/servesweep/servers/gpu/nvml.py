@@ -39,6 +39,7 @@ class NvmlProbe:
         self._nvml: Any = None
         self._handles: dict[int, Any] = {}
         self._count = 0
+        self._memory_v2: bool | None = None
 
     # -- NVML calls, translated -------------------------------------------------
 
@@ -101,9 +102,24 @@ class NvmlProbe:
         wanted = range(self._count) if gpus is None else gpus
         return [self._state(nvml, index) for index in wanted]
 
+    def _memory(self, nvml: Any, handle: Any, index: int) -> Any:
+        """Memory info as nvidia-smi reports it: the v2 query leaves the driver's
+        reserved memory out of ``used`` (v1 counts it, ~600 MiB high on an H200).
+        Drivers without v2 get v1, decided once."""
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None and self._memory_v2 is not False:
+            try:
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except (nvml.NVMLError, TypeError):
+                self._memory_v2 = False
+            else:
+                self._memory_v2 = True
+                return mem
+        return self._call(f"memory info of GPU {index}", nvml.nvmlDeviceGetMemoryInfo, handle)
+
     def _state(self, nvml: Any, index: int) -> GpuState:
         h = self._handle(index)
-        mem = self._call(f"memory info of GPU {index}", nvml.nvmlDeviceGetMemoryInfo, h)
+        mem = self._memory(nvml, h, index)
         used: dict[int, int] = {}
         for getter in (
             nvml.nvmlDeviceGetComputeRunningProcesses,
