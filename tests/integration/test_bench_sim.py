@@ -20,6 +20,8 @@ from servesweep.bench.results import LevelResult
 from servesweep.bench.specdecode import parse_counters
 from servesweep.bench.standalone import format_results, run_standalone
 from servesweep.bench.target import Target
+from servesweep.servers.gpu import open_probe
+from servesweep.sim.fakegpu.__main__ import main as fakegpu_main
 from servesweep.sim.testing import SimRun, running_sim
 from servesweep.spec.schema import WorkloadSpec
 
@@ -217,6 +219,30 @@ def test_warmup_excluded_and_synthetic_prompts_calibrated(tmp_path: Path) -> Non
     assert r.info["calibration"]["source"] == "tokenize"
     assert all(abs((s.prompt_tokens or 0) - 120) <= 6 for s in r.samples)
     assert after - before == pytest.approx(sum(s.prompt_tokens or 0 for s in r.samples) / 6 * 9)
+
+
+def test_gpu_telemetry_through_the_fake_gpus(tmp_path: Path) -> None:
+    gpus = tmp_path / "gpus"
+    assert fakegpu_main(["init", str(gpus), "--count", "2", "--memory", "8GiB"]) == 0
+    probe = open_probe("fake", str(gpus))
+    try:
+        with running_sim(
+            ["--load-time", "0", "--gpus", "0,1", "--mem-per-gpu", "3GiB", "--step-ms", "20"],
+            tmp_path,
+            fake_gpus=gpus,
+        ) as run:
+            run.wait_ready()
+            (r,) = run_workload_sync(
+                target(run),
+                WorkloadSpec(name="w", concurrency=[2], requests=4, max_tokens=20, ignore_eos=True),
+                probe=probe,
+                gpus=[0, 1],
+            )
+    finally:
+        probe.close()
+    assert r.metrics["gpu_mem_used_max_mib"] == pytest.approx(3 * 1024, rel=0.01)
+    assert set(r.info["gpu"]) == {"0", "1"}
+    assert all(g["samples"] >= 2 for g in r.info["gpu"].values())
 
 
 def test_standalone_bench_finds_the_model(tmp_path: Path) -> None:
