@@ -90,6 +90,8 @@ class _Server(asyncio.Protocol):
             loop.call_at(now + k * self.gap_s, self._send, frame, k == 0)
 
     def _send(self, frame: bytes, first: bool) -> None:
+        if self.t.is_closing():  # the client went away (end of a timed run)
+            return
         if first:
             _Server.first_sent.append(time.monotonic_ns())
         self.t.write(frame)
