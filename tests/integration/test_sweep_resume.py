@@ -54,12 +54,23 @@ def test_sigkill_then_rerun_completes_each_trial_once(tmp_path: Path, phase: str
             assert [t.id for t in running] == [2]
             assert store.live_instances(1), "the killed run's instance is recorded as live"
 
+        if phase == "bench":
+            # a rerun of another trial first: the left-behind instance (trial 2's
+            # config) is stopped, with the stop kept as evidence
+            only3 = run_cli("run", str(sweep_file), "--quiet", "--trial", "3", timeout=180)
+            assert only3.returncode == 0, only3.stdout + only3.stderr
+            with open_store(tmp_path / "servesweep.db", readonly=True) as store:
+                (leftover,) = store.events(1, "stopped_leftover")
+                assert leftover["instance_of"] == 2 and leftover["signalled"], leftover
         done = run_cli("run", str(sweep_file), "--quiet", timeout=180)
         assert done.returncode == 0, done.stdout + done.stderr
         data = _assert_measured_once(sweep_file, 3)
-        attempts = {row["id"]: row["attempts"] for row in data["trials"]}  # type: ignore[union-attr]
-        assert attempts[1] == 1 and attempts[3] == 1
-        assert attempts[2] == 2, "the interrupted trial ran again"
+        rows = {row["id"]: row for row in data["trials"]}  # type: ignore[union-attr]
+        assert rows[1]["attempts"] == 1 and rows[3]["attempts"] == 1
+        assert rows[2]["attempts"] == 2, "the interrupted trial ran again"
+        # killed while loading: the rerun adopts the instance that already runs
+        # trial 2's config instead of restarting it
+        assert rows[2]["adopted"] is (phase == "load")
         assert tagged_processes(f"kill-{phase}", tmp_path) == [], "no server left running"
     finally:
         kill_tagged(f"kill-{phase}", tmp_path)

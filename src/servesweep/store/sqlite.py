@@ -527,6 +527,18 @@ class Store:
                 (sweep_id, trial_id, time.time(), kind, _dumps(dict(data))),
             )
 
+    def events(self, sweep_id: int, kind: str | None = None) -> list[dict[str, Any]]:
+        """Lifecycle facts kept as evidence (stops, releases, cleaned orphans), in order."""
+        rows = self._query(
+            "SELECT trial_id, t, kind, data FROM events WHERE sweep_id=? AND (? IS NULL OR kind=?) "
+            "ORDER BY id",
+            (sweep_id, kind, kind),
+        )
+        return [
+            {"trial": r["trial_id"], "t": r["t"], "kind": r["kind"], **json.loads(r["data"])}
+            for r in rows
+        ]
+
     # -- questions ------------------------------------------------------------------
 
     def phase_history(self, name: str, *, exclude_sweep: int | None = None) -> dict[str, float]:

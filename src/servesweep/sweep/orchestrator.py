@@ -301,6 +301,13 @@ def _run(
         )
     else:
         lifecycle.prepare(list(spec.server.gpus))
+        if lifecycle.cleaned:
+            cleaned = [p.describe() for p in lifecycle.cleaned]
+            runner.record("cleaned_before_sweep", None, cleaned=cleaned)
+            observer.event(
+                "warning",
+                {"message": "cleaned orphaned servesweep processes: " + ", ".join(cleaned)},
+            )
     store.set_environment(
         sweep.id,
         {
@@ -386,8 +393,7 @@ def _recover_instances(
             "warning",
             {"message": f"stopping the instance of trial {trial.id} left by an earlier run"},
         )
-        runner.lifecycle.stop(instance)
-        store.mark_instance_gone(trial.id)
+        _stop_leftover(store, runner, trial.id, instance, observer)
     current = getattr(launcher, "current", None)
     if runner.current is None and callable(current):
         # a launcher that manages an existing service (systemd) may find it running
@@ -403,6 +409,35 @@ def _recover_instances(
         if trial.outcome is Outcome.RUNNING:
             # the run that owned it died; its results are incomplete: run it again
             store.reset_trial(trial.id)
+
+
+def _stop_leftover(
+    store: Store,
+    runner: TrialRunner,
+    trial_id: int,
+    instance: InstanceRecord,
+    observer: Observer,
+) -> None:
+    """Stop an instance an earlier run left behind and wait for its GPU memory, so
+    that the baseline measured next is of idle GPUs."""
+    lifecycle = runner.lifecycle
+    gpus = list(runner.server.gpus)
+    pids = set(lifecycle.launcher.pids(instance)) | set(instance.pids)
+    idle = baseline_without(runner.probe, gpus, pids) if gpus else {}
+    stop = lifecycle.stop(instance)
+    store.mark_instance_gone(trial_id)
+    runner.record(
+        "stopped_leftover",
+        None,
+        instance_of=trial_id,
+        signalled=list(stop.signalled),
+        killed=list(stop.killed),
+    )
+    lifecycle.baseline = idle
+    try:
+        lifecycle.release(gpus, pids)
+    except TrialFailed as failure:
+        observer.event("warning", {"message": f"after stopping a leftover instance: {failure}"})
 
 
 def _final_stop(runner: TrialRunner, observer: Observer) -> None:

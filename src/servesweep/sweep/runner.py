@@ -166,16 +166,36 @@ class TrialRunner:
             current = self.current
             old_pids = set(self.lifecycle.launcher.pids(current.instance))
             old_pids.update(current.instance.pids)
-            self.lifecycle.stop(current.instance)
+            stop = self.lifecycle.stop(current.instance)
             self.store.mark_instance_gone(current.trial_id)
+            self.record(
+                "stopped",
+                trial,
+                instance_of=current.trial_id,
+                seconds=round(stop.seconds, 3),
+                signalled=list(stop.signalled),
+                killed=list(stop.killed),
+            )
             self.current = None
         if trial is not None:
             self._enter(trial, Phase.RELEASE)
         result = self.lifecycle.release(list(self.server.gpus), old_pids)
+        self.record(
+            "released",
+            trial,
+            seconds=round(result.seconds, 3),
+            polls=result.polls,
+            cleaned=[p.describe() for p in result.cleaned],
+        )
         if result.cleaned:
             cleaned = ", ".join(p.describe() for p in result.cleaned)
             self._emit("warning", message=f"cleaned orphaned processes of our instance: {cleaned}")
         return time.monotonic() - started
+
+    def record(self, kind: str, trial: TrialRecord | None, **data: Any) -> None:
+        """Keep a lifecycle fact as evidence in the store (events table) and emit it."""
+        self.store.add_event(self.sweep_id, kind, data, trial.id if trial else None)
+        self._emit(kind, trial=trial.id if trial else None, **data)
 
     def adopt(self, trial_id: int, instance: InstanceRecord) -> None:
         """Take over an instance that an earlier run (or ``apply``) left running."""
