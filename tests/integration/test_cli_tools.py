@@ -17,6 +17,8 @@ from tests.integration.sweep_helpers import (
     write_sweep,
 )
 
+from servesweep.sim.testing import running_sim
+
 
 def _init_gpus(path: Path) -> None:
     done = run_cli("fake-gpus", "init", str(path), "--count", "2", "--memory", "8GiB")
@@ -151,3 +153,32 @@ def test_status_while_a_sweep_runs(tmp_path: Path) -> None:
             proc.communicate(timeout=30)
     finally:
         kill_tagged("status", tmp_path)
+
+
+def test_bench_a_running_server_without_a_sweep_file(tmp_path: Path) -> None:
+    with running_sim(["--ttft-ms", "10", "--step-ms", "2"], tmp_path) as sim:
+        sim.wait_ready()
+        url = f"http://127.0.0.1:{sim.port}/v1"
+        done = run_cli(
+            "bench",
+            "--url",
+            url,
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "8",
+            "--max-tokens",
+            "16",
+            "--json",
+        )
+        assert done.returncode == 0, done.stderr
+        levels = {r["level"]: r["metrics"] for r in json.loads(done.stdout)}
+        assert set(levels) == {"c1", "c4"}
+        assert all(m["completed"] == 8 and m["failed"] == 0 for m in levels.values())
+        assert levels["c1"]["ttft_median_ms"] >= 10
+        table = run_cli("bench", "--url", url, "--requests", "4", "--max-tokens", "8")
+        assert table.returncode == 0, table.stderr
+        assert "c1" in table.stdout and "TTFT" in table.stdout
+        bad = run_cli("bench", "--url", url, "--concurrency", "one")
+        assert bad.returncode == 2
+        assert "not a comma-separated list" in bad.stderr

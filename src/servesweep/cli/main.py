@@ -32,8 +32,12 @@ EXIT_INTERRUPTED = 130
 
 
 def _console(stderr: bool = False) -> Console:
+    """A console that respects NO_COLOR; off a terminal (a pipe, a file, CI) tables get
+    160 columns instead of rich's 80, unless COLUMNS says otherwise."""
     no_color = bool(os.environ.get("NO_COLOR"))
-    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width)
 
 
 class _Exit(Exception):
@@ -455,10 +459,14 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
 @click.option("--model", help="Model name (default: ask /v1/models).")
 @click.option("--concurrency", default="", help="Closed-loop levels, e.g. 1,4,16.")
 @click.option("--rate", default="", help="Open-loop request rates (req/s), e.g. 2,5.")
-@click.option("--requests", type=int, default=32, show_default=True)
+@click.option("--requests", type=int, default=32, show_default=True, help="Requests per level.")
+@click.option("--duration", default=None, help="Bound each level by time too, e.g. 30s.")
+@click.option("--warmup", type=int, default=0, show_default=True, help="Unmeasured requests.")
 @click.option("--dataset", default="builtin:chat", show_default=True)
+@click.option("--input-tokens", type=int, help="Prompt length for --dataset synthetic.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--endpoint", type=click.Choice(["chat", "completions"]), default="chat")
+@click.option("--workers", type=int, default=1, show_default=True, help="Generator processes.")
 @click.option("--api-key-env", help="Environment variable holding the API key.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(
@@ -467,14 +475,19 @@ def bench(
     concurrency: str,
     rate: str,
     requests: int,
+    duration: str | None,
+    warmup: int,
     dataset: str,
+    input_tokens: int | None,
     max_tokens: int,
     endpoint: str,
+    workers: int,
     api_key_env: str | None,
     as_json: bool,
 ) -> None:
     """Benchmark an already-running server, without a sweep file."""
-    from servesweep.bench.standalone import format_results, run_standalone
+    from servesweep.bench.standalone import format_results, results_as_dicts, run_standalone
+    from servesweep.spec.schema import parse_duration
 
     def numbers(text: str, kind: type[float] | type[int], flag: str) -> list[Any]:
         try:
@@ -488,6 +501,12 @@ def bench(
     rates = numbers(rate, float, "--rate")
     if not levels and not rates:
         levels = [1]
+    seconds = None
+    if duration is not None:
+        try:
+            seconds = parse_duration(duration)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="--duration") from None
     _install_signal_handlers()
     results = run_standalone(
         url,
@@ -499,25 +518,20 @@ def bench(
         max_tokens=max_tokens,
         endpoint=endpoint,
         api_key_env=api_key_env,
+        duration=seconds,
+        warmup=warmup,
+        input_tokens=input_tokens,
+        workers=workers,
     )
     if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "level": r.level,
-                        "metrics": dict(r.metrics),
-                        "warnings": list(r.warnings),
-                        "info": dict(r.info),
-                    }
-                    for r in results
-                ],
-                indent=2,
-                default=str,
-            )
-        )
+        click.echo(json.dumps(results_as_dicts(results), indent=2, default=str))
     else:
         _console().print(format_results(results))
+        for result in results:
+            for warning in result.warnings:
+                _console(stderr=True).print(
+                    f"warning: {result.level}: {warning}", style="yellow", markup=False
+                )
 
 
 @cli.command(

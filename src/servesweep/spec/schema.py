@@ -324,6 +324,9 @@ class WorkloadSpec(_Frozen):
     stream: bool = True
     seed: int = 0
     repeats: int = Field(default=1, ge=1)
+    workers: int = Field(default=1, ge=1, le=64)
+    """Load-generator processes for this workload (their samples are merged); raise it
+    when the generator warns that its own event loop lags."""
     slo: dict[str, float] = Field(default_factory=dict)
     """Goodput SLOs in ms, e.g. ``{ttft_ms: 500, tpot_ms: 50}``."""
     extra_body: dict[str, Any] = Field(default_factory=dict)

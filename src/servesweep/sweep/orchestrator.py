@@ -271,6 +271,7 @@ def _run(
         observer=observer,
         api_key=api_key,
         instance_env={FAKE_GPUS_ENV: fake_dir} if fake_dir else None,
+        base_dir=loaded.path.parent if loaded.path is not None else None,
     )
 
     trials = store.trials(sweep.id, in_plan_only=True)

@@ -102,6 +102,7 @@ class TrialRunner:
         observer: Observer,
         api_key: str | None = None,
         instance_env: Mapping[str, str] | None = None,
+        base_dir: Path | None = None,
     ) -> None:
         self.store = store
         self.sweep_id = sweep_id
@@ -115,6 +116,8 @@ class TrialRunner:
         self.observer = observer
         self._api_key = api_key
         self._instance_env = dict(instance_env or {})
+        self.base_dir = base_dir
+        """Folder of the sweep file: relative dataset and suite paths start there."""
         self.current: CurrentInstance | None = None
         self._telemetry = _TelemetrySampler(probe, server.gpus)
 
@@ -305,6 +308,8 @@ class TrialRunner:
                     probe=self.probe,
                     gpus=list(self.server.gpus),
                     on_progress=progress,
+                    workers=workload.workers,
+                    base_dir=str(self.base_dir) if self.base_dir else None,
                 )
             except DatasetError:
                 raise
