@@ -19,14 +19,11 @@ import yaml
 
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import FailureClass, ServerConfig
-from servesweep.servers.engines import build_launch, get_preset, launch_command_text
-from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
-from servesweep.servers.launchers import make_launcher
-from servesweep.servers.lifecycle import ServerLifecycle
+from servesweep.servers.engines import build_launch, launch_command_text
 from servesweep.spec.load import load_sweep
 from servesweep.store import Store, open_store
 from servesweep.sweep.orchestrator import (
-    fake_gpu_dir,
+    open_slot,
     open_sweep,
     store_path_for,
     stored_baseline,
@@ -94,13 +91,8 @@ def apply_config(
         chosen = _chosen_params(db, sweep.id, trial_id, params, best)
         config = ServerConfig.of(chosen)
         trial = db.ensure_trial(sweep.id, config)
-        preset = get_preset(spec.server.engine)
-        launcher = make_launcher(spec.server)
-        fake_dir = fake_gpu_dir(loaded)
-        probe = open_probe(spec.server.gpu_backend, fake_dir)
-        lifecycle = ServerLifecycle(
-            spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
-        )
+        slot = open_slot(loaded, store_path, sweep.id)
+        launcher, probe, lifecycle = slot.launcher, slot.probe, slot.lifecycle
         label = config.label()
         try:
             old_pids: set[int] = set()
@@ -140,14 +132,8 @@ def apply_config(
                     },
                 )
             argv, env = build_launch(spec.server, chosen)
-            if fake_dir:
-                env = {FAKE_GPUS_ENV: fake_dir, **env}
-            log_root = (
-                Path(spec.server.log_dir)
-                if spec.server.log_dir
-                else store_path.parent / "runs" / f"{spec.name}-{sweep.id}"
-            )
-            log_path = log_root / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
+            env = {**slot.instance_env, **env}
+            log_path = slot.log_root / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             instance = lifecycle.start(
                 argv, env, log_path, f"{spec.name}-{trial.id}", config.fingerprint

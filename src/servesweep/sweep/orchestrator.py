@@ -24,10 +24,11 @@ from typing import Any
 from servesweep import __version__
 from servesweep.errors import ConfigError, Interrupted, StoreError, TrialFailed
 from servesweep.models import InstanceRecord, Outcome
-from servesweep.servers.engines import get_preset
+from servesweep.servers.engines import EnginePreset, get_preset
 from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
+from servesweep.servers.launchers.base import Launcher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep
@@ -38,8 +39,10 @@ from servesweep.sweep.runner import TrialRunner
 
 __all__ = [
     "RunOptions",
+    "Slot",
     "SweepSummary",
     "fake_gpu_dir",
+    "open_slot",
     "open_sweep",
     "run_sweep",
     "store_path_for",
@@ -124,6 +127,37 @@ def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
                 f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
             ) from exc
     return str(path.resolve())
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What runs one server of a sweep: its engine preset, launcher, GPU probe and
+    lifecycle gates, where its logs go, and the environment every instance gets."""
+
+    preset: EnginePreset
+    launcher: Launcher
+    probe: GpuProbe
+    lifecycle: ServerLifecycle
+    log_root: Path
+    instance_env: dict[str, str]
+
+
+def open_slot(loaded: LoadedSweep, store_path: Path, sweep_id: int) -> Slot:
+    spec = loaded.spec
+    preset = get_preset(spec.server.engine)
+    launcher = make_launcher(spec.server)
+    fake_dir = fake_gpu_dir(loaded)
+    probe = open_probe(spec.server.gpu_backend, fake_dir)
+    lifecycle = ServerLifecycle(
+        spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
+    )
+    log_root = (
+        Path(spec.server.log_dir)
+        if spec.server.log_dir
+        else store_path.parent / "runs" / f"{spec.name}-{sweep_id}"
+    )
+    instance_env = {FAKE_GPUS_ENV: fake_dir} if fake_dir else {}
+    return Slot(preset, launcher, probe, lifecycle, log_root, instance_env)
 
 
 def stored_baseline(sweep: SweepRecord) -> dict[int, int] | None:
@@ -242,22 +276,12 @@ def _run(
 ) -> SweepSummary:
     spec = loaded.spec
     sweep = open_sweep(loaded, store, fresh=options.fresh)
-    preset = get_preset(spec.server.engine)
-    launcher = make_launcher(spec.server)
-    fake_dir = fake_gpu_dir(loaded)
-    probe = open_probe(spec.server.gpu_backend, fake_dir)
-    lifecycle = ServerLifecycle(
-        spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
-    )
+    slot = open_slot(loaded, store_path, sweep.id)
+    preset, launcher, probe, lifecycle = slot.preset, slot.launcher, slot.probe, slot.lifecycle
     warnings: list[str] = list(getattr(launcher, "warnings", []) or [])
     for warning in warnings:
         observer.event("warning", {"message": warning})
 
-    log_root = (
-        Path(spec.server.log_dir)
-        if spec.server.log_dir
-        else store_path.parent / "runs" / f"{spec.name}-{sweep.id}"
-    )
     runner = TrialRunner(
         store=store,
         sweep_id=sweep.id,
@@ -267,10 +291,10 @@ def _run(
         lifecycle=lifecycle,
         probe=probe,
         workloads=spec.workloads,
-        log_root=log_root,
+        log_root=slot.log_root,
         observer=observer,
         api_key=api_key,
-        instance_env={FAKE_GPUS_ENV: fake_dir} if fake_dir else None,
+        instance_env=slot.instance_env,
         base_dir=loaded.path.parent if loaded.path is not None else None,
     )
 
