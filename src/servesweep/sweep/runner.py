@@ -275,14 +275,17 @@ class TrialRunner:
         self.store.set_instance(trial.id, instance, launch_command=launch_command_text(argv, env))
         self._enter(trial, Phase.LOAD)
         load_started = time.time()
+        in_ready = False
 
         def progress(phase: str, elapsed: float, line: str) -> None:
-            if phase == Phase.READY.value and self.store.trial(trial.id).phase is Phase.LOAD:
+            nonlocal in_ready
+            if phase == Phase.READY.value and not in_ready:
+                in_ready = True
                 self._enter(trial, Phase.READY)
             on_progress(phase, elapsed, line)
 
         info = self.lifecycle.wait_ready(instance, progress)
-        if self.store.trial(trial.id).phase is Phase.LOAD:
+        if not in_ready:
             # became ready between two polls: the whole wait was loading
             self._enter(trial, Phase.READY)
             self.store.set_phase_seconds(trial.id, Phase.LOAD, time.time() - load_started)
