@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +273,22 @@ def test_crash_at_load_is_an_exit_status_and_start_crash(unit_factory: Any) -> N
         time.sleep(0.05)
     status = unit.launcher.poll(rec)
     assert status is not None and status.exit_code == 1, status
-    assert any("Traceback" in line for line in unit.launcher.log_tail(rec, 100))
+    lines = _journal_until(unit.launcher, rec, lambda ls: any("Traceback" in x for x in ls))
+    assert any("Traceback" in line for line in lines)
     assert unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0).survivors == ()
+
+
+def _journal_until(
+    launcher: SystemdLauncher, rec: InstanceRecord, done: Callable[[list[str]], bool]
+) -> list[str]:
+    """The invocation's last journal lines, waiting (10 s at most) until ``done`` holds:
+    journald stores a stream's lines asynchronously, after the process may have exited."""
+    deadline = time.monotonic() + 10
+    lines = launcher.log_tail(rec, 100)
+    while not done(lines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        lines = launcher.log_tail(rec, 100)
+    return lines
 
 
 def test_argv_reaches_the_process_verbatim_in_both_modes(
@@ -288,8 +302,9 @@ def test_argv_reaches_the_process_verbatim_in_both_modes(
     while unit.launcher.poll(rec) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert unit.launcher.poll(rec) == ExitStatus(exit_code=0)
-    lines = unit.launcher.log_tail(rec, 10)
-    assert repr(words) + " 'x y'" in lines, lines
+    expected = repr(words) + " 'x y'"
+    lines = _journal_until(unit.launcher, rec, lambda ls: expected in ls)
+    assert expected in lines, lines
     unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0)
 
     # envfile mode: the unit's own ExecStart takes $SERVESWEEP_ARGS (split at spaces).
@@ -302,8 +317,9 @@ def test_argv_reaches_the_process_verbatim_in_both_modes(
     deadline = time.monotonic() + 15
     while env_unit.launcher.poll(rec2) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    lines = env_unit.launcher.log_tail(rec2, 10)
-    assert "['--flag', '50%', '$HOME'] 'x y'" in lines, lines
+    expected2 = "['--flag', '50%', '$HOME'] 'x y'"
+    lines = _journal_until(env_unit.launcher, rec2, lambda ls: expected2 in ls)
+    assert expected2 in lines, lines
     with pytest.raises(LaunchError, match="whitespace"):
         env_unit.start([sys.executable, "a b"], key="t2")
 

@@ -198,6 +198,12 @@ class SubprocessLauncher:
             pgid=instance.pgid,
             on_poll=self._reap,
         )
+        child = self._children.get(instance.main_pid or -1)
+        if child is not None and child.pid not in result.survivors:
+            # gone for /proc can still be exiting for the kernel (threads tearing down):
+            # wait for it, so its exit status is collected and no zombie stays behind
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(1.0, kill_timeout))
         self._reap()
         return result
 
