@@ -36,6 +36,7 @@ from tests.gpu.gpu_helpers import (
 
 from servesweep.servers import procs
 from servesweep.servers.gpu.nvml import NvmlProbe
+from servesweep.store import open_store
 
 _ORPHAN = re.compile(
     r"\[worker 0 pid (\d+)\] the front process is gone: orphaned.*\(at ([0-9.]+)\)"
@@ -107,6 +108,13 @@ def test_orphan_of_crashed_instance_is_cleaned_before_next_start(
     assert procs.is_gone(orphan_pid), f"orphan pid {orphan_pid} is still alive"
     assert last is not None and start2 is not None and last < start2
     assert second["outcome"] == "ok", second
+    # and the store keeps the evidence: the stop before trial 2 signalled the orphan
+    with open_store(sweep.parent / "servesweep.db", readonly=True) as store:
+        facts = store.events(1, "stopped") + store.events(1, "released")
+    ended = {pid for e in facts for pid in [*e.get("signalled", []), *e.get("killed", [])]} | {
+        int(c.split()[1]) for e in facts for c in e.get("cleaned", [])
+    }
+    assert orphan_pid in ended, facts
 
 
 def test_leftover_orphan_of_an_earlier_run_is_cleaned_before_the_sweep(
