@@ -75,3 +75,35 @@ def test_sweep_file_template_is_copied_safely(tmp_path: Path) -> None:
         done = run_cli("plan", str(tmp_path / example.name))
         assert done.returncode == 0, (example.name, done.stderr)
         assert yaml.safe_load(example.read_text())["name"] in done.stdout
+
+
+def test_failures_during_the_benchmark_are_classified(tmp_path: Path) -> None:
+    sweep_file = write_sweep(
+        tmp_path,
+        name="benchfail",
+        grid={},
+        extra={
+            "params": {
+                "points": [
+                    {"crash-after": 3},  # the engine dies mid-workload
+                    {"error-rate": 0.5},  # alive, but half the requests fail
+                    {"budget": 4},  # fine
+                ]
+            }
+        },
+    )
+    try:
+        done = run_cli("run", str(sweep_file), "--quiet", timeout=180)
+        assert done.returncode == 1, done.stdout + done.stderr
+        rows = report_json(sweep_file)["trials"]
+        assert [r["failure_class"] for r in rows] == ["bench_crash", "bench_errors", None]
+        assert rows[2]["outcome"] == "ok"
+        crash = rows[0]["failure"]
+        assert crash["exit_code"] is not None or crash["signal"] is not None
+        assert crash["log_path"]
+        errors = rows[1]["failure"]
+        assert "of requests failed" in errors["message"]
+        # what was measured before the failure is kept
+        assert rows[1]["results"], "the failing workload's results are stored"
+    finally:
+        kill_tagged("benchfail", tmp_path)

@@ -34,6 +34,9 @@ from servesweep.sweep.events import Observer
 
 __all__ = ["CurrentInstance", "TrialRunner"]
 
+DYING_GRACE_S = 2.0
+"""How long a server whose requests failed may take to show that it exited."""
+
 
 @dataclass(frozen=True)
 class CurrentInstance:
@@ -333,7 +336,17 @@ class TrialRunner:
                 workload=workload.name,
                 levels={r.level: _headline(r) for r in results},
             )
-            self._check_errors(workload, results)
+            try:
+                self._check_errors(workload, results)
+            except TrialFailed:
+                # requests failing because the server is dying (a SIGKILLed engine with
+                # large GPU allocations takes a moment to exit) is bench_crash, not
+                # bench_errors: give its exit a moment to become visible
+                deadline = time.monotonic() + DYING_GRACE_S
+                while time.monotonic() < deadline:
+                    self.lifecycle.check_alive(instance)
+                    time.sleep(0.05)
+                raise
 
     @staticmethod
     def _check_errors(workload: WorkloadSpec, results: Sequence[LevelResult]) -> None:
