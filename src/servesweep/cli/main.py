@@ -405,13 +405,17 @@ def apply(
     chosen = sum(1 for x in (trial_id is not None, bool(sets), use_best) if x)
     if chosen != 1:
         raise ConfigError("give exactly one of --trial ID, --set key=value..., --best")
+    from servesweep.cli.display import ProgressDisplay
+
     _install_signal_handlers()
+    warnings = ProgressDisplay(_console(), quiet=True, err_console=_console(stderr=True))
     result = apply_config(
         sweep_file,
         trial_id=trial_id,
         params=parse_sets(sets) if sets else None,
         best=use_best,
         store=store,
+        observer=warnings,
     )
     click.echo(result.message)
     raise _Exit(EXIT_OK if result.ok else EXIT_FAILED)

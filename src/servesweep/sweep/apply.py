@@ -22,13 +22,15 @@ from servesweep.models import FailureClass, ServerConfig
 from servesweep.servers.engines import build_launch, launch_command_text
 from servesweep.spec.load import load_sweep
 from servesweep.store import Store, open_store
+from servesweep.sweep.events import NullObserver, Observer
 from servesweep.sweep.orchestrator import (
     open_slot,
     open_sweep,
+    prepare_slot,
     store_path_for,
-    stored_baseline,
     sweep_lock,
 )
+from servesweep.sweep.runner import TrialRunner
 
 __all__ = ["ApplyResult", "apply_config", "parse_sets"]
 
@@ -82,7 +84,9 @@ def apply_config(
     params: Mapping[str, Any] | None = None,
     best: bool = False,
     store: Path | None = None,
+    observer: Observer | None = None,
 ) -> ApplyResult:
+    observer = observer or NullObserver()
     loaded = load_sweep(sweep_file)
     spec = loaded.spec
     store_path = store_path_for(loaded, store)
@@ -92,44 +96,32 @@ def apply_config(
         config = ServerConfig.of(chosen)
         trial = db.ensure_trial(sweep.id, config)
         slot = open_slot(loaded, store_path, sweep.id)
-        launcher, probe, lifecycle = slot.launcher, slot.probe, slot.lifecycle
+        lifecycle = slot.lifecycle
+        runner = TrialRunner(
+            store=db,
+            sweep_id=sweep.id,
+            sweep_name=spec.name,
+            server=spec.server,
+            preset=slot.preset,
+            lifecycle=lifecycle,
+            probe=slot.probe,
+            workloads=(),
+            log_root=slot.log_root,
+            observer=observer,
+            instance_env=slot.instance_env,
+        )
         label = config.label()
         try:
-            old_pids: set[int] = set()
-            stopped_any = False
-            for live in db.live_instances():
-                instance = live.instance
-                if instance is None:
-                    continue
-                if not launcher.alive(instance):
-                    db.mark_instance_gone(live.id)
-                    continue
-                if instance.fingerprint == config.fingerprint:
-                    info = lifecycle.wait_ready(instance)
-                    return ApplyResult(
-                        True,
-                        f"already running {label} (pid {instance.main_pid}, model {info.model}); "
-                        "verified that it generates",
-                        live.id,
-                    )
-                old_pids |= set(launcher.pids(instance)) | set(instance.pids)
-                lifecycle.stop(instance)
-                db.mark_instance_gone(live.id)
-                stopped_any = True
-            stored = stored_baseline(sweep)
-            if stored is not None:
-                lifecycle.baseline = stored
-                lifecycle.release(list(spec.server.gpus), old_pids)
-            else:
-                if stopped_any:
-                    lifecycle.release(list(spec.server.gpus), old_pids)
-                baseline = lifecycle.prepare(list(spec.server.gpus))
-                db.set_environment(
-                    sweep.id,
-                    {
-                        **sweep.environment,
-                        "baseline_bytes": {str(k): v for k, v in baseline.items()},
-                    },
+            # what earlier runs left on this slot is adopted (same config) or stopped
+            prepare_slot(db, sweep, runner, [trial], observer)
+            if runner.current is not None:
+                running = runner.current.instance
+                info = lifecycle.wait_ready(running)
+                return ApplyResult(
+                    True,
+                    f"already running {label} (pid {running.main_pid}, model {info.model}); "
+                    "verified that it generates",
+                    runner.current.trial_id,
                 )
             argv, env = build_launch(spec.server, chosen)
             env = {**slot.instance_env, **env}
@@ -149,7 +141,7 @@ def apply_config(
                 failure.failure_class,
             )
         finally:
-            probe.close()
+            slot.probe.close()
         return ApplyResult(
             True,
             f"running {label} on {spec.server.host}:{spec.server.port} "

@@ -32,10 +32,10 @@ from servesweep.servers.launchers.base import Launcher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep
-from servesweep.spec.schema import SweepSpec
+from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.events import NullObserver, Observer
-from servesweep.sweep.runner import TrialRunner
+from servesweep.sweep.runner import TrialRunner, instance_pids
 
 __all__ = [
     "RunOptions",
@@ -44,6 +44,7 @@ __all__ = [
     "fake_gpu_dir",
     "open_slot",
     "open_sweep",
+    "prepare_slot",
     "run_sweep",
     "store_path_for",
     "sweep_lock",
@@ -176,14 +177,14 @@ def baseline_without(probe: GpuProbe, gpus: Sequence[int], pids: set[int]) -> di
     return baseline
 
 
-def _environment(probe: GpuProbe, spec: SweepSpec) -> dict[str, Any]:
+def _environment(probe: GpuProbe, server: ServerSpec) -> dict[str, Any]:
     env: dict[str, Any] = {
         "servesweep": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "engine": spec.server.engine,
-        "launcher": spec.server.launcher,
+        "engine": server.engine,
+        "launcher": server.launcher,
         "gpu_backend": probe.name,
     }
     try:
@@ -317,29 +318,7 @@ def _run(
         },
     )
 
-    _recover_instances(store, runner, todo, observer)
-    if runner.current is not None:
-        # adopting a running instance: the GPUs are not idle, so the baseline is the
-        # stored one, or what the GPUs use beside the adopted instance
-        lifecycle.baseline = stored_baseline(sweep) or baseline_without(
-            probe, spec.server.gpus, launcher.pids(runner.current.instance)
-        )
-    else:
-        lifecycle.prepare(list(spec.server.gpus))
-        if lifecycle.cleaned:
-            cleaned = [p.describe() for p in lifecycle.cleaned]
-            runner.record("cleaned_before_sweep", None, cleaned=cleaned)
-            observer.event(
-                "warning",
-                {"message": "cleaned orphaned servesweep processes: " + ", ".join(cleaned)},
-            )
-    store.set_environment(
-        sweep.id,
-        {
-            **_environment(probe, spec),
-            "baseline_bytes": {str(k): v for k, v in lifecycle.baseline.items()},
-        },
-    )
+    prepare_slot(store, sweep, runner, todo, observer)
     ran: list[int] = []
     runner.open()
     try:
@@ -386,6 +365,42 @@ def _run(
         {o.value: summary.count(o) for o in Outcome} | {"sweep": sweep.id},
     )
     return summary
+
+
+def prepare_slot(
+    store: Store,
+    sweep: SweepRecord,
+    runner: TrialRunner,
+    todo: list[TrialRecord],
+    observer: Observer,
+) -> None:
+    """Make the slot ready for its first trial: adopt or stop what earlier runs left
+    (see ``_recover_instances``), take the GPU baseline the release gate waits for,
+    and record it with the environment."""
+    _recover_instances(store, runner, todo, observer)
+    lifecycle, spec = runner.lifecycle, runner.server
+    if runner.current is not None:
+        # adopting a running instance: the GPUs are not idle, so the baseline is the
+        # stored one, or what the GPUs use beside the adopted instance
+        lifecycle.baseline = stored_baseline(sweep) or baseline_without(
+            runner.probe, spec.gpus, lifecycle.launcher.pids(runner.current.instance)
+        )
+    else:
+        lifecycle.prepare(list(spec.gpus))
+        if lifecycle.cleaned:
+            cleaned = [p.describe() for p in lifecycle.cleaned]
+            runner.record("cleaned_before_sweep", None, cleaned=cleaned)
+            observer.event(
+                "warning",
+                {"message": "cleaned orphaned servesweep processes: " + ", ".join(cleaned)},
+            )
+    store.set_environment(
+        sweep.id,
+        {
+            **_environment(runner.probe, spec),
+            "baseline_bytes": {str(k): v for k, v in lifecycle.baseline.items()},
+        },
+    )
 
 
 def _recover_instances(
@@ -447,7 +462,7 @@ def _stop_leftover(
     that the baseline measured next is of idle GPUs."""
     lifecycle = runner.lifecycle
     gpus = list(runner.server.gpus)
-    pids = set(lifecycle.launcher.pids(instance)) | set(instance.pids)
+    pids = instance_pids(lifecycle, instance)
     idle = baseline_without(runner.probe, gpus, pids) if gpus else {}
     stop = lifecycle.stop(instance)
     store.mark_instance_gone(trial_id)

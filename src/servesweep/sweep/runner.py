@@ -32,10 +32,16 @@ from servesweep.spec.schema import ServerSpec, WorkloadSpec
 from servesweep.store import Store, TelemetryPoint, TrialRecord
 from servesweep.sweep.events import Observer
 
-__all__ = ["CurrentInstance", "TrialRunner"]
+__all__ = ["CurrentInstance", "TrialRunner", "instance_pids"]
 
 DYING_GRACE_S = 2.0
 """How long a server whose requests failed may take to show that it exited."""
+
+
+def instance_pids(lifecycle: ServerLifecycle, instance: InstanceRecord) -> set[int]:
+    """Every PID of an instance before it is stopped: what its launcher finds now plus
+    the recorded ones, which the release gate must also see gone from the GPUs."""
+    return set(lifecycle.launcher.pids(instance)) | set(instance.pids)
 
 
 @dataclass(frozen=True)
@@ -158,20 +164,18 @@ class TrialRunner:
 
     # -- the slot's instance --------------------------------------------------------
 
-    def stop_current(self, trial: TrialRecord | None = None) -> float:
-        """Stop the slot's instance and wait for its GPU memory; returns seconds spent.
+    def stop_current(self, trial: TrialRecord | None = None) -> None:
+        """Stop the slot's instance and wait for its GPU memory.
 
         With ``trial`` the two phases are recorded on it; raises TrialFailed
         (``stop_failed`` / ``gpu_busy``) like any phase.
         """
-        started = time.monotonic()
         old_pids: set[int] = set()
         if trial is not None:
             self._enter(trial, Phase.STOP)
         if self.current is not None:
             current = self.current
-            old_pids = set(self.lifecycle.launcher.pids(current.instance))
-            old_pids.update(current.instance.pids)
+            old_pids = instance_pids(self.lifecycle, current.instance)
             stop = self.lifecycle.stop(current.instance)
             self.store.mark_instance_gone(current.trial_id)
             self.record(
@@ -186,17 +190,15 @@ class TrialRunner:
         if trial is not None:
             self._enter(trial, Phase.RELEASE)
         result = self.lifecycle.release(list(self.server.gpus), old_pids)
+        cleaned = [p.describe() for p in result.cleaned]
         self.record(
-            "released",
-            trial,
-            seconds=round(result.seconds, 3),
-            polls=result.polls,
-            cleaned=[p.describe() for p in result.cleaned],
+            "released", trial, seconds=round(result.seconds, 3), polls=result.polls, cleaned=cleaned
         )
-        if result.cleaned:
-            cleaned = ", ".join(p.describe() for p in result.cleaned)
-            self._emit("warning", message=f"cleaned orphaned processes of our instance: {cleaned}")
-        return time.monotonic() - started
+        if cleaned:
+            self._emit(
+                "warning",
+                message=f"cleaned orphaned processes of our instance: {', '.join(cleaned)}",
+            )
 
     def record(self, kind: str, trial: TrialRecord | None, **data: Any) -> None:
         """Keep a lifecycle fact as evidence in the store (events table) and emit it."""
