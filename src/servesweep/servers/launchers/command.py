@@ -32,6 +32,7 @@ from servesweep.servers import logs, procs
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.servers.launchers.subprocess import (
     child_env,
+    collect_exits,
     instance_pids,
     stop_processes,
     write_header,
@@ -236,6 +237,7 @@ class CommandLauncher:
                 notes.append(f"stop command exited {rc}: {out.strip()[-200:]}")
         left = max(0.0, grace - (time.monotonic() - t0))
         result = stop_processes(lambda: self.pids(instance), left, kill_timeout, pgid=instance.pgid)
+        collect_exits(self._children, instance.pids, result.survivors, kill_timeout)
         survivors = result.survivors
         if not survivors and self.cmds.status:
             self._status.pop(instance.invocation_id or "", None)

@@ -16,7 +16,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,7 +25,13 @@ from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 
-__all__ = ["SubprocessLauncher", "instance_pids", "log_marker", "stop_processes"]
+__all__ = [
+    "SubprocessLauncher",
+    "collect_exits",
+    "instance_pids",
+    "log_marker",
+    "stop_processes",
+]
 
 
 def log_marker(tag: str) -> str:
@@ -122,6 +128,23 @@ def stop_processes(
     )
 
 
+def collect_exits(
+    children: Mapping[int, subprocess.Popen[bytes]],
+    pids: Iterable[int],
+    survivors: Iterable[int],
+    timeout: float,
+) -> None:
+    """After a stop, wait for the exit status of our own children among ``pids``: gone
+    for /proc can still be exiting for the kernel (threads tearing down), and a child
+    not waited for stays a zombie (and warns when its Popen is collected)."""
+    left = set(survivors)
+    for pid in pids:
+        child = children.get(pid)
+        if child is not None and pid not in left:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(1.0, timeout))
+
+
 def _signal_group(pgid: int | None, sig: signal.Signals) -> None:
     if pgid is None or pgid <= 1 or pgid == os.getpgrp():
         return
@@ -198,12 +221,7 @@ class SubprocessLauncher:
             pgid=instance.pgid,
             on_poll=self._reap,
         )
-        child = self._children.get(instance.main_pid or -1)
-        if child is not None and child.pid not in result.survivors:
-            # gone for /proc can still be exiting for the kernel (threads tearing down):
-            # wait for it, so its exit status is collected and no zombie stays behind
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=max(1.0, kill_timeout))
+        collect_exits(self._children, instance.pids, result.survivors, kill_timeout)
         self._reap()
         return result
 
