@@ -4,7 +4,6 @@ measured exactly once, with no server left behind; SIGINT stops cleanly."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -131,7 +130,6 @@ def test_apply_then_run_adopts_the_running_instance(tmp_path: Path) -> None:
             for p in tagged_processes("adopt", tmp_path)
             if "servesweep.sim" in " ".join(p.cmdline())
         ]
-        started = time.monotonic()
         done = run_cli(
             "run", str(sweep_file), "--quiet", "--events", str(tmp_path / "ev.jsonl"), timeout=120
         )
@@ -143,6 +141,5 @@ def test_apply_then_run_adopts_the_running_instance(tmp_path: Path) -> None:
         assert "start" not in first["phase_seconds"], "an adopted instance is not restarted"
         assert data["trials"][1]["adopted"] is False
         assert not server.is_running(), "the adopted instance was stopped before trial 2"
-        assert time.monotonic() - started < 120
     finally:
         kill_tagged("adopt", tmp_path)
