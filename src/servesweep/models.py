@@ -13,14 +13,17 @@ from enum import Enum
 from typing import Any
 
 __all__ = [
+    "EvalTaskResult",
     "Evidence",
     "FailureClass",
     "GpuHolder",
     "GpuState",
     "InstanceRecord",
+    "LevelResult",
     "Outcome",
     "Phase",
     "ProcessInfo",
+    "RequestSample",
     "ServerConfig",
     "fingerprint",
     "level_label",
@@ -43,18 +46,24 @@ PHASES: tuple[Phase, ...] = tuple(Phase)
 
 
 class Outcome(str, Enum):
-    """Where a trial stands. ``pending`` and ``running`` are not final."""
+    """Where a trial stands. ``pending`` and ``running`` are not final.
+
+    ``pruned``: the trial's server came up and was measured in part, then its benchmark
+    was stopped early because it could no longer win (a constraint already violated, or
+    an objective that cannot reach the best so far); its evidence says why.
+    """
 
     PENDING = "pending"
     RUNNING = "running"
     OK = "ok"
     FAILED = "failed"
+    PRUNED = "pruned"
     SKIPPED = "skipped"
     INTERRUPTED = "interrupted"
 
     @property
     def final(self) -> bool:
-        return self in (Outcome.OK, Outcome.FAILED, Outcome.SKIPPED)
+        return self in (Outcome.OK, Outcome.FAILED, Outcome.PRUNED, Outcome.SKIPPED)
 
 
 class FailureClass(str, Enum):
@@ -69,6 +78,25 @@ class FailureClass(str, Enum):
     SERVE_ERROR = "serve_error"
     BENCH_CRASH = "bench_crash"
     BENCH_ERRORS = "bench_errors"
+    NODE_LOST = "node_lost"
+
+    @property
+    def blames_config(self) -> bool:
+        """Whether the failure says something about the configuration (an OOM, a bad
+        flag, a server that never became ready or errs under load) rather than about
+        the environment it ran in (GPUs or port taken, an unkillable old instance, a
+        lost machine). A search learns only from the first kind."""
+        return self not in _ENVIRONMENT_FAILURES
+
+
+_ENVIRONMENT_FAILURES = frozenset(
+    {
+        FailureClass.PORT_IN_USE,
+        FailureClass.GPU_BUSY,
+        FailureClass.STOP_FAILED,
+        FailureClass.NODE_LOST,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -200,6 +228,11 @@ class InstanceRecord:
     log_path: str | None = None
     started_at: float | None = None
     fingerprint: str | None = None
+    node: str = ""
+    """Hostname of the machine the instance runs on: its PIDs, port and GPU indexes
+    mean something only there."""
+    node_id: str = ""
+    """The cluster's id of that machine (Ray's node id) when a cluster ran it."""
 
     @property
     def main_pid(self) -> int | None:
@@ -217,6 +250,69 @@ class InstanceRecord:
         kwargs["pids"] = tuple(kwargs.get("pids") or ())
         kwargs["gpus"] = tuple(kwargs.get("gpus") or ())
         return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class RequestSample:
+    """One request as measured. Times are seconds on a monotonic clock, relative
+    to the start of the level's run."""
+
+    index: int
+    ok: bool
+    error: str | None = None
+    """Error type when not ok: ``http_500``, ``timeout``, ``connection``, ``empty``..."""
+    scheduled_at: float | None = None
+    sent_at: float = 0.0
+    first_token_at: float | None = None
+    """When the first chunk carrying generated content arrived."""
+    finished_at: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    chunk_gaps: tuple[float, ...] = ()
+    """Gaps between content chunks after the first, in seconds."""
+    chunk_tokens: tuple[int, ...] = ()
+    """Tokens in each content chunk (first included)."""
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.sent_at
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One workload at one load level (one repeat)."""
+
+    workload: str
+    level: str
+    """``c8`` (concurrency 8) or ``r2.5`` (2.5 req/s); see models.level_label."""
+    repeat: int
+    metrics: Mapping[str, float]
+    """Flat metric names, e.g. ``output_throughput``, ``ttft_p99_ms``, ``pass_rate``."""
+    samples: tuple[RequestSample, ...] = ()
+    warnings: tuple[str, ...] = ()
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """Non-numeric facts: acceptance source, telemetry per GPU, errors by type..."""
+    started_at: float = 0.0
+    """Wall-clock (time.time()) start of the run."""
+    duration_s: float = 0.0
+    eval_results: tuple[EvalTaskResult, ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalTaskResult:
+    """One sample of one correctness task."""
+
+    task_id: str
+    sample: int
+    status: str
+    """``pass``, ``fail``, ``timeout``, ``crash``, ``resource_limit``, ``no_answer``, ``error``."""
+    message: str = ""
+    seconds: float = 0.0
 
 
 def _canonical(value: Any) -> Any:

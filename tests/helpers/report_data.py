@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servesweep.bench.results import EvalTaskResult, LevelResult
-from servesweep.models import Evidence, FailureClass, InstanceRecord, Outcome, fingerprint
+from servesweep.models import (
+    EvalTaskResult,
+    Evidence,
+    FailureClass,
+    InstanceRecord,
+    LevelResult,
+    Outcome,
+    fingerprint,
+)
 from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
 
 T0 = 1_790_000_000.0

@@ -16,10 +16,10 @@ import pytest
 from rich.console import Console
 
 from servesweep.bench.load import run_workload_sync
-from servesweep.bench.results import LevelResult
 from servesweep.bench.specdecode import parse_counters
 from servesweep.bench.standalone import format_results, run_standalone
 from servesweep.bench.target import Target
+from servesweep.models import LevelResult
 from servesweep.servers.gpu import open_probe
 from servesweep.sim.fakegpu.__main__ import main as fakegpu_main
 from servesweep.sim.testing import SimRun, running_sim

@@ -7,11 +7,11 @@ import io
 import json
 from pathlib import Path
 
-from servesweep.bench.results import LevelResult
 from servesweep.models import (
     Evidence,
     FailureClass,
     InstanceRecord,
+    LevelResult,
     Outcome,
     Phase,
     ServerConfig,

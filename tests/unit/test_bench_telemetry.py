@@ -9,7 +9,6 @@ import pytest
 from rich.console import Console
 
 from servesweep.bench.plan import arrival_offsets
-from servesweep.bench.results import LevelResult
 from servesweep.bench.specdecode import (
     acceptance_from_counters,
     estimate_from_chunks,
@@ -18,7 +17,7 @@ from servesweep.bench.specdecode import (
 from servesweep.bench.standalone import format_results, results_as_dicts, run_standalone
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.errors import ConfigError, GpuProbeError
-from servesweep.models import GpuState
+from servesweep.models import GpuState, LevelResult
 
 PROM = """\
 # HELP vllm:spec_decode_num_drafts_total Number of drafts.

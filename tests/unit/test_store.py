@@ -7,15 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.bench.results import EvalTaskResult, LevelResult, RequestSample
 from servesweep.errors import StoreError
 from servesweep.models import (
+    EvalTaskResult,
     Evidence,
     FailureClass,
     GpuHolder,
     InstanceRecord,
+    LevelResult,
     Outcome,
     Phase,
+    RequestSample,
     ServerConfig,
 )
 from servesweep.store import TelemetryPoint, open_store
@@ -161,3 +163,50 @@ def test_garbage_file_is_a_store_error(tmp_path: Path) -> None:
     path.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match="cannot open results database"):
         open_store(path)
+
+
+def test_version_1_database_is_migrated_and_keeps_its_trials(tmp_path: Path) -> None:
+    from servesweep.store.schema import CREATE_V1
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(CREATE_V1)
+    db.execute("INSERT INTO meta(key, value) VALUES ('schema_version', '1')")
+    db.execute(
+        "INSERT INTO sweeps(name, spec_path, spec_text, spec_hash, created_at, "
+        "servesweep_version) VALUES ('old', 'old.yaml', 'name: old', 'h', 1.0, '0.1.0')"
+    )
+    db.execute(
+        "INSERT INTO trials(sweep_id, seq, fingerprint, params, outcome) "
+        "VALUES (1, 0, 'abc', '{\"budget\": 4}', 'ok')"
+    )
+    db.commit()
+    db.close()
+    store = open_store(path)
+    (trial,) = store.trials(1)
+    assert trial.outcome is Outcome.OK and trial.params == {"budget": 4}
+    assert (trial.node, trial.slot, trial.gpus) == ("", None, ())
+    version = store._query("SELECT value FROM meta WHERE key='schema_version'")[0][0]
+    assert int(version) >= 2
+
+
+def test_attempt_records_where_it_ran(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    (trial,) = store.sync_trials(sweep.id, _configs(4))
+    store.begin_attempt(trial.id, 100.0, None, node="gpu-a", node_id="n1", slot=2, gpus=[4, 5])
+    store.finish_trial(trial.id, Outcome.PRUNED, 110.0, evidence=Evidence("cannot win"))
+    store.add_telemetry([TelemetryPoint(trial.id, 101.0, 4, 2**30, node="gpu-a")])
+    done = store.trial(trial.id)
+    assert (done.node, done.node_id, done.slot, done.gpus) == ("gpu-a", "n1", 2, (4, 5))
+    assert done.lane == "gpu-a/2"
+    assert done.gpu_seconds == pytest.approx(20.0)
+    assert done.outcome is Outcome.PRUNED and done.outcome.final
+    assert store.telemetry(sweep.id)[0].node == "gpu-a"
+
+
+def test_environment_failures_never_blame_the_config() -> None:
+    blamed = {c for c in FailureClass if c.blames_config}
+    assert FailureClass.GPU_BUSY not in blamed
+    assert FailureClass.NODE_LOST not in blamed
+    assert {FailureClass.START_CRASH, FailureClass.INVALID_ARGS} <= blamed

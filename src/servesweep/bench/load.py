@@ -26,13 +26,12 @@ from servesweep.bench.datasets import (
 )
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
-from servesweep.bench.results import LevelResult
 from servesweep.bench.specdecode import acceptance_from_counters, counter_names, parse_counters
 from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.bench.workers import WorkerPool
 from servesweep.errors import BenchError
-from servesweep.models import level_label
+from servesweep.models import LevelResult, level_label
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.spec.schema import WorkloadSpec
 

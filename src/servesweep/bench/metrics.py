@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep.bench.client import RawResult
-from servesweep.bench.results import RequestSample
 from servesweep.bench.specdecode import estimate_from_chunks
+from servesweep.models import RequestSample
 
 __all__ = ["LevelContext", "compute_level", "percentile", "summary_stats"]
 

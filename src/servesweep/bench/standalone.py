@@ -16,9 +16,9 @@ from rich.table import Table
 
 from servesweep.bench.client import build_headers, get_text, make_session
 from servesweep.bench.load import run_workload
-from servesweep.bench.results import LevelResult
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, ConfigError
+from servesweep.models import LevelResult
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.spec.schema import WorkloadSpec
 

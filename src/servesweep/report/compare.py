@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servesweep.bench.results import EvalTaskResult
 from servesweep.errors import ConfigError
+from servesweep.models import EvalTaskResult
 from servesweep.report.data import (
     LevelStats,
     MetricStats,

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.bench.results import LevelResult
-from servesweep.models import Outcome, parse_level
+from servesweep.models import LevelResult, Outcome, parse_level
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servesweep.bench.results import EvalTaskResult
+from servesweep.models import EvalTaskResult
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["EvalRate", "TaskFlip", "eval_rates", "task_flips", "task_status"]

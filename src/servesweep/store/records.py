@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.bench.results import LevelResult
-from servesweep.models import Evidence, FailureClass, InstanceRecord, Outcome, Phase
+from servesweep.models import Evidence, FailureClass, InstanceRecord, LevelResult, Outcome, Phase
 
 __all__ = ["SweepData", "SweepRecord", "TelemetryPoint", "TrialRecord"]
 
@@ -58,6 +57,28 @@ class TrialRecord:
     """True when the trial used a server that was already running with its config."""
     launch_command: str | None = None
     """The exact command (or unit/container description) that started the instance."""
+    node: str = ""
+    """Hostname of the machine the latest attempt ran on ('' before it ran)."""
+    node_id: str = ""
+    """The cluster's id of that machine (Ray's node id) when a cluster ran it."""
+    slot: int | None = None
+    """The slot (lane) of that machine the attempt ran in; its port derives from it."""
+    gpus: tuple[int, ...] = ()
+    """The GPU indexes (on ``node``) the attempt was given."""
+
+    @property
+    def lane(self) -> str:
+        """``node/slot`` label of where the trial ran, for timelines and status."""
+        if self.slot is None:
+            return self.node or "-"
+        return f"{self.node or '-'}/{self.slot}"
+
+    @property
+    def gpu_seconds(self) -> float:
+        """GPU-seconds the latest attempt held: wall time × GPUs given (at least one)."""
+        if self.started_at is None or self.finished_at is None:
+            return 0.0
+        return max(0.0, self.finished_at - self.started_at) * max(1, len(self.gpus))
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,8 @@ class TelemetryPoint:
     used_bytes: int
     utilization_pct: float | None = None
     power_w: float | None = None
+    node: str = ""
+    """Hostname of the machine whose GPU ``gpu`` is."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ rather than guessed at.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 CREATE_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -108,4 +108,14 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 # version n -> n + 1; each entry is a script run in one transaction.
-MIGRATIONS: dict[int, str] = {}
+MIGRATIONS: dict[int, str] = {
+    # where a trial ran: the machine (hostname, cluster node id), the slot (lane) and
+    # the GPU indexes it was given; telemetry names its machine too
+    1: """
+ALTER TABLE trials ADD COLUMN node TEXT NOT NULL DEFAULT '';
+ALTER TABLE trials ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE trials ADD COLUMN slot INTEGER;
+ALTER TABLE trials ADD COLUMN gpus TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE telemetry ADD COLUMN node TEXT NOT NULL DEFAULT '';
+""",
+}

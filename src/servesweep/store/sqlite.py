@@ -17,14 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from servesweep.bench.results import EvalTaskResult, LevelResult, RequestSample
 from servesweep.errors import ServesweepError, StoreError
 from servesweep.models import (
+    EvalTaskResult,
     Evidence,
     FailureClass,
     InstanceRecord,
+    LevelResult,
     Outcome,
     Phase,
+    RequestSample,
     ServerConfig,
 )
 from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
@@ -35,7 +37,7 @@ __all__ = ["Store", "open_store"]
 _TRIAL_COLUMNS = (
     "id, sweep_id, seq, fingerprint, params, outcome, failure_class, evidence, phase, "
     "phase_started, phase_seconds, instance, log_path, attempts, started_at, finished_at, "
-    "in_plan, adopted, launch_command"
+    "in_plan, adopted, launch_command, node, node_id, slot, gpus"
 )
 
 
@@ -119,10 +121,9 @@ class Store:
             if version == 0:
                 self._db.executescript(CREATE_V1)
                 self._db.execute(
-                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', '1')"
                 )
-                return
+                version = 1
             while version < SCHEMA_VERSION:
                 self._db.executescript(MIGRATIONS[version])
                 version += 1
@@ -223,6 +224,10 @@ class Store:
             in_plan=bool(row["in_plan"]),
             adopted=bool(row["adopted"]),
             launch_command=row["launch_command"],
+            node=row["node"],
+            node_id=row["node_id"],
+            slot=row["slot"],
+            gpus=tuple(json.loads(row["gpus"])),
         )
 
     def sync_trials(self, sweep_id: int, configs: Sequence[ServerConfig]) -> list[TrialRecord]:
@@ -270,13 +275,25 @@ class Store:
             raise StoreError(f"no trial with id {trial_id} in {self.path}")
         return self._trial(rows[0])
 
-    def begin_attempt(self, trial_id: int, at: float, log_path: str | None) -> None:
+    def begin_attempt(
+        self,
+        trial_id: int,
+        at: float,
+        log_path: str | None,
+        *,
+        node: str = "",
+        node_id: str = "",
+        slot: int | None = None,
+        gpus: Sequence[int] = (),
+    ) -> None:
+        """A new attempt of a trial starts, on ``node``'s ``slot`` with ``gpus``."""
         with self._tx() as db:
             db.execute(
                 "UPDATE trials SET outcome='running', attempts=attempts+1, failure_class=NULL, "
                 "evidence=NULL, phase=NULL, phase_started='{}', phase_seconds='{}', "
-                "started_at=?, finished_at=NULL, adopted=0, log_path=? WHERE id=?",
-                (at, log_path, trial_id),
+                "started_at=?, finished_at=NULL, adopted=0, log_path=?, node=?, node_id=?, "
+                "slot=?, gpus=? WHERE id=?",
+                (at, log_path, node, node_id, slot, _dumps(list(gpus)), trial_id),
             )
 
     def enter_phase(self, trial_id: int, phase: Phase, at: float) -> None:
@@ -492,10 +509,10 @@ class Store:
     def add_telemetry(self, points: Iterable[TelemetryPoint]) -> None:
         with self._tx() as db:
             db.executemany(
-                "INSERT INTO telemetry(trial_id, t, gpu, used_bytes, utilization_pct, power_w) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO telemetry(trial_id, t, gpu, used_bytes, utilization_pct, power_w, "
+                "node) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (p.trial_id, p.t, p.gpu, p.used_bytes, p.utilization_pct, p.power_w)
+                    (p.trial_id, p.t, p.gpu, p.used_bytes, p.utilization_pct, p.power_w, p.node)
                     for p in points
                 ],
             )
@@ -514,6 +531,7 @@ class Store:
                 used_bytes=r["used_bytes"],
                 utilization_pct=r["utilization_pct"],
                 power_w=r["power_w"],
+                node=r["node"],
             )
             for r in rows
         ]

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.bench.load import run_workload_sync
-from servesweep.bench.results import LevelResult
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, DatasetError, TrialFailed
-from servesweep.models import Evidence, FailureClass, InstanceRecord, Outcome, Phase
+from servesweep.models import Evidence, FailureClass, InstanceRecord, LevelResult, Outcome, Phase
 from servesweep.servers.engines import EnginePreset, build_launch, launch_command_text
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.lifecycle import ServerLifecycle

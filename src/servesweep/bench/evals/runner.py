@@ -14,9 +14,9 @@ from servesweep.bench.evals.checkers import check_text
 from servesweep.bench.evals.extract import extract_program, strip_reasoning
 from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.bench.evals.suites import CodingTask, Task, TextTask, load_suite
-from servesweep.bench.results import EvalTaskResult, LevelResult
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError
+from servesweep.models import EvalTaskResult, LevelResult
 from servesweep.spec.schema import EvalSpec, WorkloadSpec
 
 __all__ = ["CODING_INSTRUCTION", "build_request", "run_eval_workload"]
