@@ -8,6 +8,7 @@ folders above this file; the sandbox lives in ``$SYSTEMD_SANDBOX_HOME`` or
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,10 @@ SANDBOX_HOME = Path(
     os.environ.get("SYSTEMD_SANDBOX_HOME", REPO.parent / "shared" / "systemd-sandbox")
 )
 IMAGE = "servesweep-host:local"
+SANDBOX_LOCK = Path(tempfile.gettempdir()) / "servesweep-systemd-sandbox.lock"
+"""Only one systemd sandbox can run on a machine, and `up` clears any other: test
+sessions of several checkouts on one machine take turns through this lock."""
+SANDBOX_LOCK_WAIT_S = 240.0
 
 
 def free_port() -> int:
@@ -97,6 +103,20 @@ def systemd_sandbox() -> Iterator[Sandbox]:
     up, down = SANDBOX_HOME / "up", SANDBOX_HOME / "down"
     if not up.exists():
         pytest.skip(f"no systemd sandbox at {SANDBOX_HOME} (set SYSTEMD_SANDBOX_HOME)")
+    lock = open(SANDBOX_LOCK, "a")  # noqa: SIM115  (held for the whole session)
+    deadline = time.monotonic() + SANDBOX_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.close()
+                pytest.skip(
+                    f"another test session on this machine holds the systemd sandbox "
+                    f"({SANDBOX_LOCK}) for more than {SANDBOX_LOCK_WAIT_S:g}s"
+                )
+            time.sleep(0.5)
     args = [str(up), "--bind-ro", str(REPO)]
     if sys.prefix != sys.base_prefix:
         args += ["--venv", sys.prefix]
@@ -106,6 +126,7 @@ def systemd_sandbox() -> Iterator[Sandbox]:
     done = subprocess.run(args, capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
         subprocess.run([str(down)], check=False, capture_output=True, timeout=120)
+        lock.close()
         pytest.fail(f"systemd sandbox `up` failed ({done.returncode}): {done.stderr[-2000:]}")
     env = _exports(done.stdout)
     try:
@@ -117,6 +138,7 @@ def systemd_sandbox() -> Iterator[Sandbox]:
         )
     finally:
         subprocess.run([str(down)], check=False, capture_output=True, timeout=120)
+        lock.close()
 
 
 # ---- private Docker engine --------------------------------------------------------------
