@@ -7,6 +7,9 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
+from servesweep.cli.main import main
 from servesweep.models import (
     Evidence,
     FailureClass,
@@ -106,7 +109,8 @@ def test_every_format_from_the_store(tmp_path: Path) -> None:
     assert len(rows) == 5 and {r["param_budget"] for r in rows} == {"4", "8", "12"}
     doc = json.loads(render(data, "json"))
     assert doc["summary"]["outcomes"] == {
-        "pending": 0, "running": 0, "ok": 2, "failed": 1, "skipped": 0, "interrupted": 0,
+        "pending": 0, "running": 0, "ok": 2, "failed": 1, "pruned": 0, "skipped": 0,
+        "interrupted": 0,
     }  # fmt: skip
     # phases from the store: stop/release/start 1 s each, load 7 s (ok) / 3 s (failed)
     assert doc["summary"]["phase_seconds"]["load"] == 7.0 + 7.0 + 3.0
@@ -129,3 +133,28 @@ def test_report_of_a_running_sweep(tmp_path: Path) -> None:
     assert "running (load)" in table
     assert "not finished" in render(running, "html")
     assert json.loads(render(running, "json"))["summary"]["outcomes"]["running"] == 1
+
+
+def _cli(*args: str) -> int:
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    return int(done.value.code or 0)
+
+
+def test_report_cli_sweep_ids_and_format_alias(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _store(tmp_path)
+    assert _cli("report", str(path), "--sweep", "5") == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("servesweep: --sweep: no sweep 5 in ") and "(sweeps: 1 (store-demo))" in err
+    )
+    assert _cli("report", str(path), "--sweep", "1", "--format", "md") == 0
+    markdown = capsys.readouterr().out
+    assert markdown.startswith("## sweep store-demo (#1)") and "| trial |" in markdown
+    assert _cli("best", str(path)) == 0
+    empty = tmp_path / "empty.db"
+    open_store(empty).close()
+    assert _cli("report", str(empty)) == 2
+    assert "no sweep in " in capsys.readouterr().err

@@ -153,3 +153,16 @@ def test_terminal_escapes_from_logs_are_neutralised() -> None:
         assert "\u202e" not in text
         assert "x1b" in text  # shown, as text
     assert "\\x1b]0;owned\\x07" in render(data, "table")
+
+
+def test_csv_header_names_each_column_once() -> None:
+    """The load generator reports the level's duration as a metric too; the CSV has
+    one ``duration_s`` column, the level's."""
+    data = sweep_data(
+        [trial(1, {"b": 1})],
+        {1: [level("chat", "c1", output_throughput=5.0, duration_s=10.0, load_s=3.0)]},
+    )
+    header = next(csv.reader(io.StringIO(render(data, "csv"))))
+    assert len(header) == len(set(header)), sorted(h for h in header if header.count(h) > 1)
+    row = next(csv.DictReader(io.StringIO(render(data, "csv"))))
+    assert float(row["duration_s"]) == 10.0 and float(row["output_throughput"]) == 5.0

@@ -274,24 +274,47 @@ def status(target: str | None, as_json: bool) -> None:
 # -- report, best, compare ------------------------------------------------------------
 
 
+def _load_data(path: Path, sweep_id: int | None, name: str | None) -> Any:
+    """The SweepData of sweep ``sweep_id`` (else the latest one, named ``name`` when
+    given) in ``path``; a sweep that is not there is a usage error that lists those
+    that are."""
+    from servesweep.store import open_store
+
+    with open_store(path, readonly=True) as store:
+        sweeps = store.sweeps()
+        known = [s for s in sweeps if (sweep_id is None or s.id == sweep_id)]
+        known = [s for s in known if sweep_id is not None or name is None or s.name == name]
+        if not known:
+            what = f"no sweep {sweep_id}" if sweep_id is not None else "no sweep"
+            what += f" named {name!r}" if name and sweep_id is None else ""
+            there = ", ".join(f"{s.id} ({s.name})" for s in sweeps) or "none: run the sweep first"
+            raise ConfigError(
+                f"{what} in {path} (sweeps: {there})", key="--sweep" if sweep_id else None
+            )
+        return store.load_sweep_data(known[-1].id, with_samples=False)
+
+
+FORMAT_ALIASES = {"md": "markdown"}
+
+
 @cli.command()
 @click.argument("target", required=False)
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "markdown", "csv", "json", "html"]),
+    type=click.Choice(["table", "markdown", "md", "csv", "json", "html"]),
     default="table",
+    help="Output format (md is markdown).",
 )
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 @click.option("--sweep", "sweep_id", type=int, help="Sweep id in the database (default: latest).")
 def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None) -> None:
     """Render a sweep's results (finished or still running)."""
     from servesweep.report import render
-    from servesweep.store import open_store
 
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
     path, name = _resolve_store(target)
-    with open_store(path, readonly=True) as store:
-        data = store.load_sweep_data(sweep_id, None if sweep_id else name, with_samples=False)
+    data = _load_data(path, sweep_id, name)
     console = _console()
     text = render(
         data,
@@ -336,7 +359,6 @@ def best(
     """The best configuration under the objective and constraints, and why each other
     configuration lost. Exit 1 when none is feasible."""
     from servesweep.report import best_to_json, find_best, format_best
-    from servesweep.store import open_store
 
     default = "min" if minimize else "max"
     parsed: list[tuple[str, str]] = []
@@ -347,8 +369,7 @@ def best(
         else:
             parsed.append((text, default))
     path, name = _resolve_store(target)
-    with open_store(path, readonly=True) as store:
-        data = store.load_sweep_data(None, name, with_samples=False)
+    data = _load_data(path, None, name)
     if len(parsed) > 1:
         result = find_best(
             data, None, default, constraints or tuple(data.constraints), objectives=parsed
@@ -373,13 +394,11 @@ def compare(a: str, b: str, trial_a: int | None, trial_b: int | None) -> None:
     """Two sweeps (or two configurations) side by side."""
     from servesweep.report import compare as do_compare
     from servesweep.report import format_comparison
-    from servesweep.store import open_store
 
     datas = []
     for target in (a, b):
         path, name = _resolve_store(target)
-        with open_store(path, readonly=True) as store:
-            datas.append(store.load_sweep_data(None, name, with_samples=False))
+        datas.append(_load_data(path, None, name))
     click.echo(format_comparison(do_compare(datas[0], datas[1], trial_a=trial_a, trial_b=trial_b)))
 
 

@@ -56,8 +56,7 @@ def render_csv(data: SweepData) -> str:
     index = ResultIndex(data)
     params = all_params(data)
     levels = [lvl for lv in index.levels.values() for lvl in lv]
-    metrics = metric_names(levels)
-    header = [
+    fixed = [
         "sweep",
         "trial",
         "seq",
@@ -73,8 +72,10 @@ def render_csv(data: SweepData) -> str:
         "repeat",
         "duration_s",
         "warnings",
-        *metrics,
     ]
+    # a metric named like a fixed column (the level's ``duration_s``) is that column
+    metrics = [m for m in metric_names(levels) if m not in fixed]
+    header = [*fixed, *metrics]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
