@@ -31,6 +31,7 @@ from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.bench.workers import WorkerPool
 from servesweep.errors import BenchError
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, level_label
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.spec.schema import WorkloadSpec
@@ -364,11 +365,11 @@ class _Runner:
             warnings.append(f"unknown SLO keys ignored: {unknown} (use ttft_ms, tpot_ms, e2e_ms)")
         acc, detail = acceptance_from_counters(self.target.spec_decode_counters, before, after)
         if acc is not None:
-            metrics["acceptance_length"] = acc
+            metrics[ACCEPTANCE_LENGTH.name] = acc
             info["acceptance_source"] = detail.pop("source", "engine_counters")
             info["spec_decode"] = detail
         elif "acceptance_estimate_from_chunks" in info:
-            metrics["acceptance_length"] = info["acceptance_estimate_from_chunks"]
+            metrics[ACCEPTANCE_LENGTH.name] = info["acceptance_estimate_from_chunks"]
             info["acceptance_source"] = "tokens_per_chunk_estimate"
             if detail:
                 info["spec_decode"] = detail
@@ -390,5 +391,5 @@ class _Runner:
             warnings=tuple(warnings),
             info=info,
             started_at=started_at,
-            duration_s=metrics["duration_s"],
+            duration_s=metrics[DURATION_S.name],
         )

@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
 from servesweep.bench.specdecode import estimate_from_chunks
+from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.models import RequestSample
 
 __all__ = ["LevelContext", "compute_level", "percentile", "summary_stats"]
@@ -25,7 +27,6 @@ __all__ = ["LevelContext", "compute_level", "percentile", "summary_stats"]
 _NS = 1e-9
 _MS = 1e-6
 _SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2e_ms": "e2e", "e2el_ms": "e2e"}
-STAT_NAMES = ("mean", "median", "p90", "p99", "max")
 
 
 @dataclass
@@ -56,16 +57,17 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def summary_stats(values: Sequence[float]) -> dict[str, float]:
-    """mean, median, p90, p99, max of ``values`` (empty: no keys)."""
+    """mean, median, p90, p99, max of ``values``, keyed by the values of
+    :class:`~servesweep.metrics_catalog.Stat` (empty: no keys)."""
     if not values:
         return {}
     s = sorted(values)
     return {
-        "mean": sum(s) / len(s),
-        "median": percentile(s, 50),
-        "p90": percentile(s, 90),
-        "p99": percentile(s, 99),
-        "max": float(s[-1]),
+        Stat.MEAN.value: sum(s) / len(s),
+        Stat.MEDIAN.value: percentile(s, 50),
+        Stat.P90.value: percentile(s, 90),
+        Stat.P99.value: percentile(s, 99),
+        Stat.MAX.value: float(s[-1]),
     }
 
 
@@ -183,43 +185,45 @@ def compute_level(
     total_in = sum(prompt_tokens)
     n = len(raws)
     m: dict[str, float] = {
-        "completed": float(len(ok)),
-        "failed": float(len(failed)),
-        "error_rate": len(failed) / n if n else 0.0,
-        "duration_s": duration,
-        "request_throughput": len(ok) / duration,
-        "output_throughput": total_out / duration,
-        "input_throughput": total_in / duration,
-        "total_token_throughput": (total_in + total_out) / duration,
-        "goodput": good / duration,
+        mc.COMPLETED.name: float(len(ok)),
+        mc.FAILED.name: float(len(failed)),
+        mc.ERROR_RATE.name: len(failed) / n if n else 0.0,
+        mc.DURATION_S.name: duration,
+        mc.REQUEST_THROUGHPUT.name: len(ok) / duration,
+        mc.OUTPUT_THROUGHPUT.name: total_out / duration,
+        mc.INPUT_THROUGHPUT.name: total_in / duration,
+        mc.TOTAL_TOKEN_THROUGHPUT.name: (total_in + total_out) / duration,
+        mc.GOODPUT.name: good / duration,
     }
     if prompt_tokens:
-        m["prompt_tokens_mean"] = total_in / len(prompt_tokens)
+        m[mc.PROMPT_TOKENS_MEAN.name] = total_in / len(prompt_tokens)
     if completion_tokens:
-        m["completion_tokens_mean"] = total_out / len(completion_tokens)
-    for name, values_ms in (
-        ("ttft", ttft),
-        ("tpot", tpot),
-        ("itl", itl),
-        ("e2e", e2e),
-        ("chunk_gap", gaps_ms),
+        m[mc.COMPLETION_TOKENS_MEAN.name] = total_out / len(completion_tokens)
+    for kind, values_ms in (
+        (Latency.TTFT, ttft),
+        (Latency.TPOT, tpot),
+        (Latency.ITL, itl),
+        (Latency.E2E, e2e),
+        (Latency.CHUNK_GAP, gaps_ms),
     ):
-        for stat, value in summary_stats(values_ms).items():
-            m[f"{name}_{stat}_ms"] = value
+        stats = summary_stats(values_ms)
+        for stat in Stat if stats else ():
+            m[latency(kind, stat).name] = stats[stat.value]
     n_chunks_total = sum(len(t) for t in per_request_chunk_tokens)
     if n_chunks_total:
-        m["tokens_per_chunk_mean"] = sum(sum(t) for t in per_request_chunk_tokens) / n_chunks_total
+        chunk_tokens = sum(sum(t) for t in per_request_chunk_tokens)
+        m[mc.TOKENS_PER_CHUNK_MEAN.name] = chunk_tokens / n_chunks_total
 
     # what the generator itself did
     info: dict[str, Any] = {}
     lags = [(r.sent_ns - r.scheduled_ns) * _MS for r in raws if r.scheduled_ns is not None]
     if lags:
         s = summary_stats(lags)
-        m["schedule_lag_p99_ms"] = s["p99"]
+        m[mc.SCHEDULE_LAG_P99_MS.name] = s[Stat.P99.value]
         info["schedule_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
     if ctx.loop_lags_ns:
         s = summary_stats([x * _MS for x in ctx.loop_lags_ns])
-        m["loop_lag_p99_ms"] = s["p99"]
+        m[mc.LOOP_LAG_P99_MS.name] = s[Stat.P99.value]
         info["loop_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
     ttfb = [(r.first_byte_ns - r.sent_ns) * _MS for r in ok if r.first_byte_ns is not None]
     if ttfb and ctx.stream:
@@ -227,15 +231,15 @@ def compute_level(
     sent = sorted(r.sent_ns for r in raws)
     end_all = max(ends) if ends else t0
     if ctx.steady is not None:
-        m["concurrency_mean"] = _in_flight_mean(raws, *ctx.steady)
+        m[mc.CONCURRENCY_MEAN.name] = _in_flight_mean(raws, *ctx.steady)
         info["steady_window_s"] = round((ctx.steady[1] - ctx.steady[0]) * _NS, 3)
         info["concurrency_mean_whole_run"] = round(_in_flight_mean(raws, t0, end_all), 2)
     else:
-        m["concurrency_mean"] = _in_flight_mean(raws, t0, end_all)
+        m[mc.CONCURRENCY_MEAN.name] = _in_flight_mean(raws, t0, end_all)
     if ctx.rate is not None and sent:
         span = (sent[-1] - t0) * _NS
         if span > 0:
-            m["achieved_rate"] = len(sent) / span
+            m[mc.ACHIEVED_RATE.name] = len(sent) / span
 
     # facts for the record
     info["errors"] = dict(Counter(r.error for r in failed if r.error))
@@ -285,10 +289,10 @@ def _warnings(
 ) -> list[str]:
     out: list[str] = []
     advice = "use more worker processes (workers), fewer concurrent levels, or a less busy machine"
-    lag = m.get("loop_lag_p99_ms")
+    lag = m.get(mc.LOOP_LAG_P99_MS.name)
     if lag is not None and lag > 2.0:
-        ttft_med = m.get("ttft_median_ms")
-        gap_med = m.get("chunk_gap_median_ms")
+        ttft_med = m.get(latency(Latency.TTFT, Stat.MEDIAN).name)
+        gap_med = m.get(latency(Latency.CHUNK_GAP, Stat.MEDIAN).name)
         if (ttft_med is not None and lag > 0.05 * ttft_med) or (
             gap_med is not None and lag > 0.1 * gap_med
         ):
@@ -296,19 +300,19 @@ def _warnings(
                 f"the generator's event loop lagged {lag:.1f} ms (p99), which is large against "
                 f"the measured TTFT/ITL: chunk timestamps may be late by that much; {advice}"
             )
-    sched = m.get("schedule_lag_p99_ms")
+    sched = m.get(mc.SCHEDULE_LAG_P99_MS.name)
     if ctx.rate is not None and sched is not None and sched > 5.0:
         out.append(
             f"requests were sent up to {sched:.1f} ms (p99) after their planned arrival time: "
             f"the generator could not keep the schedule; {advice}"
         )
-    achieved = m.get("achieved_rate")
+    achieved = m.get(mc.ACHIEVED_RATE.name)
     if ctx.rate is not None and achieved is not None and abs(achieved / ctx.rate - 1) > 0.02:
         why = (
             f"schedule lag p99 {sched:.1f} ms"
             if sched is not None and sched > 5.0
             else "too few requests for the rate to settle"
-            if m["completed"] + m["failed"] < 50
+            if m[mc.COMPLETED.name] + m[mc.FAILED.name] < 50
             else "the generator fell behind its schedule"
         )
         out.append(
@@ -317,7 +321,7 @@ def _warnings(
         )
     if ctx.concurrency is not None and ctx.steady is not None:
         window = (ctx.steady[1] - ctx.steady[0]) * _NS
-        held = m.get("concurrency_mean", 0.0)
+        held = m.get(mc.CONCURRENCY_MEAN.name, 0.0)
         if window > 0.05 and held < 0.95 * ctx.concurrency:
             out.append(
                 f"only {held:.1f} of {ctx.concurrency} requests were really in flight on average "

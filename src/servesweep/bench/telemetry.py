@@ -12,6 +12,7 @@ from time import monotonic_ns
 from typing import Any
 
 from servesweep.errors import GpuProbeError
+from servesweep.metrics_catalog import GPU_MEM_USED_MAX_MIB, GPU_POWER_MEAN_W, GPU_UTIL_MEAN_PCT
 from servesweep.servers.gpu.base import GpuProbe
 
 __all__ = ["GpuSampler", "LoopLagMonitor", "summarize_gpu"]
@@ -96,11 +97,11 @@ def summarize_gpu(
             powers.append(entry["power_mean_w"])
         entry["samples"] = len(d["mem"])
         info[str(gpu)] = entry
-    metrics["gpu_mem_used_max_mib"] = max(e["mem_used_max_mib"] for e in info.values())
+    metrics[GPU_MEM_USED_MAX_MIB.name] = max(e["mem_used_max_mib"] for e in info.values())
     if utils:
-        metrics["gpu_util_mean_pct"] = sum(utils) / len(utils)
+        metrics[GPU_UTIL_MEAN_PCT.name] = sum(utils) / len(utils)
     if powers:
-        metrics["gpu_power_mean_w"] = sum(powers) / len(powers)
+        metrics[GPU_POWER_MEAN_W.name] = sum(powers) / len(powers)
     return metrics, info
 
 

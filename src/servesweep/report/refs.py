@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from servesweep import metrics_catalog as mc
 from servesweep.errors import ConfigError, ServesweepError
+from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
 from servesweep.models import level_label
 from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.spec.constraints import (
-    TRIAL_METRICS,
     MetricRef,
     objective_direction,
     parse_metric_ref,
@@ -67,15 +68,16 @@ class ResultIndex:
             for lvl in levels:
                 if lvl.workload != workload:
                     continue
-                if "pass_rate" in lvl.metrics or any(r.eval_results for r in lvl.repeats):
+                if mc.PASS_RATE.name in lvl.metrics or any(r.eval_results for r in lvl.repeats):
                     return True
         return False
 
     def stats(self, trial: TrialRecord, ref: MetricRef) -> MetricStats | None:
         """The measured value of ``ref`` for ``trial`` (mean over repeats), or None."""
         if ref.workload is None:
-            if ref.metric in TRIAL_METRICS:
-                secs = trial.phase_seconds.get(ref.metric.removesuffix("_s"))
+            phase = phase_of(ref.metric)
+            if phase is not None:
+                secs = trial.phase_seconds.get(phase.value)
                 return None if secs is None else MetricStats.of([float(secs)])
             return None
         candidates = [lvl for lvl in self.levels.get(trial.id, ()) if lvl.workload == ref.workload]
@@ -87,7 +89,7 @@ class ResultIndex:
             return None
         lvl = candidates[0]
         found = lvl.metrics.get(ref.metric)
-        if found is None and ref.metric in ("pass_rate", "passed", "total"):
+        if found is None and mc.lookup(ref.metric, Scope.EVAL) is not None:
             return _eval_stat(lvl, ref.metric)
         return found
 
@@ -97,13 +99,23 @@ class ResultIndex:
 
 
 def _eval_stat(lvl: LevelStats, metric: str) -> MetricStats | None:
+    """An eval metric recounted from the stored per-sample results (a result stored
+    without it)."""
     values: list[float] = []
     for res in lvl.repeats:
         if not res.eval_results:
             continue
         passed = sum(1 for e in res.eval_results if e.status == "pass")
+        errors = sum(1 for e in res.eval_results if e.status == "error")
         total = len(res.eval_results)
-        values.append({"pass_rate": passed / total, "passed": passed, "total": total}[metric])
+        recounted = {
+            mc.PASS_RATE.name: passed / total,
+            mc.PASSED.name: passed,
+            mc.TOTAL.name: total,
+            mc.EVAL_ERRORS.name: errors,
+            mc.EVAL_ERROR_RATE.name: errors / total,
+        }
+        values.append(recounted[metric])
     return MetricStats.of(values) if values else None
 
 
@@ -156,8 +168,7 @@ def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[Met
     for workload in index.workloads():
         if not index.is_eval(workload):
             levels = index.workload_levels(workload)
-            text = f"{workload}.{levels[0]}.output_throughput"
-            return MetricRef(workload, levels[0], "output_throughput", text), "max"
+            return MetricRef.of(workload, levels[0], mc.OUTPUT_THROUGHPUT.name), "max"
     for workload in index.workloads():
-        return MetricRef(workload, None, "pass_rate", f"{workload}.pass_rate"), "max"
+        return MetricRef.of(workload, None, mc.PASS_RATE.name), "max"
     return None

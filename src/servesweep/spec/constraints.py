@@ -9,6 +9,9 @@ A metric reference names one number measured for a trial:
   with exactly one level;
 - ``METRIC``: a trial metric, the seconds a lifecycle phase took (``load_s``...).
 
+The metric names are those of :mod:`servesweep.metrics_catalog` (the producers store
+their numbers under the same names).
+
 A constraint is ``REF OP NUMBER`` with OP one of ``< <= > >= == !=``:
 ``chat.c1.ttft_p99_ms < 500``.
 """
@@ -24,6 +27,13 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from servesweep.errors import ConfigError
+from servesweep.metrics_catalog import (
+    EVAL_METRICS,
+    LEVEL_METRICS,
+    OUTPUT_THROUGHPUT,
+    PASS_RATE,
+    TRIAL_METRICS,
+)
 from servesweep.models import level_label, parse_level
 from servesweep.spec.schema import SweepSpec, WorkloadSpec
 
@@ -42,44 +52,6 @@ __all__ = [
     "validate_ref",
     "workload_levels",
 ]
-
-_LATENCIES = ("ttft", "tpot", "itl", "e2e", "chunk_gap")
-_STATS = ("mean", "median", "p90", "p99", "max")
-
-LEVEL_METRICS: frozenset[str] = frozenset(
-    {
-        "completed",
-        "failed",
-        "error_rate",
-        "duration_s",
-        "request_throughput",
-        "output_throughput",
-        "total_token_throughput",
-        "input_throughput",
-        "goodput",
-        "concurrency_mean",
-        "tokens_per_chunk_mean",
-        "acceptance_length",
-        "schedule_lag_p99_ms",
-        "loop_lag_p99_ms",
-        "achieved_rate",
-        "prompt_tokens_mean",
-        "completion_tokens_mean",
-        "gpu_mem_used_max_mib",
-        "gpu_util_mean_pct",
-        "gpu_power_mean_w",
-    }
-    | {f"{m}_{s}_ms" for m in _LATENCIES for s in _STATS}
-)
-"""Metrics the load generator produces for every load level."""
-
-EVAL_METRICS: frozenset[str] = frozenset({"pass_rate", "passed", "total"})
-"""Metrics of an eval workload (no level)."""
-
-TRIAL_METRICS: frozenset[str] = frozenset(
-    {"stop_s", "release_s", "start_s", "load_s", "ready_s", "bench_s"}
-)
-"""Seconds each lifecycle phase of a trial took."""
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
@@ -110,6 +82,12 @@ class MetricRef:
     metric: str
     text: str
     """As the user wrote it."""
+
+    @classmethod
+    def of(cls, workload: str | None, level: str | None, metric: str) -> MetricRef:
+        """A reference from its parts, written in its canonical form."""
+        key = ".".join(p for p in (workload, level, metric) if p)
+        return cls(workload=workload, level=level, metric=metric, text=key)
 
     @property
     def key(self) -> str:
@@ -263,7 +241,7 @@ def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
         hint = _suggest(ref.metric, LEVEL_METRICS)
         raise ConfigError(
             f"{ref.text!r}: unknown metric {ref.metric!r}{hint} "
-            "(see docs/sweep-file.md for the catalog)"
+            "(see the metric catalog in docs/sweep-file.md)"
         )
     if ref.level is None:
         if len(levels) == 1:
@@ -304,15 +282,13 @@ def _default_objective(spec: SweepSpec) -> MetricRef:
     for workload in spec.workloads:
         levels = workload_levels(workload)
         if levels:
-            text = f"{workload.name}.{levels[0]}.output_throughput"
-            return MetricRef(workload.name, levels[0], "output_throughput", text)
-    first = spec.workloads[0]
-    return MetricRef(first.name, None, "pass_rate", f"{first.name}.pass_rate")
+            return MetricRef.of(workload.name, levels[0], OUTPUT_THROUGHPUT.name)
+    return MetricRef.of(spec.workloads[0].name, None, PASS_RATE.name)
 
 
 def _first_workload_for(metric: str, spec: SweepSpec) -> str:
-    """The first workload that measures ``metric`` (an eval for eval metrics)."""
-    want_eval = metric in EVAL_METRICS
+    """The first workload that measures ``metric`` (an eval for eval-only metrics)."""
+    want_eval = metric in EVAL_METRICS and metric not in LEVEL_METRICS
     for workload in spec.workloads:
         if workload.is_eval == want_eval:
             return workload.name

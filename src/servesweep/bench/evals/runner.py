@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from servesweep import metrics_catalog as mc
 from servesweep.bench.evals.checkers import check_text
 from servesweep.bench.evals.extract import extract_program, strip_reasoning
 from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
@@ -197,11 +198,11 @@ def _summarize(
         level="eval",
         repeat=0,
         metrics={
-            "pass_rate": passed / total if total else 0.0,
-            "passed": float(passed),
-            "total": float(total),
-            "errors": float(errors),
-            "error_rate": errors / total if total else 0.0,
+            mc.PASS_RATE.name: passed / total if total else 0.0,
+            mc.PASSED.name: float(passed),
+            mc.TOTAL.name: float(total),
+            mc.EVAL_ERRORS.name: float(errors),
+            mc.EVAL_ERROR_RATE.name: errors / total if total else 0.0,
         },
         warnings=tuple(warnings),
         info={
