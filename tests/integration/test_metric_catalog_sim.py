@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.integration.sweep_helpers import kill_tagged, run_cli, write_sweep
+
 from servesweep import metrics_catalog as mc
 from servesweep.bench.load import run_workload_sync
 from servesweep.bench.target import Target
@@ -16,7 +18,6 @@ from servesweep.sim.fakegpu import FakeGpuDir
 from servesweep.sim.testing import running_sim
 from servesweep.spec.schema import WorkloadSpec
 from servesweep.store import open_store
-from tests.integration.sweep_helpers import kill_tagged, run_cli, write_sweep
 
 COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
