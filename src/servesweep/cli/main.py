@@ -359,6 +359,7 @@ def best(
     """The best configuration under the objective and constraints, and why each other
     configuration lost. Exit 1 when none is feasible."""
     from servesweep.report import best_to_json, find_best, format_best
+    from servesweep.report.refs import check_constraint, check_ref
 
     default = "min" if minimize else "max"
     parsed: list[tuple[str, str]] = []
@@ -370,6 +371,12 @@ def best(
             parsed.append((text, default))
     path, name = _resolve_store(target)
     data = _load_data(path, None, name)
+    # checked like the sweep file's own: a misspelt name is a usage error, not a
+    # configuration that no trial satisfies
+    for text, _ in parsed:
+        check_ref(data, text, key="--objective")
+    for text in constraints:
+        check_constraint(data, text, key="--constraint")
     if len(parsed) > 1:
         result = find_best(
             data, None, default, constraints or tuple(data.constraints), objectives=parsed

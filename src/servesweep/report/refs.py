@@ -2,12 +2,16 @@
 
 Parsing is :mod:`servesweep.spec.constraints`' job (``parse_metric_ref``,
 ``parse_constraint``); this module answers "what value did trial T measure for
-``chat.c1.ttft_p99_ms``" from a :class:`SweepData`, repeats aggregated.
+``chat.c1.ttft_p99_ms``" from a :class:`SweepData`, repeats aggregated, and checks a
+reference given for a stored sweep (:func:`check_ref`, :func:`check_constraint`) the
+way the sweep file's own references were checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from servesweep import metrics_catalog as mc
@@ -16,15 +20,19 @@ from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
 from servesweep.models import level_label
 from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.spec.constraints import (
+    Constraint,
     MetricRef,
     objective_direction,
+    parse_constraint,
     parse_metric_ref,
     resolve_objective,
+    validate_ref,
 )
 from servesweep.spec.load import load_sweep_text
+from servesweep.spec.schema import SweepSpec
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["ResultIndex", "objective_of", "ref_label"]
+__all__ = ["ResultIndex", "check_constraint", "check_ref", "objective_of", "ref_label"]
 
 
 def ref_label(ref: MetricRef) -> str:
@@ -119,15 +127,102 @@ def _eval_stat(lvl: LevelStats, metric: str) -> MetricStats | None:
     return MetricStats.of(values) if values else None
 
 
-def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:
-    """The objective as the sweep file itself resolves it, when its text still loads."""
+def _stored_spec(data: SweepData) -> SweepSpec | None:
+    """The sweep file as stored with the sweep, when its text still loads (an old or
+    hand-edited one may not)."""
     if not data.sweep.spec_text.strip():
         return None
     try:
-        spec = load_sweep_text(data.sweep.spec_text, data.sweep.spec_path).spec
+        return load_sweep_text(data.sweep.spec_text, data.sweep.spec_path).spec
+    except ServesweepError:
+        return None
+
+
+def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:
+    """The objective as the sweep file itself resolves it, when its text still loads."""
+    spec = _stored_spec(data)
+    if spec is None:
+        return None  # fall back to the stored dict
+    try:
         return resolve_objective(spec), objective_direction(spec)
     except ServesweepError:
-        return None  # an old or hand-edited sweep file: fall back to the stored dict
+        return None
+
+
+def check_ref(
+    data: SweepData, text: str, *, key: str | None = None, index: ResultIndex | None = None
+) -> MetricRef:
+    """A metric reference given for a stored sweep (``best --objective``), checked like
+    one in its sweep file: the workload, level and metric must exist (with a
+    suggestion when they do not). Checked against the sweep file as stored, or, when
+    that no longer loads, against the workloads measured and the metric catalog.
+
+    Returns the reference with the level filled in where the workload has exactly
+    one; raises ConfigError (with ``key``, e.g. the option's name).
+    """
+    try:
+        ref = parse_metric_ref(text)
+        spec = _stored_spec(data)
+        if spec is not None:
+            return validate_ref(ref, spec)
+        return _check_measured(ref, index or ResultIndex(data))
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key=key) from None
+
+
+def check_constraint(
+    data: SweepData, text: str, *, key: str | None = None, index: ResultIndex | None = None
+) -> Constraint:
+    """``REF OP NUMBER`` given for a stored sweep, its reference checked by :func:`check_ref`."""
+    try:
+        constraint = parse_constraint(text)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key=key) from None
+    return replace(constraint, ref=check_ref(data, constraint.ref.text, key=key, index=index))
+
+
+def _hint(word: str, options: Iterable[str]) -> str:
+    match = difflib.get_close_matches(word, sorted(options), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _check_measured(ref: MetricRef, index: ResultIndex) -> MetricRef:
+    """A reference checked against what a sweep measured (its sweep file unreadable)."""
+    if ref.workload is None:
+        if ref.level is None and ref.metric in TRIAL_METRICS:
+            return ref
+        raise ConfigError(
+            f"unknown metric {ref.text!r}{_hint(ref.metric, TRIAL_METRICS)} (use "
+            f"WORKLOAD.LEVEL.METRIC, WORKLOAD.METRIC or one of {', '.join(sorted(TRIAL_METRICS))})"
+        )
+    workloads = index.workloads()
+    if ref.workload not in workloads:
+        raise ConfigError(
+            f"{ref.text!r} names unknown workload {ref.workload!r}"
+            f"{_hint(ref.workload, workloads)} (measured: {', '.join(workloads) or 'none'})"
+        )
+    scope = Scope.EVAL if index.is_eval(ref.workload) else Scope.LEVEL
+    if mc.lookup(ref.metric, scope) is None:
+        names = mc.names_of(scope)
+        hint = _hint(ref.metric, names)
+        if scope is Scope.EVAL:
+            raise ConfigError(
+                f"{ref.text!r}: {ref.metric!r} is not a metric of eval workload "
+                f"{ref.workload!r}{hint} (eval metrics: {', '.join(sorted(names))})"
+            )
+        raise ConfigError(
+            f"{ref.text!r}: unknown metric {ref.metric!r}{hint} "
+            "(see the metric catalog in docs/sweep-file.md)"
+        )
+    levels = index.workload_levels(ref.workload)
+    if scope is Scope.LEVEL and ref.level is not None and ref.level not in levels:
+        raise ConfigError(
+            f"{ref.text!r}: workload {ref.workload!r} has no level {ref.level!r} "
+            f"(levels: {', '.join(levels)})"
+        )
+    if scope is Scope.LEVEL and ref.level is None and len(levels) == 1:
+        return replace(ref, level=levels[0])
+    return ref
 
 
 def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[MetricRef, str] | None:
