@@ -8,6 +8,12 @@ single line naming the file, the line where it is known, and the key::
 
 (wrapped here; the message itself is one line).
 
+Every path written in a sweep file is relative to the sweep file (a sweep given as
+text: to the current directory), in every command: :func:`resolve_path` makes it
+absolute once, when the file is loaded, for each field of :data:`PATH_FIELDS`, so the
+spec every other layer reads holds absolute paths. A path computed later from the
+sweep file goes through :meth:`LoadedSweep.resolve`.
+
 Pydantic's and PyYAML's exceptions never leave this module.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,12 +33,32 @@ from pydantic_core import ErrorDetails
 
 from servesweep.errors import ConfigError
 from servesweep.spec.check import check_spec
-from servesweep.spec.schema import SweepSpec
+from servesweep.spec.schema import SweepSpec, WorkloadSpec
 from servesweep.spec.source import read_yaml
 
-__all__ = ["MAX_FILE_BYTES", "LoadedSweep", "load_sweep", "load_sweep_text"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "PATH_FIELDS",
+    "LoadedSweep",
+    "load_sweep",
+    "load_sweep_text",
+    "resolve_path",
+]
 
 MAX_FILE_BYTES = 4 * 2**20
+
+PATH_FIELDS: tuple[str, ...] = (
+    "store",
+    "server.fake_gpu_dir",
+    "server.log_dir",
+    "server.systemd.unit_dir",
+    "server.commands.pid_file",
+    "workloads.N.dataset",
+    "workloads.N.eval.suite",
+)
+"""The keys of a sweep file that hold paths (``dataset`` and ``suite`` when they name
+a file, not ``builtin:...`` or ``synthetic``). ``model``, ``executable``, ``command``
+and ``args`` go to the engine as written."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +72,18 @@ class LoadedSweep:
     """sha256 (hex) of the text."""
     lines: Mapping[str, int]
     """Dotted key path (``server.timeouts.release``, ``workloads.0.name``) -> 1-based line."""
+    base_dir: Path
+    """The absolute folder relative paths of this sweep start from: the sweep file's
+    folder (for a sweep given as text: the current directory when it was loaded)."""
 
     @property
     def name(self) -> str:
         return str(self.path) if self.path is not None else "<string>"
+
+    def resolve(self, value: str | os.PathLike[str]) -> Path:
+        """A path as the sweep file means it: absolute, ``~`` expanded, a relative path
+        taken from the sweep file's folder."""
+        return Path(resolve_path(os.fspath(value), self.base_dir))
 
     def line_of(self, key: str) -> int | None:
         """The line of a key, or of the closest enclosing key that is written."""
@@ -158,7 +193,60 @@ def _load(text: str, name: str, path: Path | None) -> LoadedSweep:
             exc.message, file=name, line=_line_of(lines, exc.key), key=exc.key
         ) from None
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return LoadedSweep(spec=spec, path=path, text=text, spec_hash=digest, lines=lines)
+    base = path.absolute().parent if path is not None else Path.cwd()
+    return LoadedSweep(
+        spec=_resolve_paths(spec, base),
+        path=path,
+        text=text,
+        spec_hash=digest,
+        lines=lines,
+        base_dir=base,
+    )
+
+
+def resolve_path(value: str, base: Path) -> str:
+    """``value`` (a path written in a sweep file) made absolute: ``~`` expanded, a
+    relative path taken from ``base``, the sweep file's folder."""
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else base / path)
+
+
+def _names_a_file(value: str) -> bool:
+    """A dataset or suite that is a file, not a builtin set or ``synthetic``."""
+    return not value.startswith("builtin:") and value != "synthetic"
+
+
+def _resolve_workload(workload: WorkloadSpec, base: Path) -> WorkloadSpec:
+    update: dict[str, Any] = {}
+    if _names_a_file(workload.dataset):
+        update["dataset"] = resolve_path(workload.dataset, base)
+    if workload.eval is not None and _names_a_file(workload.eval.suite):
+        suite = resolve_path(workload.eval.suite, base)
+        update["eval"] = workload.eval.model_copy(update={"suite": suite})
+    return workload.model_copy(update=update) if update else workload
+
+
+def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
+    """The spec with every field of :data:`PATH_FIELDS` absolute."""
+    server = spec.server
+    on_server: dict[str, Any] = {}
+    for field in ("fake_gpu_dir", "log_dir"):
+        value = getattr(server, field)
+        if value:
+            on_server[field] = resolve_path(value, base)
+    if server.systemd is not None:
+        unit_dir = resolve_path(server.systemd.unit_dir, base)
+        on_server["systemd"] = server.systemd.model_copy(update={"unit_dir": unit_dir})
+    if server.commands is not None and server.commands.pid_file:
+        pid_file = resolve_path(server.commands.pid_file, base)
+        on_server["commands"] = server.commands.model_copy(update={"pid_file": pid_file})
+    update: dict[str, Any] = {
+        "server": server.model_copy(update=on_server),
+        "workloads": [_resolve_workload(w, base) for w in spec.workloads],
+    }
+    if spec.store:
+        update["store"] = resolve_path(spec.store, base)
+    return spec.model_copy(update=update)
 
 
 def _kind(value: Any) -> str:

@@ -237,7 +237,8 @@ class ServerSpec(_Frozen):
     gpu_backend: Literal["auto", "nvml", "fake", "none"] = "auto"
     fake_gpu_dir: str | None = None
     """Directory of the fake GPU protocol (docs/fake-gpus.md); also ``SERVESWEEP_FAKE_GPUS``.
-    Relative paths are relative to the sweep file."""
+    Relative paths are relative to the sweep file (like every path of the file: see
+    :data:`servesweep.spec.load.PATH_FIELDS`)."""
     fake_gpus: FakeGpusSpec | None = None
     api_key_env: str | None = None
     """Name of an environment variable holding the API key; the key is never stored."""

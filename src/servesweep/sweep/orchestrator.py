@@ -83,13 +83,11 @@ class SweepSummary:
 
 
 def store_path_for(loaded: LoadedSweep, override: Path | None = None) -> Path:
+    """The results database: ``override`` (``--store``), else the sweep file's
+    ``store``, else ``servesweep.db`` beside the sweep file."""
     if override is not None:
         return override
-    base = loaded.path.parent if loaded.path is not None else Path.cwd()
-    if loaded.spec.store:
-        path = Path(loaded.spec.store)
-        return path if path.is_absolute() else base / path
-    return base / "servesweep.db"
+    return loaded.resolve(loaded.spec.store or "servesweep.db")
 
 
 def open_sweep(loaded: LoadedSweep, store: Store, *, fresh: bool = False) -> SweepRecord:
@@ -107,15 +105,16 @@ def open_sweep(loaded: LoadedSweep, store: Store, *, fresh: bool = False) -> Swe
 
 
 def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
-    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing."""
+    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing:
+    the sweep file's ``fake_gpu_dir`` (relative to the sweep file), else
+    ``SERVESWEEP_FAKE_GPUS`` (relative to the current directory)."""
     server = loaded.spec.server
-    raw = server.fake_gpu_dir or os.environ.get(FAKE_GPUS_ENV)
-    if not raw:
+    if server.fake_gpu_dir:
+        path = loaded.resolve(server.fake_gpu_dir)
+    elif os.environ.get(FAKE_GPUS_ENV):
+        path = Path(os.environ[FAKE_GPUS_ENV]).expanduser().absolute()
+    else:
         return None
-    path = Path(raw)
-    if not path.is_absolute():
-        base = loaded.path.parent if loaded.path is not None else Path.cwd()
-        path = base / path
     if server.fake_gpus is not None and not path.exists():
         from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError
 
@@ -153,7 +152,7 @@ def open_slot(loaded: LoadedSweep, store_path: Path, sweep_id: int) -> Slot:
         spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
     )
     log_root = (
-        Path(spec.server.log_dir)
+        loaded.resolve(spec.server.log_dir)
         if spec.server.log_dir
         else store_path.parent / "runs" / f"{spec.name}-{sweep_id}"
     )
@@ -296,7 +295,7 @@ def _run(
         observer=observer,
         api_key=api_key,
         instance_env=slot.instance_env,
-        base_dir=loaded.path.parent if loaded.path is not None else None,
+        base_dir=loaded.base_dir,
     )
 
     trials = store.trials(sweep.id, in_plan_only=True)

@@ -85,11 +85,14 @@ def doctor(
     spec = None
     if sweep_file is not None:
         from servesweep.spec.load import load_sweep
+        from servesweep.sweep.orchestrator import fake_gpu_dir
 
-        spec = load_sweep(sweep_file).spec.server
+        loaded = load_sweep(sweep_file)
+        spec = loaded.spec.server
         if backend == "auto":
             backend = spec.gpu_backend
-        fake_dir = fake_dir or spec.fake_gpu_dir
+        # the sweep's fake GPUs, as `run` sees them (relative to the sweep file)
+        fake_dir = fake_dir or fake_gpu_dir(loaded)
     probe = open_probe(backend, fake_dir)
     try:
         return diagnose(spec, probe)
