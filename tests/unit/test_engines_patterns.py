@@ -72,6 +72,45 @@ CASES = [
     # generic and sim share the common patterns
     ("generic", "ModuleNotFoundError: No module named 'vllm'", CRASH, "import_error"),
     ("sim", "CUDA error: out of memory", CRASH, "oom"),
+    # messages inside longer lines: `python -m` of a missing package, rank prefixes
+    ("sglang", "/usr/bin/python3: Error while finding module specification for "
+               "'sglang.launch_server' (ModuleNotFoundError: No module named 'sglang')", CRASH,
+     "import_error"),
+    ("llamacpp", "/usr/bin/python3: Error while finding module specification for "
+                 "'llama_cpp.server' (ModuleNotFoundError: No module named 'llama_cpp')", CRASH,
+     "import_error"),
+    ("llamacpp", "[rank0]: Traceback (most recent call last):", CRASH, "traceback"),
+    ("llamacpp", "[rank0]: ValueError: Model path does not exist: /nope.gguf", ARGS,
+     "model_not_found"),
+    ("trtllm", "[rank0]: Error: No such option: --bogus", ARGS, "invalid_args"),
+    # GPU memory held by another process: the engines' refusals (vllm v1/worker/utils.py,
+    # sglang model_runner.py), with the prefixes their loggers add
+    ("vllm", "(EngineCore_DP0 pid=4242) ValueError: Free memory on device cuda:0 "
+             "(2.6/79.19 GiB) on startup is less than desired GPU memory utilization (0.9, "
+             "71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+             "processes.", CRASH, "gpu_memory_held"),
+    ("vllm", "ValueError: Free memory on device (3.27/15.98 GiB) on startup is less than desired "
+             "GPU memory utilization (0.9, 14.39 GiB). Decrease GPU memory utilization or "
+             "reduce GPU memory used by other processes.", CRASH, "gpu_memory_held"),
+    ("sglang", "[2026-11-29 12:00:00 TP1] RuntimeError: The memory capacity is unbalanced. Some "
+               "GPUs may be occupied by other processes. pre_model_load_memory=16.28, "
+               "local_gpu_memory=46.81, local_gpu_memory * 0.9=42.129", CRASH,
+     "gpu_memory_held"),
+    ("sglang", "ValueError: The memory capacity is unbalanced. Some GPUs may be occupied by "
+               "other processes.", CRASH, "gpu_memory_held"),
+    ("generic", "ValueError: Free memory on device cuda:1 (1.0/80.0 GiB) on startup is less than "
+                "desired GPU memory utilization (0.9, 72.0 GiB).", CRASH, "gpu_memory_held"),
+    ("trtllm", "AssertionError: Impossible to fit in any sequence in kvCache", CRASH, "oom"),
+    # CUDA errors other than out of memory (a crash while serving quotes them)
+    ("vllm", "(EngineCore_DP0 pid=4242) RuntimeError: CUDA error: an illegal memory access was "
+             "encountered", CRASH, "cuda_error"),
+    ("sglang", "[2026-11-29 12:00:00 TP0] RuntimeError: CUDA error: device-side assert "
+               "triggered", CRASH, "cuda_error"),
+    ("trtllm", "RuntimeError: [TensorRT-LLM][ERROR] CUDA runtime error in "
+               "cudaStreamSynchronize(mStream): an illegal memory access was encountered "
+               "(cudaErrorIllegalAddress)", CRASH, "cuda_error"),
+    ("llama-server", "CUDA error: an illegal memory access was encountered", CRASH, "cuda_error"),
+    ("generic", "RuntimeError: CUDA error: out of memory", CRASH, "oom"),
 ]  # fmt: skip
 
 
@@ -116,6 +155,9 @@ HEALTHY = {
     ],
     "sglang": [
         "[2026-11-29 12:00:00] Load weight end. type=LlamaForCausalLM, avail mem=70.00 GB",
+        # the imbalance check disabled (SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=0): a warning
+        "[2026-11-29 12:00:00 TP1] The memory capacity is unbalanced. Some GPUs may be "
+        "occupied by other processes. pre_model_load_memory=16.28, local_gpu_memory=46.81",
         "[2026-11-29 12:00:01] The server is fired up and ready to roll!",
         "Traceback (most recent call last):",
     ],

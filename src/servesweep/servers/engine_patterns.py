@@ -4,6 +4,14 @@ Each engine's tuple is ordered most specific first: when several lines match,
 the readiness gate (``logs.match_fatal``) keeps the earliest pattern of the tuple,
 so ``Model path does not exist`` beats the ``Traceback`` header printed before it.
 
+A pattern matches wherever its message appears in a line: engines and launchers
+prefix lines with timestamps, log levels or ``[rank0]:``, and Python reports a
+module that ``-m`` cannot find inside a longer line (``/usr/bin/python3: Error
+while finding module specification for 'sglang.launch_server' (ModuleNotFoundError:
+No module named 'sglang')``). Exception names are matched with the ``: `` that
+follows them in a raised exception's line, so a quoted ``ImportError(...)`` in a
+warning does not count.
+
 Patterns must never match a line that a healthy engine prints while loading: the
 readiness gate fails the trial on a match. So the generic ``traceback`` pattern
 (last in the tuple) is used only where a traceback at start-up always ends the
@@ -25,6 +33,8 @@ from servesweep.models import FailureClass
 
 __all__ = [
     "COMMON_FATAL",
+    "CUDA_ERROR",
+    "GPU_MEMORY_HELD",
     "LLAMACPP_PY_FATAL",
     "LLAMA_SERVER_FATAL",
     "SGLANG_FATAL",
@@ -42,15 +52,33 @@ class FatalPattern:
     pattern: re.Pattern[str]
     failure_class: FailureClass
     reason: str
+    advice: str = ""
+    """What to try, added to the failure's message."""
 
     @classmethod
-    def of(cls, regex: str, failure_class: FailureClass, reason: str) -> FatalPattern:
-        return cls(re.compile(regex), failure_class, reason)
+    def of(
+        cls, regex: str, failure_class: FailureClass, reason: str, advice: str = ""
+    ) -> FatalPattern:
+        return cls(re.compile(regex), failure_class, reason, advice)
 
 
 _CRASH = FailureClass.START_CRASH
 _ARGS = FailureClass.INVALID_ARGS
 
+GPU_MEMORY_HELD = FatalPattern.of(
+    # vLLM (v1/worker/utils.py request_memory; older versions in gpu_worker.py)
+    r"Free memory on device .*on startup is less than desired GPU memory utilization"
+    # SGLang (model_runner.py init_torch_distributed), raised unless the check is
+    # disabled, when it is only a warning without the exception name
+    r"|\b(RuntimeError|ValueError): The memory capacity is unbalanced",
+    _CRASH,
+    "gpu_memory_held",
+    "GPU memory was already taken when the engine started: another process (or an "
+    "earlier instance) holds memory on the trial's GPUs; see `servesweep doctor` for "
+    "the holders, or lower the engine's GPU memory fraction",
+)
+"""The engine refuses to start because GPU memory is already taken (by another process,
+or an earlier instance whose memory is not back yet)."""
 OOM = FatalPattern.of(
     r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError"
     r"|CUDA error: out of memory|cudaErrorMemoryAllocation|cudaMalloc failed: out of memory",
@@ -66,13 +94,25 @@ ARGPARSE = FatalPattern.of(
     _ARGS,
     "invalid_args",
 )
-IMPORT_ERROR = FatalPattern.of(r"^(ModuleNotFoundError|ImportError): ", _CRASH, "import_error")
+IMPORT_ERROR = FatalPattern.of(r"\b(ModuleNotFoundError|ImportError): ", _CRASH, "import_error")
 NCCL = FatalPattern.of(
     r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError", _CRASH, "nccl"
 )
-TRACEBACK = FatalPattern.of(r"^Traceback \(most recent call last\)", _CRASH, "traceback")
+CUDA_ERROR = FatalPattern.of(r"CUDA error: |\bcudaError\w+|\bCUDA_ERROR_\w+", _CRASH, "cuda_error")
+"""Any other CUDA error (``an illegal memory access was encountered``, ``device-side
+assert triggered``); after ``OOM`` in every tuple, so ``CUDA error: out of memory``
+stays ``oom``."""
+TRACEBACK = FatalPattern.of(r"\bTraceback \(most recent call last\)", _CRASH, "traceback")
 
-COMMON_FATAL: tuple[FatalPattern, ...] = (OOM, PORT_IN_USE, ARGPARSE, IMPORT_ERROR, NCCL)
+COMMON_FATAL: tuple[FatalPattern, ...] = (
+    GPU_MEMORY_HELD,
+    OOM,
+    PORT_IN_USE,
+    ARGPARSE,
+    IMPORT_ERROR,
+    NCCL,
+    CUDA_ERROR,
+)
 """Patterns every Python-based engine shares (the generic ``traceback`` is not in it)."""
 
 _HF_MODEL_NOT_FOUND = FatalPattern.of(
@@ -84,6 +124,7 @@ _HF_MODEL_NOT_FOUND = FatalPattern.of(
 )
 
 VLLM_FATAL: tuple[FatalPattern, ...] = (
+    GPU_MEMORY_HELD,
     OOM,
     FatalPattern.of(
         r"No available memory for the cache blocks|larger than the available KV cache memory"
@@ -102,10 +143,12 @@ VLLM_FATAL: tuple[FatalPattern, ...] = (
     ),
     IMPORT_ERROR,
     NCCL,
+    CUDA_ERROR,
     FatalPattern.of(r"Engine core initialization failed", _CRASH, "engine_init"),
 )
 
 SGLANG_FATAL: tuple[FatalPattern, ...] = (
+    GPU_MEMORY_HELD,
     OOM,
     FatalPattern.of(
         r"Not enough memory\. Please try to increase --mem-fraction-static"
@@ -119,15 +162,24 @@ SGLANG_FATAL: tuple[FatalPattern, ...] = (
     FatalPattern.of(r"ValueError: --speculative-[a-z-]+ ", _ARGS, "invalid_args"),
     IMPORT_ERROR,
     NCCL,
+    CUDA_ERROR,
     FatalPattern.of(r"Scheduler hit an exception|Rank \d+ scheduler is dead", _CRASH, "scheduler"),
 )
 
 TRTLLM_FATAL: tuple[FatalPattern, ...] = (
+    GPU_MEMORY_HELD,
     OOM,
-    FatalPattern.of(r"\[TensorRT-LLM\]\[ERROR\].*out of memory", _CRASH, "oom"),
+    # TensorRT-LLM has no start-up check that names memory held by others: short of
+    # memory it fails allocating (out of memory) or finds no room for one sequence in
+    # the KV cache pool (pyexecutor/resource_manager.py).
+    FatalPattern.of(
+        r"\[TensorRT-LLM\]\[ERROR\].*out of memory|Impossible to fit in any sequence in kvCache",
+        _CRASH,
+        "oom",
+    ),
     PORT_IN_USE,
     FatalPattern.of(
-        r"^Error: (No such option|Invalid value|Missing argument|Missing option"
+        r"\bError: (No such option|Invalid value|Missing argument|Missing option"
         r"|Got unexpected extra argument)",
         _ARGS,
         "invalid_args",
@@ -140,6 +192,7 @@ TRTLLM_FATAL: tuple[FatalPattern, ...] = (
     ),
     IMPORT_ERROR,
     NCCL,
+    CUDA_ERROR,
     FatalPattern.of(r"MPI_ABORT was invoked|mpi4py\.MPI\.Exception", _CRASH, "mpi"),
 )
 
@@ -155,19 +208,20 @@ LLAMACPP_PY_FATAL: tuple[FatalPattern, ...] = (
     FatalPattern.of(
         r"\d+ validation errors? for (Model|Server|ConfigFile)?Settings", _ARGS, "invalid_args"
     ),
-    # anchored on the exception line: the traceback before it quotes the raising source
+    # the exception's line (name, colon), not the traceback's quote of the raising source
     FatalPattern.of(
-        r"^\w+Error: (Model path does not exist: |Config file \S+ not found)",
+        r"\b\w+Error: (Model path does not exist: |Config file \S+ not found)",
         _ARGS,
         "model_not_found",
     ),
     FatalPattern.of(
-        r"^\w+Error: (Failed to load model from file|Failed to create llama_context)"
+        r"\b\w+Error: (Failed to load model from file|Failed to create llama_context)"
         r"|failed to open GGUF file|error loading model",
         _CRASH,
         "model_load",
     ),
     IMPORT_ERROR,
+    CUDA_ERROR,
     TRACEBACK,
 )
 
@@ -190,4 +244,5 @@ LLAMA_SERVER_FATAL: tuple[FatalPattern, ...] = (
         _CRASH,
         "model_load",
     ),
+    CUDA_ERROR,
 )
