@@ -21,7 +21,8 @@ from servesweep.errors import TrialFailed
 from servesweep.models import FailureClass
 from servesweep.servers import procs
 from servesweep.servers.engines import get_preset
-from servesweep.servers.launchers.subprocess import SubprocessLauncher, log_marker
+from servesweep.servers.launchers.subprocess import SubprocessLauncher
+from servesweep.servers.logs import log_marker
 from servesweep.servers.readiness import wait_ready
 from servesweep.servers.release import stop_instance
 from servesweep.spec.schema import Timeouts

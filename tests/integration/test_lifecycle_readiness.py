@@ -3,7 +3,9 @@ an old process sharing the port not mistaken for the new instance."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import signal
 import sys
 import time
@@ -23,11 +25,11 @@ from tests.integration.fixtures_lifecycle.helpers import (
 from servesweep.errors import TrialFailed
 from servesweep.models import FailureClass
 from servesweep.servers import ports
-from servesweep.servers.engines import get_preset
+from servesweep.servers.engines import build_launch, get_preset
 from servesweep.servers.gpu import NoGpuProbe
 from servesweep.servers.launchers.subprocess import SubprocessLauncher
 from servesweep.servers.lifecycle import ServerLifecycle
-from servesweep.servers.readiness import wait_ready
+from servesweep.servers.readiness import http_call, wait_ready
 from servesweep.spec.schema import ServerSpec
 
 __all__ = ["tracker"]
@@ -171,3 +173,121 @@ def test_port_held_by_another_program_is_port_in_use_naming_it(
     assert "port_holder.py" in failure.evidence.processes[0].cmdline
     assert f"pid {holder.pid}" in failure.evidence.message
     assert not (tmp_path / "s.log").exists(), "nothing was started"
+
+
+def _fail_with(
+    tmp_path: Path, tracker: Tracker, preset: str, argv: list[str], port: int, deadline: float
+) -> TrialFailed:
+    launcher = SubprocessLauncher()
+    inst = tracker.track(launcher, launcher.start(request(argv, port, tmp_path / "s.log")))
+    with pytest.raises(TrialFailed) as caught:
+        wait_ready(
+            launcher,
+            inst,
+            get_preset(preset),
+            host="127.0.0.1",
+            port=port,
+            model=None,
+            deadline_s=deadline,
+        )
+    return caught.value
+
+
+def test_missing_engine_module_is_import_error_quoting_the_line(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    # The real sglang preset, where sglang is not installed: Python reports the missing
+    # module inside a longer line ("Error while finding module specification ...").
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed here: its launcher would really start")
+    port = free_port()
+    spec = ServerSpec(engine="sglang", model="/models/none", port=port)
+    argv, _ = build_launch(spec, {})
+    failure = _fail_with(tmp_path, tracker, "sglang", argv, port, deadline=20)
+    assert failure.failure_class is FailureClass.START_CRASH
+    ev = failure.evidence
+    assert ev.reason == "import_error"
+    assert ev.matched_line is not None and "No module named 'sglang'" in ev.matched_line
+    assert ev.exit_code == 1
+    assert "No module named 'sglang'" in failure.evidence.summary()
+
+
+VLLM_HELD = (
+    "(EngineCore_DP0 pid=4242) ValueError: Free memory on device cuda:0 (2.6/79.19 GiB) on "
+    "startup is less than desired GPU memory utilization (0.9, 71.27 GiB). Decrease GPU "
+    "memory utilization or reduce GPU memory used by other processes."
+)
+
+
+def test_engine_refusing_held_gpu_memory_names_the_held_memory(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    port = free_port()
+    argv = server_argv(port, "--load-time", "0.2", "--fatal", VLLM_HELD)
+    failure = _fail_with(tmp_path, tracker, "vllm", argv, port, deadline=20)
+    assert failure.failure_class is FailureClass.START_CRASH
+    ev = failure.evidence
+    assert ev.reason == "gpu_memory_held"
+    assert ev.matched_line == VLLM_HELD
+    assert ev.exit_code == 1
+    assert "another process" in ev.message
+
+
+def test_a_trickling_generation_ends_at_the_ready_deadline(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    # The server accepts the generation and sends one byte every 2 s, forever: no
+    # socket read ever times out, yet the gate must end at its own deadline.
+    t0 = time.monotonic()
+    failure = _fail(tmp_path, tracker, "--trickle", "2", deadline=3)
+    took = time.monotonic() - t0
+    assert took < 3 + 3, f"the gate took {took:.1f}s with a 3 s deadline"
+    assert failure.failure_class is FailureClass.SERVE_ERROR
+    assert "no token before the deadline" in failure.evidence.message
+
+
+def test_a_large_valid_answer_is_ready(tmp_path: Path, tracker: Tracker) -> None:
+    port = free_port()
+    launcher = SubprocessLauncher()
+    argv = server_argv(port, "--big-answer", str(3 * 2**20))
+    inst = tracker.track(launcher, launcher.start(request(argv, port, tmp_path / "s.log")))
+    info = wait_ready(launcher, inst, SIM, host="127.0.0.1", port=port, model=None, deadline_s=20)
+    assert info.model == "fake-model"
+
+
+def test_a_server_resetting_every_connection_is_serve_error_before_the_deadline(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    t0 = time.monotonic()
+    failure = _fail(tmp_path, tracker, "--reset-all", deadline=120)
+    took = time.monotonic() - t0
+    assert failure.failure_class is FailureClass.SERVE_ERROR
+    assert took < 30, f"classified after {took:.1f}s of a 120 s deadline"
+    ev = failure.evidence
+    assert ev.reason == "generation_failed"
+    assert re.search(r"Reset|RemoteDisconnected|BrokenPipe", ev.message), ev.message
+    assert ev.details["failures"] >= 5
+
+
+def test_crash_during_benchmark_quotes_the_fatal_line_of_the_log(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    port = free_port()
+    spec = ServerSpec(engine="sim", port=port, gpus=[])
+    launcher = SubprocessLauncher()
+    lc = ServerLifecycle(spec, SIM, launcher, NoGpuProbe())
+    # Generation 1 is the readiness probe; generation 2 (the benchmark's) kills it.
+    argv = server_argv(port, "--crash-after", "2")
+    inst = tracker.track(launcher, lc.start(argv, {}, tmp_path / "s.log", "lt-9", "fp"))
+    lc.wait_ready(inst)
+    body = {"model": "fake-model", "prompt": "x", "max_tokens": 4}
+    http_call("127.0.0.1", port, "POST", "/v1/completions", body=body, api_key=None, timeout=5)
+    assert wait_for(lambda: launcher.poll(inst) is not None)
+    with pytest.raises(TrialFailed) as caught:
+        lc.check_alive(inst)
+    ev = caught.value.evidence
+    assert caught.value.failure_class is FailureClass.BENCH_CRASH
+    assert ev.reason == "cuda_error"
+    assert ev.matched_line == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert ev.exit_code == 1
+    assert "illegal memory access" in ev.summary()

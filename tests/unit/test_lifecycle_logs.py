@@ -7,7 +7,7 @@ from pathlib import Path
 from servesweep.models import FailureClass
 from servesweep.servers import logs
 from servesweep.servers.engines import get_preset
-from servesweep.servers.launchers.subprocess import log_marker
+from servesweep.servers.logs import log_marker
 
 SIM = get_preset("sim")
 

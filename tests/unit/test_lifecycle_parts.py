@@ -10,7 +10,7 @@ import pytest
 
 from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, GpuHolder, GpuState
-from servesweep.servers import ports, procs
+from servesweep.servers import http_probe, ports, procs
 from servesweep.servers.launchers.command import render
 from servesweep.servers.lifecycle import sweep_tag_prefix
 from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model
@@ -54,6 +54,20 @@ def test_generation_answers_count_tokens() -> None:
     assert count_tokens(HttpAnswer(200, b"not json", set())) == 0
     assert first_model(HttpAnswer(200, b'{"data": [{"id": "m1"}, {"id": "m2"}]}', set())) == "m1"
     assert first_model(HttpAnswer(200, b'{"data": []}', set())) is None
+    # a reasoning model's first words are reasoning, not content
+    thinking = b'{"choices": [{"message": {"content": null, "reasoning_content": "Hm"}}]}'
+    assert count_tokens(HttpAnswer(200, thinking, set())) == 1
+    # a streamed answer counts what the stream showed, not its (partial) body
+    streamed = HttpAnswer(200, b'data: {"choices": [', set(), tokens=1, note="first token")
+    assert count_tokens(streamed) == 1
+
+
+def test_stream_events_show_tokens() -> None:
+    assert http_probe._event_tokens({"choices": [{"delta": {"content": " hi"}}]}) == 1
+    assert http_probe._event_tokens({"choices": [{"delta": {"role": "assistant"}}]}) == 0
+    assert http_probe._event_tokens({"choices": [], "usage": {"completion_tokens": 4}}) == 4
+    assert http_probe._event_tokens({"choices": [{"text": ""}], "usage": None}) == 0
+    assert http_probe._event_tokens("not an event") == 0
 
 
 class ScriptedProbe:

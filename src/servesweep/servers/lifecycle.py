@@ -170,16 +170,24 @@ class ServerLifecycle:
         )
 
     def check_alive(self, instance: InstanceRecord) -> None:
-        """``bench_crash`` with the exit status and log tail when the instance died."""
+        """``bench_crash`` with the exit status, the log's fatal line and its tail when
+        the instance died. The whole log of the instance is searched for the fatal line
+        (an engine prints many lines of traceback after the error that killed it)."""
         status = self.launcher.poll(instance)
         if status is None:
             return
         tail = tuple(self.launcher.log_tail(instance, 40))
-        match = logs.match_fatal(tail, self.preset.fatal_patterns)
+        lines = (
+            logs.instance_lines(instance.log_path, instance.invocation_id)
+            if instance.log_path
+            else list(tail)
+        )
+        match = logs.match_fatal(lines, self.preset.fatal_patterns)
+        what = f": the log shows {match.pattern.reason}" if match else ""
         raise TrialFailed(
             FailureClass.BENCH_CRASH,
             Evidence(
-                message=f"the server died during the benchmark ({status.describe()})",
+                message=f"the server died during the benchmark ({status.describe()}){what}",
                 reason=match.pattern.reason if match else "exited",
                 exit_code=status.exit_code,
                 signal=status.signal,

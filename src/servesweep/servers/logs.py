@@ -1,4 +1,9 @@
-"""Server log files: incremental reading, fatal patterns, tails, progress.
+"""Server log files: instance headers, incremental reading, fatal patterns, tails,
+progress.
+
+Every launcher writes one header line before an instance's output
+(``=== servesweep instance TAG starting at ...: COMMAND``); readers skip to it, so
+lines of an earlier instance appended to the same file are not read again.
 
 A log file is appended to by the server while servesweep reads it; lines may
 arrive half-written. :class:`LogWatcher` returns only complete lines (a partial
@@ -8,17 +13,46 @@ last line is kept until its newline arrives, or returned by ``flush``).
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+from servesweep.errors import LaunchError
 from servesweep.servers.engines import FatalPattern
 
-__all__ = ["FatalMatch", "LogProgress", "LogWatcher", "match_fatal", "tail"]
+__all__ = [
+    "FatalMatch",
+    "LogProgress",
+    "LogWatcher",
+    "instance_lines",
+    "log_marker",
+    "match_fatal",
+    "tail",
+    "write_header",
+]
 
 _MAX_READ = 4 * 2**20
 _MAX_LINE = 4096
+_MAX_SCAN = 16 * 2**20
+
+
+def log_marker(tag: str) -> str:
+    """The text of the header line a launcher writes before an instance's output."""
+    return f"servesweep instance {tag} starting"
+
+
+def write_header(log_path: Path, tag: str, argv: Sequence[str]) -> None:
+    """Append the instance's header line (creating the file and its folder)."""
+    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as fh:
+            fh.write(f"=== {log_marker(tag)} at {stamp}: {shlex.join(argv)}\n")
+    except OSError as exc:
+        raise LaunchError(f"cannot write the server log {log_path}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -57,6 +91,16 @@ class LogWatcher:
         if start_after:
             self._offset = _marker_end(self.path, start_after)
             self._size = self._offset
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the file consumed so far."""
+        return self._offset
+
+    def skip(self, count: int) -> None:
+        """Do not read the next ``count`` bytes."""
+        self._offset += count
+        self._partial = b""
 
     def read_new(self) -> list[str]:
         """Complete lines appended since the last call (without newlines)."""
@@ -133,6 +177,31 @@ def match_fatal(lines: Iterable[str], patterns: Sequence[FatalPattern]) -> Fatal
     if best is None:
         return None
     return FatalMatch(patterns[best[0]], best[1])
+
+
+def instance_lines(
+    path: str | os.PathLike[str] | None, tag: str | None, limit: int = _MAX_SCAN
+) -> list[str]:
+    """Every line of one instance's output: after its header line when ``tag`` is
+    given, at most the last ``limit`` bytes of it (empty when unreadable)."""
+    if path is None:
+        return []
+    watcher = LogWatcher(path, start_after=log_marker(tag) if tag else None)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return []
+    skipped = max(0, size - watcher.offset - limit)
+    if skipped:
+        watcher.skip(skipped)
+    lines: list[str] = []
+    while True:
+        new = watcher.read_new()
+        if not new:
+            break
+        lines += new
+    lines += watcher.flush()
+    return lines[1:] if skipped else lines  # the first line may be cut
 
 
 def tail(path: str | os.PathLike[str] | None, n: int = 50) -> list[str]:

@@ -3,21 +3,24 @@
 Ready means, in order: the new instance's process tree owns a listening socket on
 the port (an old process sharing the port through SO_REUSEPORT, or still shutting
 down, does not count), the preset's health endpoint answers 200, and a short real
-generation (``max_tokens`` 4, temperature 0) returns at least one token — served by
-a process of the new instance when the connection's owner can be seen.
+generation (``max_tokens`` 4, temperature 0, streamed and read until its first
+token) returns at least one token — served by a process of the new instance when
+the connection's owner can be seen.
 
 While waiting, the gate fails fast: the instance exited (``start_crash`` with the
 exit status, or the class of a fatal line in its log, e.g. ``invalid_args``), a
-fatal pattern of the preset appeared in the log, or the deadline passed
-(``ready_timeout``, or ``serve_error`` when the server answered but could not
-generate). Every HTTP or socket error is an observation, never an exception.
+fatal pattern of the preset appeared in the log, the instance listens but keeps
+failing every request it accepts (``serve_error`` after ``_SERVE_FAILS`` failures in
+a row over at least ``_SERVE_FAIL_S`` seconds: connections reset or closed without
+an answer, HTTP errors other than 503/429, answers without tokens), or the deadline
+passed (``ready_timeout``, or ``serve_error`` when the server answered but could
+not generate). Every request the gate makes ends by the gate's own deadline, however
+slowly the server answers. Every HTTP or socket error is an observation, never an
+exception.
 """
 
 from __future__ import annotations
 
-import http.client
-import ipaddress
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,8 +30,16 @@ from servesweep.errors import TrialFailed
 from servesweep.models import Evidence, FailureClass, InstanceRecord
 from servesweep.servers import logs, ports
 from servesweep.servers.engines import EnginePreset
+from servesweep.servers.http_probe import (
+    HttpAnswer,
+    HttpError,
+    count_tokens,
+    exchange,
+    first_model,
+    http_call,
+    is_local,
+)
 from servesweep.servers.launchers.base import ExitStatus, Launcher
-from servesweep.servers.launchers.subprocess import log_marker
 
 __all__ = [
     "HttpAnswer",
@@ -49,10 +60,13 @@ _PROGRESS_EVERY = 0.5
 _TAIL_EVERY = 0.5
 _FATAL_WAIT = 1.0
 _HTTP_TIMEOUT = 2.0
-_ACCEPT_WAIT = 0.5
 _GEN_TIMEOUT = 60.0
 _IDLE_SILENT = 30.0
 _TAIL = 40
+_SERVE_FAILS = 5
+_SERVE_FAIL_S = 3.0
+_LOADING_STATUS = (503, 429)
+"""HTTP statuses that mean "not yet" (llama-server answers 503 while loading)."""
 
 
 @dataclass(frozen=True)
@@ -64,19 +78,6 @@ class ReadyInfo:
     """Seconds from start until the first real generation."""
 
 
-class HttpAnswer:
-    def __init__(self, status: int, body: bytes, served_by_other: set[int]) -> None:
-        self.status = status
-        self.body = body
-        self.served_by_other = served_by_other
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return None
-
-
 class _LogSource:
     """New log lines of the instance: its log file, else the launcher's tail."""
 
@@ -85,7 +86,8 @@ class _LogSource:
         self.instance = instance
         self.watcher: logs.LogWatcher | None = None
         if instance.log_path:
-            marker = log_marker(instance.invocation_id) if instance.invocation_id else None
+            tag = instance.invocation_id
+            marker = logs.log_marker(tag) if tag else None
             self.watcher = logs.LogWatcher(instance.log_path, start_after=marker)
         self.seen: list[str] = []
         self.last_tail = 0.0
@@ -122,103 +124,6 @@ class _LogSource:
         return tuple(self.launcher.log_tail(self.instance, _TAIL))
 
 
-def _is_local(host: str) -> bool:
-    if host in ("", "localhost", "0.0.0.0", "::"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _connect_host(host: str) -> str:
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
-def http_call(
-    host: str,
-    port: int,
-    method: str,
-    path: str,
-    *,
-    body: dict[str, Any] | None = None,
-    api_key: str | None,
-    timeout: float,
-    ours: set[int] | None = None,
-) -> HttpAnswer | str:
-    """One HTTP request; an ``HttpAnswer`` or a short description of what went wrong."""
-    conn = http.client.HTTPConnection(_connect_host(host), port, timeout=timeout)
-    headers = {"Accept": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    try:
-        conn.connect()
-        client = conn.sock.getsockname() if conn.sock is not None else None
-        known, other = False, set[int]()
-        if ours and client is not None:
-            # Who accepted the connection, asked before the request: a server that
-            # answers and closes at once (an old one draining) leaves nothing to see
-            # afterwards.
-            known, other = _accepted_by(port, client, ours)
-        conn.request(method, path, body=data, headers=headers)
-        resp = conn.getresponse()
-        payload = resp.read(1 << 20)
-        if ours and client is not None and not known:
-            known, other = _accepted_by(port, client, ours, wait=0.0)
-        return HttpAnswer(resp.status, payload, other)
-    except (OSError, http.client.HTTPException) as exc:
-        return f"{method} {path}: {type(exc).__name__}: {exc}".strip()
-    finally:
-        conn.close()
-
-
-def _accepted_by(
-    port: int, client: tuple[Any, ...], ours: set[int], wait: float = _ACCEPT_WAIT
-) -> tuple[bool, set[int]]:
-    """(owner known, other PIDs) for the server side of the connection from ``client``:
-    ``(True, set())`` when one of ``ours`` holds it, ``(True, {pid})`` for another
-    process, ``(False, set())`` while nobody has accepted it yet (after ``wait``)."""
-    deadline = time.monotonic() + wait
-    while True:
-        if ports.connection_owner(port, client, ours):
-            return True, set()
-        other = ports.connection_owner(port, client) - ours
-        if other:
-            return True, other
-        if time.monotonic() >= deadline:
-            return False, set()
-        time.sleep(0.005)
-
-
-def count_tokens(answer: HttpAnswer) -> int:
-    data = answer.json()
-    if not isinstance(data, dict):
-        return 0
-    usage = data.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-        return int(usage["completion_tokens"])
-    choices = data.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        text = choices[0].get("text")
-        if text is None and isinstance(choices[0].get("message"), dict):
-            text = choices[0]["message"].get("content")
-        return 1 if text else 0
-    return 0
-
-
-def first_model(answer: HttpAnswer) -> str | None:
-    data = answer.json()
-    if isinstance(data, dict) and isinstance(data.get("data"), list) and data["data"]:
-        first = data["data"][0]
-        if isinstance(first, dict) and isinstance(first.get("id"), str):
-            return str(first["id"])
-    return None
-
-
 class _Gate:
     def __init__(
         self,
@@ -239,11 +144,15 @@ class _Gate:
         self.api_key = api_key
         self.log = _LogSource(launcher, instance)
         self.origin = instance.started_at or time.time()
+        self.until = time.monotonic()
+        """The gate's deadline (``time.monotonic()``); every request ends by it."""
         self.pids: set[int] = set()
         self.pids_at = 0.0
         self.last_error = ""
         self.answered = False
         self.endpoint = "/v1/completions"
+        self.failures: list[tuple[float, str]] = []
+        """Requests the instance accepted and then failed, in a row: (when, what)."""
 
     def elapsed(self) -> float:
         return time.time() - self.origin
@@ -272,10 +181,11 @@ class _Gate:
     def fail_fatal(self, match: logs.FatalMatch, status: ExitStatus | None) -> None:
         pattern = match.pattern
         what = f"; the instance exited ({status.describe()})" if status else ""
+        advice = f" — {pattern.advice}" if pattern.advice else ""
         raise TrialFailed(
             pattern.failure_class,
             self.evidence(
-                f"the server log shows {pattern.reason} after {self.elapsed():.1f}s{what}",
+                f"the server log shows {pattern.reason} after {self.elapsed():.1f}s{what}{advice}",
                 reason=pattern.reason,
                 matched_line=match.line,
                 exit_code=status.exit_code if status else None,
@@ -292,11 +202,13 @@ class _Gate:
         match = logs.match_fatal(rest, self.preset.fatal_patterns)
         if match is not None:
             self.fail_fatal(match, status)
+        last = self.log.last_line()
         raise TrialFailed(
             FailureClass.START_CRASH,
             self.evidence(
                 f"the instance exited while loading ({status.describe()}) after "
-                f"{self.elapsed():.1f}s",
+                f"{self.elapsed():.1f}s"
+                + (f"; its last log line: {last[:200]!r}" if last else "; its log is empty"),
                 reason="exited",
                 exit_code=status.exit_code,
                 signal=status.signal,
@@ -316,7 +228,7 @@ class _Gate:
         if not pids:
             # A launcher that cannot see the processes: a local listener will do, and a
             # remote server is judged by health and a real generation alone.
-            return not _is_local(self.host) or bool(ports.listening_sockets(self.host, self.port))
+            return not is_local(self.host) or bool(ports.listening_sockets(self.host, self.port))
         return ports.owned_by(self.host, self.port, pids)
 
     def call(
@@ -324,20 +236,26 @@ class _Gate:
         method: str,
         path: str,
         body: dict[str, Any] | None = None,
-        timeout: float = _HTTP_TIMEOUT,
+        limit: float = _HTTP_TIMEOUT,
+        until_token: bool = False,
     ) -> HttpAnswer | None:
-        answer = http_call(
+        """One request, ended by ``limit`` seconds or the gate's deadline, whichever
+        comes first; the answer when it is a 200 from the new instance."""
+        answer = exchange(
             self.host,
             self.port,
             method,
             path,
+            deadline=min(self.until, time.monotonic() + limit),
             body=body,
             api_key=self.api_key,
-            timeout=timeout,
             ours=self.pids or None,
+            until_token=until_token,
         )
-        if isinstance(answer, str):
-            self.last_error = answer
+        if isinstance(answer, HttpError):
+            self.last_error = answer.text
+            if answer.kind == "broken":
+                self.failed(answer.text)
             return None
         if answer.served_by_other:
             self.last_error = (
@@ -348,10 +266,24 @@ class _Gate:
         if answer.status != 200:
             self.answered = True
             self.last_error = f"{method} {path}: HTTP {answer.status} {answer.body[:200]!r}"
+            if answer.status in _LOADING_STATUS:
+                self.failures.clear()
+            elif not (answer.status == 404 and path == "/v1/completions"):
+                self.failed(self.last_error)
             return None
         return answer
 
-    def try_generate(self, remaining: float) -> bool:
+    def failed(self, what: str) -> None:
+        self.failures.append((time.monotonic(), what))
+
+    def serving_fails(self) -> bool:
+        """Whether the instance has failed every request it accepted, for long enough
+        to call it broken rather than still starting."""
+        if len(self.failures) < _SERVE_FAILS:
+            return False
+        return self.failures[-1][0] - self.failures[0][0] >= _SERVE_FAIL_S
+
+    def try_generate(self) -> bool:
         if self.preset.health_path and self.call("GET", self.preset.health_path) is None:
             return False
         if self.model is None:
@@ -361,22 +293,43 @@ class _Gate:
                 if listing is not None:
                     self.last_error = f"GET {self.preset.models_path}: no model listed"
                 return False
-        timeout = max(0.5, min(remaining, _GEN_TIMEOUT))
-        body: dict[str, Any] = {"model": self.model, "max_tokens": 4, "temperature": 0}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+        }
+        if self.preset.streams_usage:
+            body["stream_options"] = {"include_usage": True}
         if self.endpoint == "/v1/completions":
             body["prompt"] = "Hello"
         else:
             body["messages"] = [{"role": "user", "content": "Hello"}]
-        answer = self.call("POST", self.endpoint, {**body, **self.preset.request_extras}, timeout)
+        request = {**body, **self.preset.request_extras}
+        answer = self.call("POST", self.endpoint, request, _GEN_TIMEOUT, until_token=True)
         if answer is None:
             if self.endpoint == "/v1/completions" and " HTTP 404 " in f" {self.last_error} ":
                 self.endpoint = "/v1/chat/completions"
             return False
         if count_tokens(answer) < 1:
             self.answered = True
-            self.last_error = f"POST {self.endpoint}: 200 without tokens {answer.body[:200]!r}"
+            self.last_error = f"POST {self.endpoint}: 200 but {_no_tokens(answer)}"
+            self.failed(self.last_error)
             return False
+        self.failures.clear()
         return True
+
+
+def _no_tokens(answer: HttpAnswer) -> str:
+    """What a 200 answer without a token was, in words."""
+    if answer.note:
+        return answer.note
+    data = answer.json()
+    if data is None:
+        return f"the answer is not JSON: {answer.body[:200]!r}"
+    if isinstance(data, dict) and data.get("error"):
+        return f"the answer is an error: {str(data['error'])[:200]}"
+    return f"no generated text in the answer: {answer.body[:200]!r}"
 
 
 def wait_ready(
@@ -397,6 +350,7 @@ def wait_ready(
     ``load_s`` and ``ready_s`` count from the instance's start (``started_at``).
     """
     gate = _Gate(launcher, instance, preset, host, port, model, api_key)
+    gate.until = time.monotonic() + deadline_s
     deadline_s += max(0.0, gate.elapsed())
     phase = "load"
     load_s: float | None = None
@@ -411,19 +365,36 @@ def wait_ready(
         if phase == "load" and gate.owns_socket():
             phase, load_s, reported = "ready", elapsed, 0.0
         if phase == "ready" and now >= attempt_at:
-            if gate.try_generate(deadline_s - elapsed):
+            if gate.try_generate():
                 assert gate.model is not None and load_s is not None
                 if on_progress is not None:
                     on_progress("ready", gate.elapsed(), gate.log.last_line())
                 return ReadyInfo(model=gate.model, load_s=load_s, ready_s=gate.elapsed())
+            if gate.serving_fails():
+                gate.check_log()
+                gate.check_exit()
+                _serve_error(gate)
             backoff = min(backoff * 1.5, 0.25)
             attempt_at = time.monotonic() + backoff
         if on_progress is not None and now - reported >= _PROGRESS_EVERY:
             on_progress(phase, elapsed, gate.log.last_line())
             reported = now
-        if elapsed >= deadline_s:
+        if time.monotonic() >= gate.until:
             _timeout(gate, phase, deadline_s)
         time.sleep(_POLL)
+
+
+def _serve_error(gate: _Gate) -> None:
+    first, last = gate.failures[0], gate.failures[-1]
+    raise TrialFailed(
+        FailureClass.SERVE_ERROR,
+        gate.evidence(
+            f"the new instance listens but failed all {len(gate.failures)} requests it "
+            f"accepted in {last[0] - first[0]:.1f}s: {last[1]}",
+            reason="generation_failed",
+            details={"phase": "ready", "failures": len(gate.failures), "last_error": last[1]},
+        ),
+    )
 
 
 def _timeout(gate: _Gate, phase: str, deadline_s: float) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -35,6 +36,17 @@ def parse() -> argparse.Namespace:
     p.add_argument("--shutdown-delay", type=float, default=0.0)
     p.add_argument("--hang", action="store_true", help="never listen")
     p.add_argument("--gen-status", type=int, default=200)
+    p.add_argument("--reset-all", action="store_true", help="reset every connection it accepts")
+    p.add_argument(
+        "--trickle", type=float, default=0.0, help="answer generations one byte per N seconds"
+    )
+    p.add_argument("--big-answer", type=int, default=0, help="generate this many bytes of text")
+    p.add_argument(
+        "--crash-after",
+        type=int,
+        default=0,
+        help="at this generation, print a CUDA error and a long traceback, then exit 1",
+    )
     p.add_argument("--fake-gpus", default=None)
     p.add_argument("--mem", type=int, default=0, help="fake GPU bytes on GPU 0")
     p.add_argument("--release-delay", type=float, default=0.0)
@@ -67,6 +79,19 @@ def hold_gpu(fake_dir: str | None, mem: int, delay: float, name: str) -> None:
 
     holder = FakeGpuDir(fake_dir).allocate({0: mem}, release_delay_s=delay, name=name)
     holder.start_heartbeat()
+
+
+CRASH_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def crash(requests: int) -> None:
+    print(f"request {requests}: engine step failed", flush=True)
+    print(CRASH_LINE, flush=True)
+    print("Traceback (most recent call last):", flush=True)
+    for i in range(60):
+        print(f'  File "engine_core.py", line {100 + i}, in step_{i}', flush=True)
+    print("EngineDeadError: the engine died", flush=True)
+    os._exit(1)
 
 
 def main() -> None:
@@ -126,17 +151,39 @@ def main() -> None:
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._send(404, {"error": "not found"})
                 return
+            generations[0] += 1
+            if args.crash_after and generations[0] >= args.crash_after:
+                crash(generations[0])
             if args.gen_status != 200:
                 self._send(args.gen_status, {"error": "engine failure"})
+                return
+            if args.trickle:
+                self.trickle()
                 return
             self._send(
                 200,
                 {
-                    "choices": [{"text": " hi", "index": 0}],
+                    "choices": [{"text": " hi" + "x" * args.big_answer, "index": 0}],
                     "usage": {"completion_tokens": 2},
                     "served_by": args.name,
                 },
             )
+
+        def trickle(self) -> None:
+            """A stream that accepts the request and then sends one byte (an SSE
+            comment line) every ``--trickle`` seconds, never a token."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            self.wfile.flush()
+            try:
+                while not stopping.is_set():
+                    self.wfile.write(b":")
+                    self.wfile.flush()
+                    time.sleep(args.trickle)
+            except OSError:
+                pass
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
@@ -145,6 +192,16 @@ def main() -> None:
             if args.reuse_port:
                 self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             super().server_bind()
+
+        def verify_request(self, request: object, client_address: object) -> bool:
+            if not args.reset_all:
+                return True
+            assert isinstance(request, socket.socket)
+            # Linger 0: close() sends RST, the client sees "connection reset by peer".
+            request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
+
+    generations = [0]
 
     server = Server((args.host, args.port), Handler)
     print(f"Uvicorn running on http://{args.host}:{args.port} ({args.name})", flush=True)

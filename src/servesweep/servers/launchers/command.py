@@ -35,8 +35,8 @@ from servesweep.servers.launchers.subprocess import (
     collect_exits,
     instance_pids,
     stop_processes,
-    write_header,
 )
+from servesweep.servers.logs import write_header
 from servesweep.spec.schema import CommandSpec, ServerSpec
 
 __all__ = ["CommandLauncher", "render"]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servesweep.errors import LaunchError
-from servesweep.servers.launchers.subprocess import log_marker, write_header
+from servesweep.servers.logs import log_marker, write_header
 
 __all__ = ["LogCopier", "run_tool"]
 

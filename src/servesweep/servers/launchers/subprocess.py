@@ -12,41 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+from servesweep.servers.logs import write_header
 
 __all__ = [
     "SubprocessLauncher",
     "collect_exits",
     "instance_pids",
-    "log_marker",
     "stop_processes",
 ]
-
-
-def log_marker(tag: str) -> str:
-    """The text of the header line a launcher writes before an instance's output."""
-    return f"servesweep instance {tag} starting"
-
-
-def write_header(log_path: Path, tag: str, argv: Sequence[str]) -> None:
-    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as fh:
-            fh.write(f"=== {log_marker(tag)} at {stamp}: {shlex.join(argv)}\n")
-    except OSError as exc:
-        raise LaunchError(f"cannot write the server log {log_path}: {exc}") from exc
 
 
 def child_env(request: LaunchRequest, tag: str) -> dict[str, str]:
