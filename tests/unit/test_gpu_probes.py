@@ -32,7 +32,7 @@ def test_backend_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("SERVESWEEP_FAKE_GPUS")
     with pytest.raises(ConfigError, match="SERVESWEEP_FAKE_GPUS"):
         open_probe("fake")
-    with pytest.raises(GpuProbeError, match="fakegpu init"):
+    with pytest.raises(GpuProbeError, match="servesweep fake-gpus init"):
         open_probe("fake", str(tmp_path / "missing"))
     assert isinstance(NoGpuProbe(), GpuProbe)
 

@@ -30,7 +30,7 @@ def test_create_and_read(gpus: FakeGpuDir) -> None:
 
 
 def test_missing_dir_says_how_to_create(tmp_path: Path) -> None:
-    with pytest.raises(FakeGpuError, match="fakegpu init"):
+    with pytest.raises(FakeGpuError, match="servesweep fake-gpus init"):
         FakeGpuDir(tmp_path / "nothing").gpus()
 
 

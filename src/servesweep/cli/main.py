@@ -217,7 +217,9 @@ def _resolve_store(target: str | None) -> tuple[Path, str | None]:
 @click.argument("target", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(target: str | None, as_json: bool) -> None:
-    """Where a sweep stands (works while another process runs it)."""
+    """Where a sweep stands (works while another process runs it).
+
+    TARGET is a sweep file or a results database (default: servesweep.db here)."""
     import time
 
     from servesweep.store import open_store
@@ -309,7 +311,9 @@ FORMAT_ALIASES = {"md": "markdown"}
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 @click.option("--sweep", "sweep_id", type=int, help="Sweep id in the database (default: latest).")
 def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None) -> None:
-    """Render a sweep's results (finished or still running)."""
+    """Render a sweep's results (finished or still running).
+
+    TARGET is a sweep file or a results database (default: servesweep.db here)."""
     from servesweep.report import render
 
     fmt = FORMAT_ALIASES.get(fmt, fmt)
@@ -348,7 +352,7 @@ def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None)
     multiple=True,
     help="e.g. 'chat.c1.ttft_p99_ms < 500' (repeatable; replaces the sweep file's).",
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def best(
     target: str | None,
     objectives: tuple[str, ...],
@@ -357,7 +361,9 @@ def best(
     as_json: bool,
 ) -> None:
     """The best configuration under the objective and constraints, and why each other
-    configuration lost. Exit 1 when none is feasible."""
+    configuration lost. Exit 1 when none is feasible.
+
+    TARGET is a sweep file or a results database (default: servesweep.db here)."""
     from servesweep.report import best_to_json, find_best, format_best
     from servesweep.report.refs import check_constraint, check_ref
 
@@ -395,10 +401,14 @@ def best(
 @cli.command()
 @click.argument("a")
 @click.argument("b")
-@click.option("--trial-a", type=int)
-@click.option("--trial-b", type=int)
+@click.option("--trial-a", type=int, help="A trial of A to compare (with --trial-b).")
+@click.option("--trial-b", type=int, help="A trial of B to compare (with --trial-a).")
 def compare(a: str, b: str, trial_a: int | None, trial_b: int | None) -> None:
-    """Two sweeps (or two configurations) side by side."""
+    """Two sweeps (or two configurations) side by side.
+
+    A and B are sweep files or results databases; their configurations are matched by
+    their params. With --trial-a and --trial-b: those two configurations (A and B may
+    then be the same sweep)."""
     from servesweep.report import compare as do_compare
     from servesweep.report import format_comparison
 
@@ -417,7 +427,11 @@ def compare(a: str, b: str, trial_a: int | None, trial_b: int | None) -> None:
 @click.option("--trial", "trial_id", type=int, help="Use the params of this trial.")
 @click.option("--set", "sets", multiple=True, help="key=value param (repeatable).")
 @click.option("--best", "use_best", is_flag=True, help="Use the best configuration of the sweep.")
-@click.option("--store", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results database (default: the sweep file's store).",
+)
 def apply(
     sweep_file: Path,
     trial_id: int | None,
@@ -425,7 +439,7 @@ def apply(
     use_best: bool,
     store: Path | None,
 ) -> None:
-    """Move the server to one configuration safely and leave it running."""
+    """Move the server of SWEEP_FILE to one configuration safely and leave it running."""
     from servesweep.sweep.apply import apply_config, parse_sets
 
     chosen = sum(1 for x in (trial_id is not None, bool(sets), use_best) if x)
@@ -450,9 +464,23 @@ def apply(
 @cli.command("wait-gpus")
 @click.option("--gpus", required=True, help="GPU indexes: 0-7 or 0,1,2.")
 @click.option("--tolerance", default="1GiB", show_default=True, help="Used memory allowed per GPU.")
-@click.option("--timeout", default="5m", show_default=True)
-@click.option("--settle", default="0.2s", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto")
+@click.option(
+    "--timeout", default="5m", show_default=True, help="Give up (exit 1) after this long."
+)
+@click.option(
+    "--settle",
+    default="0.2s",
+    show_default=True,
+    help="Memory must stay within the tolerance this long.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    help="How GPUs are probed (auto: fake GPUs when --fake-gpus or SERVESWEEP_FAKE_GPUS "
+    "is set, else NVML).",
+)
 @click.option("--fake-gpus", type=click.Path(file_okay=False), help="Fake GPU directory.")
 def wait_gpus(
     gpus: str, tolerance: str, timeout: str, settle: str, backend: str, fake_gpus: str | None
@@ -467,11 +495,23 @@ def wait_gpus(
 
 @cli.command()
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--backend", type=click.Choice(["auto", "nvml", "fake", "none"]), default="auto")
-@click.option("--fake-gpus", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake", "none"]),
+    default="auto",
+    show_default=True,
+    help="How GPUs are probed (auto: the sweep file's gpu_backend).",
+)
+@click.option(
+    "--fake-gpus",
+    type=click.Path(file_okay=False),
+    help="Fake GPU directory (default: the sweep file's fake_gpu_dir).",
+)
 def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str | None) -> None:
-    """GPUs, their holders, the port owner, the unit, and whether generation works."""
+    """GPUs, their holders, the port owner, the unit, and whether generation works.
+
+    With SWEEP_FILE: the sweep's GPUs, port, unit and engine; without: the GPUs."""
     from servesweep.sweep.tools import doctor as do_doctor
     from servesweep.sweep.tools import format_doctor
 
@@ -492,13 +532,26 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
 @click.option("--requests", type=int, default=32, show_default=True, help="Requests per level.")
 @click.option("--duration", default=None, help="Bound each level by time too, e.g. 30s.")
 @click.option("--warmup", type=int, default=0, show_default=True, help="Unmeasured requests.")
-@click.option("--dataset", default="builtin:chat", show_default=True)
+@click.option(
+    "--dataset",
+    default="builtin:chat",
+    show_default=True,
+    help="builtin:chat, builtin:coding, synthetic, or a JSONL/ShareGPT file.",
+)
 @click.option("--input-tokens", type=int, help="Prompt length for --dataset synthetic.")
-@click.option("--max-tokens", type=int, default=256, show_default=True)
-@click.option("--endpoint", type=click.Choice(["chat", "completions"]), default="chat")
+@click.option(
+    "--max-tokens", type=int, default=256, show_default=True, help="Tokens per completion."
+)
+@click.option(
+    "--endpoint",
+    type=click.Choice(["chat", "completions"]),
+    default="chat",
+    show_default=True,
+    help="/v1/chat/completions or /v1/completions.",
+)
 @click.option("--workers", type=int, default=1, show_default=True, help="Generator processes.")
 @click.option("--api-key-env", help="Environment variable holding the API key.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench(
     url: str,
     model: str | None,
@@ -576,7 +629,7 @@ def sim(ctx: click.Context) -> None:
     """Run the simulated inference engine (see `servesweep sim --help`)."""
     from servesweep.sim import main as sim_main
 
-    raise _Exit(sim_main(list(ctx.args)))
+    raise _Exit(sim_main(list(ctx.args), prog="servesweep sim"))
 
 
 @cli.command(
@@ -592,7 +645,7 @@ def fake_gpus_cmd(ctx: click.Context) -> None:
     """Create, show or hold fake GPUs (see `servesweep fake-gpus --help`)."""
     from servesweep.sim.fakegpu.__main__ import main as fake_main
 
-    raise _Exit(fake_main(list(ctx.args)))
+    raise _Exit(fake_main(list(ctx.args), prog="servesweep fake-gpus"))
 
 
 # -- the one place errors become exit codes -------------------------------------------

@@ -9,19 +9,20 @@ from __future__ import annotations
 __all__ = ["main"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the simulated engine with command-line ``argv``; returns the exit code.
 
-    Invalid flags print argparse's ``error: ...`` and return 2.
+    Invalid flags print argparse's ``error: ...`` and return 2. ``prog`` is the program
+    name that usage, ``--help`` and errors show (default ``python -m servesweep.sim``).
     """
     import asyncio
     import sys
 
-    from servesweep.sim.config import parse_args
+    from servesweep.sim.config import PROG, parse_args
     from servesweep.sim.process import SimProcess
 
     try:
-        cfg = parse_args(argv)
+        cfg = parse_args(argv, prog or PROG)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
     for stream in (sys.stdout, sys.stderr):

@@ -100,10 +100,14 @@ def _non_negative(kind: type[float] | type[int]) -> Callable[[str], float | int]
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m servesweep.sim"
+"""The program name in usage and errors when the engine runs as a module."""
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     nn_float, nn_int = _non_negative(float), _non_negative(int)
     p = argparse.ArgumentParser(
-        prog="python -m servesweep.sim",
+        prog=prog,
         description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -274,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> SimConfig:
-    """Parse ``argv``; argparse exits 2 with ``error: ...`` on invalid flags."""
-    parser = build_parser()
+def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:
+    """Parse ``argv``; argparse exits 2 with ``error: ...`` on invalid flags. ``prog``
+    names the program in usage and errors (``servesweep sim`` from the CLI)."""
+    parser = build_parser(prog)
     ns = parser.parse_args(argv)
     gpus = ns.gpus
     if gpus is None:

@@ -54,8 +54,8 @@ def open_probe(backend: str = "auto", fake_dir: str | None = None) -> GpuProbe:
         if not fake:
             raise ConfigError(
                 f"the fake GPU backend needs a directory: set {FAKE_GPUS_ENV} or "
-                "fake_gpu_dir (create one with `servesweep sim`'s "
-                "`python -m servesweep.sim.fakegpu init DIR --count N --memory SIZE`)",
+                "fake_gpu_dir (create one with "
+                "`servesweep fake-gpus init DIR --count N --memory SIZE`)",
                 key="fake_gpu_dir",
             )
         from servesweep.servers.gpu.fake import FakeGpuProbe

@@ -1,4 +1,5 @@
-"""``python -m servesweep.sim.fakegpu init|show|hold``: manage fake GPUs by hand."""
+"""``servesweep fake-gpus init|show|hold`` (also ``python -m servesweep.sim.fakegpu``):
+manage fake GPUs by hand."""
 
 from __future__ import annotations
 
@@ -26,22 +27,25 @@ def _gpu_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"invalid GPU list {text!r}: use e.g. 0,1") from exc
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m servesweep.sim.fakegpu"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m servesweep.sim.fakegpu",
+        prog=prog,
         description="Fake GPUs on disk for servesweep's simulated engine (docs/fake-gpus.md).",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{init,show,hold}")
     init = sub.add_parser("init", help="create a fake GPU directory")
-    init.add_argument("dir")
+    init.add_argument("dir", help="the directory to create (it must not hold GPUs yet)")
     init.add_argument("--count", type=int, default=1, help="number of GPUs (default 1)")
     init.add_argument("--memory", type=_size, default=_size("80GiB"), help="capacity per GPU")
     init.add_argument("--reserved", type=_size, default=0, help="baseline used per GPU")
     init.add_argument("--name", default="NVIDIA H200 (fake)", help="GPU name")
     show = sub.add_parser("show", help="print GPUs, used memory and holders")
-    show.add_argument("dir")
+    show.add_argument("dir", help="a fake GPU directory")
     hold = sub.add_parser("hold", help="hold memory until killed (a foreign GPU process)")
-    hold.add_argument("dir")
+    hold.add_argument("dir", help="a fake GPU directory")
     hold.add_argument("--gpus", type=_gpu_list, default=[0], help="GPU indexes, e.g. 0,1")
     hold.add_argument("--mem", type=_size, required=True, help="bytes per GPU, e.g. 2GiB")
     hold.add_argument("--release-delay", type=float, default=0.0, help="seconds after exit")
@@ -88,8 +92,13 @@ def _hold(args: argparse.Namespace, d: FakeGpuDir) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run ``init``, ``show`` or ``hold``; returns the exit code (argparse: 2 on bad
+    flags). ``prog`` names the program in usage and errors."""
+    try:
+        args = build_parser(prog).parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         if args.command == "init":
             d = FakeGpuDir.create(

@@ -211,7 +211,7 @@ class FakeGpuDir:
         except FileNotFoundError as exc:
             raise FakeGpuError(
                 f"{file} does not exist: create the fake GPUs with "
-                f"`python -m servesweep.sim.fakegpu init {self.path} --count N --memory SIZE`"
+                f"`servesweep fake-gpus init {self.path} --count N --memory SIZE`"
             ) from exc
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise FakeGpuError(f"{file} is not a valid fake GPU list: {exc}") from exc
