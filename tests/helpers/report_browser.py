@@ -1,110 +1,106 @@
-"""Headless Chromium for the report tests: run it safely, read console messages,
-decode its PNG screenshots (zlib + struct + numpy) and check that plots are drawn."""
+"""Headless Chromium for the report tests, driven by Playwright: open a report as a
+user would (its Content-Security-Policy in force), collect every console message and
+page error, hover a chart's point, read what the page shows, take screenshots."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import re
 import shutil
-import signal
 import struct
-import subprocess
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from servesweep.report.svg import PALETTE
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-    "--force-device-scale-factor=1",
-    "--enable-logging=stderr",
-    "--v=0",
-]
 WIDTH = 1280
+LOAD_TIMEOUT_MS = 60_000
 
 
-class Browser:
-    """Runs headless Chromium, each run in its own process group, killed if left."""
+@dataclass
+class Page:
+    """One opened report and what the browser said while showing it."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.groups: list[int] = []
+    page: Any
+    messages: list[str] = field(default_factory=list)
+    """Console messages (any level) and uncaught page errors."""
 
-    def run(self, url: str, *args: str, timeout: float = 120.0) -> tuple[str, str]:
-        profile = self.root / f"profile-{len(self.groups)}"
-        proc = subprocess.Popen(
-            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+    def js(self, expression: str, arg: Any = None) -> Any:
+        return self.page.evaluate(expression, arg)
+
+    def chart_ids(self) -> list[str]:
+        ids: list[str] = self.js("Array.from(document.querySelectorAll('div.plot')).map(e => e.id)")
+        return ids
+
+    def hover_point(self, chart_id: str, series: int, data_index: int) -> str:
+        """Move the mouse onto a data item of a chart (where ECharts drew it) and
+        return the text of the tooltip that appears."""
+        self.page.locator(f"#{chart_id}").scroll_into_view_if_needed()
+        xy = self.js(
+            """([id, s, i]) => {
+              const chart = echarts.getInstanceByDom(document.getElementById(id));
+              const item = chart.getOption().series[s].data[i];
+              const value = Array.isArray(item) ? item : item.value;
+              const p = chart.convertToPixel({seriesIndex: s}, value);
+              const r = document.getElementById(id).getBoundingClientRect();
+              return [r.left + p[0], r.top + p[1]];
+            }""",
+            [chart_id, series, data_index],
         )
-        self.groups.append(proc.pid)
+        self.page.mouse.move(xy[0] + 40, xy[1] + 40)
+        self.page.mouse.move(xy[0], xy[1], steps=4)
+        tip = self.page.locator(f"#{chart_id} .tip").first
+        tip.wait_for(state="visible", timeout=10_000)
+        text: str = tip.inner_text()
+        return text
+
+    def screenshot(self, path: Path, selector: str | None = None) -> np.ndarray:
+        if selector is None:
+            self.page.screenshot(path=str(path), full_page=True)
+        else:
+            self.page.locator(selector).screenshot(path=str(path))
+        return decode_png(path.read_bytes())
+
+
+@contextmanager
+def browser() -> Iterator[Any]:
+    """A headless Chromium (the system's), closed afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self._kill(proc.pid)
-            proc.communicate()
-            raise
-        return out, err
-
-    @staticmethod
-    def _kill(pgid: int) -> None:
-        """SIGKILL what is left of a browser we started: the processes still in its
-        process group (checked one by one in /proc, so nothing else is touched)."""
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat.read_text()
-            except OSError:
-                continue
-            fields = text[text.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid:  # field 5 of /proc/PID/stat: the process group
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(stat.parent.name), signal.SIGKILL)
-
-    def close(self) -> None:
-        for pgid in self.groups:
-            self._kill(pgid)  # renderer or GPU helpers that outlived the browser
-
-    def __enter__(self) -> Browser:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            yield chromium
+        finally:
+            chromium.close()
 
 
-def console_lines(stderr: str) -> list[str]:
-    """Console messages Chromium logged (script errors, CSP violations, blocked loads)."""
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+def open_report(chromium: Any, path: Path, height: int = 900) -> Page:
+    """Open ``path`` and wait until the page's script ran to its end and every chart
+    reported that it finished drawing."""
+    page = chromium.new_page(viewport={"width": WIDTH, "height": height})
+    opened = Page(page)
+    page.on("console", lambda m: opened.messages.append(f"console {m.type}: {m.text}"))
+    page.on("pageerror", lambda e: opened.messages.append(f"page error: {e}"))
+    page.on("request", lambda r: _no_request(opened, r.url, path))
+    page.goto(path.as_uri())
+    page.wait_for_function(
+        "document.documentElement.getAttribute('data-js') === 'ok' && "
+        "document.documentElement.getAttribute('data-charts') === "
+        "(document.documentElement.getAttribute('data-charts-drawn') || '0')",
+        timeout=LOAD_TIMEOUT_MS,
+    )
+    return opened
 
 
-_GEOMETRY = """<script>
-window.addEventListener("load", function () {
-  var out = [];
-  document.querySelectorAll("svg.plot").forEach(function (svg) {
-    var r = svg.querySelector("rect.frame").getBoundingClientRect();
-    out.push({id: svg.id, x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height});
-  });
-  var pre = document.createElement("pre");
-  pre.id = "geometry";
-  pre.textContent = JSON.stringify({plots: out, height: document.documentElement.scrollHeight});
-  document.body.appendChild(pre);
-});
-</script>"""
+def _no_request(page: Page, url: str, path: Path) -> None:
+    if url != path.as_uri():
+        page.messages.append(f"request: {url}")
 
 
 def decode_png(data: bytes) -> np.ndarray:
@@ -161,47 +157,55 @@ def _sequential(line: np.ndarray, prev: np.ndarray, ch: int, kind: int) -> np.nd
     return np.frombuffer(bytes(cur), dtype=np.uint8)
 
 
-def _palette_rgb() -> np.ndarray:
-    return np.array(
-        [(int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)) for c in PALETTE], dtype=np.int16
+def series_colors(page: Page, chart_id: str) -> list[tuple[int, int, int]]:
+    """The colours the chart's option gives its series (data colours, not axes)."""
+    hexes: list[str] = page.js(
+        """id => {
+          const o = echarts.getInstanceByDom(document.getElementById(id)).getOption();
+          const out = o.series.map(s => s.color);
+          o.series.forEach(s => out.push(s.itemStyle && s.itemStyle.color));
+          (o.visualMap || []).forEach(v => (v.inRange && v.inRange.color || []).forEach(
+            c => out.push(c)));
+          return out.filter(c => typeof c === 'string');
+        }""",
+        chart_id,
     )
+    return [(int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)) for c in hexes if len(c) == 7]
 
 
-def plots_drawn(browser: Browser, html: str, workdir: Path, shot: Path) -> list[dict[str, Any]]:
-    """Screenshot the report and assert that the frame of every plot holds drawn data.
-
-    Where the plots are comes from a copy of the page with a probe script (and no
-    CSP); the screenshot is of the report itself, at the same width. Returns the
-    plots' geometry. Inside a frame there is only the light grid and the data, so
-    an empty plot has almost no ink and no pixel in a series colour.
-    """
+def assert_charts_drawn(page: Page, workdir: Path) -> list[str]:
+    """Every chart of the page has an SVG with marks, and a screenshot of it (legends,
+    colour scales and toolboxes hidden) shows its data: pixels close to one of its
+    series' colours or the ends of its colour scale."""
     workdir.mkdir(parents=True, exist_ok=True)
-    page = workdir / "report.html"
-    page.write_text(html, encoding="utf-8")
-    probe = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html)
-    probe = probe.replace("</body>", _GEOMETRY + "</body>")
-    (workdir / "probe.html").write_text(probe, encoding="utf-8")
-    dom, _ = browser.run(
-        (workdir / "probe.html").as_uri(), "--dump-dom", f"--window-size={WIDTH},2000"
-    )
-    found = re.search(r'<pre id="geometry">(.*?)</pre>', dom, re.S)
-    assert found is not None, "the geometry probe did not run"
-    geometry = json.loads(found.group(1))
-    height = int(geometry["height"])
-    _, err = browser.run(page.as_uri(), f"--screenshot={shot}", f"--window-size={WIDTH},{height}")
-    assert shot.exists(), err[-2000:]
-    image = decode_png(shot.read_bytes())
-    assert image.shape[0] == height and image.shape[1] == WIDTH
-    rgb = image[:, :, :3].astype(np.int16)
-    colors = _palette_rgb()
-    plots: list[dict[str, Any]] = geometry["plots"]
-    for plot in plots:
-        x0, y0 = int(plot["x"]) + 2, int(plot["y"]) + 2
-        x1, y1 = int(plot["x"] + plot["w"]) - 2, int(plot["y"] + plot["h"]) - 2
-        area = rgb[y0:y1, x0:x1].reshape(-1, 3)
-        assert len(area) > 10_000, plot
-        ink = np.any(area < 235, axis=1).mean()
-        assert ink > 0.002, f"{plot['id']}: only {ink:.2%} of the plot area is drawn"
-        close = np.abs(area[:, None, :] - colors[None, :, :]).max(axis=2) <= 24
-        assert close.any(axis=1).sum() > 50, f"{plot['id']}: no data drawn"
-    return plots
+    ids = page.chart_ids()
+    assert ids, "the report has no chart"
+    for chart_id in ids:
+        marks = page.js(
+            "id => document.querySelectorAll('#' + id + ' svg path, #' + id + ' svg rect').length",
+            chart_id,
+        )
+        assert marks > 3, f"{chart_id}: nothing drawn ({marks} marks)"
+        page.page.locator(f"#{chart_id}").scroll_into_view_if_needed()
+        # legends, colour scales and toolboxes wear the series' colours too: hide them,
+        # so that what is left in those colours is data
+        page.js(
+            """id => {
+              const chart = echarts.getInstanceByDom(document.getElementById(id));
+              const o = chart.getOption(), hide = {};
+              for (const k of ['legend', 'visualMap', 'toolbox', 'dataZoom']) {
+                if (o[k]) hide[k] = o[k].map(() => ({show: false}));
+              }
+              chart.setOption(hide);
+            }""",
+            chart_id,
+        )
+        image = page.screenshot(workdir / f"{chart_id}.png", f"#{chart_id}")
+        rgb = image[:, :, :3].astype(np.int16).reshape(-1, 3)
+        ink = np.any(rgb < 235, axis=1).mean()
+        assert ink > 0.01, f"{chart_id}: only {ink:.2%} of the chart is drawn"
+        colors = np.array(series_colors(page, chart_id), dtype=np.int16)
+        assert len(colors), f"{chart_id}: no series colour to look for"
+        close = np.abs(rgb[:, None, :] - colors[None, :, :]).max(axis=2) <= 30
+        assert close.any(axis=1).sum() > 30, f"{chart_id}: no data drawn in its colours"
+    return ids

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from servesweep.models import (
@@ -258,3 +259,65 @@ def hostile_sweep() -> SweepData:
         objective=data.objective,
         constraints=(),
     )
+
+
+GRID_SPEC = """\
+name: grid-demo
+server: {engine: sim, gpus: [0, 1]}
+params:
+  grid: {budget: [0, 4, 8], topk: [1, 4]}
+workloads:
+  - {name: chat, concurrency: [1, 8], requests: 8, repeats: 2}
+objective: {maximize: output_throughput, workload: chat, concurrency: 1}
+constraints: ["chat.c8.ttft_p99_ms < 400"]
+"""
+
+
+def store_grid_sweep(path: Path) -> Path:
+    """A results database of a 3 x 2 grid (budget x topk), two repeats per level:
+    (8, 1) failed with an OOM, (8, 4) violates the constraint, the rest feasible.
+    Throughput at c1 is 100 + 10 * budget * topk (+-1 between repeats)."""
+    from servesweep.models import Phase, ServerConfig
+    from servesweep.store import TelemetryPoint, open_store
+
+    with open_store(path) as store:
+        sweep = store.create_sweep("grid-demo", "grid.yaml", GRID_SPEC, "hash", "0.1.0")
+        configs = [ServerConfig.of({"budget": b, "topk": k}) for b in (0, 4, 8) for k in (1, 4)]
+        for n, rec in enumerate(store.sync_trials(sweep.id, configs)):
+            t = T0 + 60.0 * n
+            budget, topk = rec.params["budget"], rec.params["topk"]
+            store.begin_attempt(rec.id, t, f"runs/{rec.id}/server.log", node="gpu-box", slot=0,
+                                gpus=(0, 1))  # fmt: skip
+            for i, phase in enumerate((Phase.STOP, Phase.RELEASE, Phase.START, Phase.LOAD)):
+                store.enter_phase(rec.id, phase, t + i)
+            store.add_telemetry(
+                [TelemetryPoint(rec.id, t + dt, g, int(mib * 2**20), node="gpu-box")
+                 for dt, mib in ((0.5, 500), (3.5, 60_000), (20.0, 61_000)) for g in (0, 1)]
+            )  # fmt: skip
+            if (budget, topk) == (8, 1):
+                store.finish_trial(
+                    rec.id, Outcome.FAILED, t + 6, failure_class=FailureClass.START_CRASH,
+                    evidence=Evidence("server exited while loading", reason="oom",
+                                      matched_line="torch.OutOfMemoryError: CUDA out of memory"),
+                )  # fmt: skip
+                continue
+            store.enter_phase(rec.id, Phase.READY, t + 10)
+            store.enter_phase(rec.id, Phase.BENCH, t + 11)
+            for repeat, wobble in ((0, -1.0), (1, 1.0)):
+                for level, tp, ttft in (
+                    ("c1", 100.0 + 10 * budget * topk, 50.0 + budget),
+                    ("c8", 500.0 + 40 * budget * topk, 500.0 if budget * topk == 32 else 200.0),
+                ):
+                    store.add_result(
+                        rec.id,
+                        LevelResult(
+                            workload="chat", level=level, repeat=repeat, started_at=t + 11,
+                            duration_s=4.0,
+                            metrics={"output_throughput": tp + wobble, "ttft_p99_ms": ttft,
+                                     "tpot_median_ms": 1000.0 / (20 + budget * topk),
+                                     "acceptance_length": 1 + 0.1 * budget * topk},
+                        ),
+                    )  # fmt: skip
+            store.finish_trial(rec.id, Outcome.OK, t + 20)
+        store.finish_sweep(sweep.id, T0 + 400)
+    return path

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.integration.sweep_helpers import kill_tagged, run_cli
 
-from helpers.report_browser import CHROMIUM, Browser, console_lines, plots_drawn
+from helpers.report_browser import CHROMIUM, assert_charts_drawn, browser, open_report
 from servesweep.sim.testing import free_port
 
 ROOT = Path(__file__).parents[2]
@@ -45,11 +45,13 @@ def test_quickstart_html_report_in_chromium(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     html = out.read_text(encoding="utf-8")
     assert "<code>" in html and "--budget" in html  # the best configuration's launch command
-    with Browser(tmp_path) as browser:
-        dom, err = browser.run(out.as_uri(), "--dump-dom")
-        assert console_lines(err) == []
-        assert 'data-js="ok"' in dom
-        plots = plots_drawn(browser, html, tmp_path / "shots", tmp_path / "shot.png")
-    ids = {p["id"] for p in plots}
-    assert {"plot-objective-0", "plot-objective-1", "plot-pareto-0", "plot-timeline"} <= ids
-    assert "plot-memory" in ids  # the fake GPUs' memory over the sweep
+    with browser() as chromium:
+        page = open_report(chromium, out)
+        ids = set(assert_charts_drawn(page, tmp_path / "shots"))
+        assert page.messages == []
+    assert {
+        "chart-heatmap", "chart-effect-0", "chart-effect-1", "chart-parallel",
+        "chart-tradeoff-0", "chart-per-gpu-0", "chart-timeline", "chart-progress-trials",
+        "chart-progress-gpu-hours",
+    } <= ids  # fmt: skip
+    assert "chart-memory" in ids  # the fake GPUs' memory over the sweep

@@ -117,7 +117,7 @@ def test_every_format_from_the_store(tmp_path: Path) -> None:
     assert doc["summary"]["gpu_hours"]["bench"] == (9.0 + 9.0) * 2 / 3600
     assert doc["best"]["best"]["launch_command"] == "python -m servesweep.sim --budget 4"
     html = render(data, "html")
-    assert 'id="plot-timeline"' in html and 'id="plot-memory"' in html
+    assert 'id="chart-timeline"' in html and 'id="chart-memory"' in html
     assert "python -m servesweep.sim --budget 4" in html
 
 

@@ -1,36 +1,48 @@
-"""The HTML report: self-contained, every hostile text escaped, all sections there."""
+"""The HTML report: one self-contained file, every hostile text escaped by the
+template engine, all sections there, the pinned chart library and the CSP."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from html.parser import HTMLParser
+from importlib import resources
 
-from helpers.report_data import XSS, hostile_sweep, sweep_data, throughput_sweep
+from helpers.report_data import XSS, hostile_sweep, level, sweep_data, throughput_sweep, trial
 from servesweep.report import render
+from servesweep.report.html import ECHARTS_VERSION
+from servesweep.report.timeline import PHASE_COLORS
 
 ALLOWED_TAGS = {
     "html", "head", "meta", "title", "style", "body", "script", "h1", "h2", "p", "b", "i",
     "span", "div", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "pre", "code",
-    "details", "summary", "svg", "text", "rect", "line", "path", "circle", "g",
+    "details", "summary", "nav", "a", "figure", "figcaption",
 }  # fmt: skip
+ECHARTS_SHA256 = "b66b25aeb4df84e33199dc21694014d336d222cbd9deb0e5a7c14bd6aa0d0fd0"
+"""dist/echarts.min.js of the npm package echarts 6.1.0 (dev/update-echarts.sh)."""
 
 
 class _Tags(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
-        self.script_text: list[str] = []
-        self._in_script = False
+        self.scripts: list[str] = []
+        self._script: list[str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.append((tag, attrs))
-        self._in_script = tag == "script"
+        if tag == "script":
+            self._script = []
 
     def handle_endtag(self, tag: str) -> None:
-        self._in_script = False
+        if tag == "script" and self._script is not None:
+            self.scripts.append("".join(self._script))
+            self._script = None
 
     def handle_data(self, data: str) -> None:
-        if self._in_script:
-            self.script_text.append(data)
+        if self._script is not None:
+            self._script.append(data)
 
 
 def _parse(html: str) -> _Tags:
@@ -40,6 +52,13 @@ def _parse(html: str) -> _Tags:
     return parser
 
 
+def _payload(html: str) -> dict:  # type: ignore[type-arg]
+    found = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html)
+    assert found is not None
+    data: dict = json.loads(found.group(1))  # type: ignore[type-arg]
+    return data
+
+
 def test_hostile_text_is_escaped_everywhere() -> None:
     html = render(hostile_sweep(), "html")
     assert XSS not in html
@@ -47,52 +66,114 @@ def test_hostile_text_is_escaped_everywhere() -> None:
     parsed = _parse(html)
     tags = [t for t, _ in parsed.tags]
     assert set(tags) <= ALLOWED_TAGS, set(tags) - ALLOWED_TAGS
-    assert tags.count("script") == 1
-    assert "pwned" not in "".join(parsed.script_text)
+    # the JSON data, the chart library and the page's script; nothing else runs
+    assert tags.count("script") == 3
+    assert [dict(a).get("type") for t, a in parsed.tags if t == "script"] == [
+        "application/json", None, None,
+    ]  # fmt: skip
     for tag, attrs in parsed.tags:
         for name, value in attrs:
             assert not name.startswith("on"), (tag, name)
-            assert name != "src", tag
+            assert name not in ("src", "style"), tag
             assert "javascript:" not in (value or "")
-    # the hostile text is shown, as text
-    assert "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;" in html
-    for where in ("Traceback &lt;script", "line &lt;script", "serve --x &#x27;&lt;script"):
+            if name == "href":
+                assert (value or "").startswith("#"), value  # in-page links only
+    # the hostile text is shown, as text; in the JSON data it cannot close the element
+    assert "&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;" in html
+    for where in ("Traceback &lt;script", "line &lt;script", "serve --x &#39;&lt;script"):
         assert where in html
+    data = _payload(html)
+    assert any(v == XSS for t in data["trials"].values() for _, v in t["params"])
 
 
-def test_self_contained_no_external_requests() -> None:
+def test_self_contained_pinned_library_and_csp() -> None:
     html = render(throughput_sweep(), "html")
     parsed = _parse(html)
-    for tag, attrs in parsed.tags:
-        for name, value in attrs:
-            if name in ("href", "src", "xlink:href", "action"):
-                raise AssertionError(f"{tag} {name}={value}: a report loads nothing")
-    lowered = html.lower()
-    assert "@import" not in lowered and "url(" not in lowered
-    assert lowered.count("http://") == lowered.count('xmlns="http://www.w3.org/2000/svg"')
-    assert "https://" not in lowered
+    library, script = parsed.scripts[1], parsed.scripts[2]
+    shipped = (resources.files("servesweep.report") / "assets" / "echarts.min.js").read_text()
+    assert library == shipped
+    assert hashlib.sha256(shipped.encode()).hexdigest() == ECHARTS_SHA256
+    assert f'version="{ECHARTS_VERSION}"' in shipped
+    page = html.replace(library, "").replace(script, "").lower()
+    assert "@import" not in page and "url(" not in page
+    assert "http://" not in page and "https://" not in page
     csp = next(
         dict(a)["content"]
         for t, a in parsed.tags
         if t == "meta" and ("http-equiv", "Content-Security-Policy") in a
     )
-    assert csp is not None and "default-src 'none'" in csp and "script-src 'sha256-" in csp
+    assert csp is not None and "default-src 'none'" in csp
+    assert "unsafe-eval" not in csp and "unsafe-inline" not in csp
+    for text in (library, script):
+        digest = hashlib.sha256(text.encode()).digest()
+        import base64
+
+        assert f"'sha256-{base64.b64encode(digest).decode()}'" in csp
 
 
-def test_sections_and_plots_present() -> None:
+def test_sections_and_charts_present() -> None:
     html = render(throughput_sweep(), "html")
-    for anchor in ('id="summary"', 'id="best"', 'id="plots"', 'id="timeline"', 'id="memory"',
-                   'id="results"', 'id="evals"', 'id="failures"'):  # fmt: skip
+    for anchor in ('id="summary"', 'id="best"', 'id="progress"', 'id="effects"',
+                   'id="tradeoffs"', 'id="timeline"', 'id="memory"', 'id="results"',
+                   'id="evals"', 'id="failures"'):  # fmt: skip
         assert anchor in html
-    ids = {dict(a).get("id") for t, a in _parse(html).tags if t == "svg"}
-    assert {"plot-objective-0", "plot-objective-1", "plot-pareto-0", "plot-timeline",
-            "plot-memory"} <= ids  # fmt: skip
+    charts = {c["id"] for c in _payload(html)["charts"]}
+    assert {"chart-heatmap", "chart-effect-0", "chart-effect-1", "chart-parallel",
+            "chart-tradeoff-0", "chart-per-gpu-0", "chart-timeline", "chart-memory",
+            "chart-progress-trials", "chart-progress-gpu-hours"} == charts  # fmt: skip
+    for chart in charts:
+        assert f'<div class="plot" id="{chart}"' in html
     assert "<code>vllm serve m --budget 8 --topk 4</code>" in html
     assert "torch.OutOfMemoryError: CUDA out of memory on GPU 1" in html
     # GPU-hours: bench 3 trials x 30 s x 2 GPUs = 0.05 h
-    assert '<td class="n" data-v="0.05">0.050</td>' in html
+    assert '<td class="n" data-v="0.05">0.05</td>' in html
+    css = (resources.files("servesweep.report") / "assets" / "report.css").read_text()
+    for phase, color in PHASE_COLORS.items():  # the summary's swatches match the timeline
+        assert f".ph-{phase} {{ background: {color}; }}" in css
+
+
+def test_noise_column_only_with_repeats() -> None:
+    once = render(throughput_sweep(), "html")
+    assert "noise (spread / 2)" not in once
+    data = sweep_data(
+        [trial(1, {"b": 1}), trial(2, {"b": 2})],
+        {
+            1: [level("chat", "c1", r, output_throughput=v) for r, v in enumerate((10.0, 14.0))],
+            2: [level("chat", "c1", r, output_throughput=v) for r, v in enumerate((11.0, 12.0))],
+        },
+        objective={"maximize": "chat.c1.output_throughput"},
+    )
+    html = render(data, "html")
+    ranking = html[html.index('id="ranking"') : html.index("</table>", html.index('id="ranking"'))]
+    assert "<th>noise (spread / 2)</th>" in ranking
+    assert ">±2</td>" in ranking  # trial 1: 10..14
+    assert ">±0.5 (within noise of #1)</td>" in ranking  # 11.5 vs 12: 0.5 <= spread 4
+
+
+def test_engine_version_in_the_header() -> None:
+    data = throughput_sweep()
+    env = {**data.sweep.environment, "engine": "vllm", "engine_version": "0.11.2"}
+    from dataclasses import replace
+
+    html = render(replace(data, sweep=replace(data.sweep, environment=env)), "html")
+    assert "; engine vllm 0.11.2</p>" in html
+    assert "environment (engine version 0.11.2)" in html
 
 
 def test_report_of_a_sweep_with_nothing_measured() -> None:
     html = render(sweep_data([], {}), "html")
-    assert "not decided" in html and "<svg" not in html
+    assert "not decided" in html and _payload(html)["charts"] == []
+
+
+def test_live_reload_only_while_the_sweep_runs() -> None:
+    from dataclasses import replace
+
+    from servesweep.report.html import render_html
+
+    data = throughput_sweep()
+    assert _payload(render_html(data, reload_s=5))["reload_s"] == 5
+    assert 'id="live"' in render_html(data, reload_s=5)
+    done = replace(data, sweep=replace(data.sweep, finished_at=data.sweep.created_at + 500))
+    assert _payload(render_html(done, reload_s=5))["reload_s"] is None
+    assert 'id="live"' not in render_html(done, reload_s=5)
+    assert _payload(render_html(data))["reload_s"] is None

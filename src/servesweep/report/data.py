@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from servesweep.models import LevelResult, Outcome, parse_level
+from servesweep.report.numbers import format_number, format_stats
+from servesweep.report.resources import trial_gpus
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "aggregate_levels",
     "config_label",
     "format_number",
+    "format_stats",
     "metric_names",
     "outcome_counts",
     "phase_costs",
@@ -221,39 +224,9 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def format_number(value: float | None, digits: int = 4) -> str:
-    """Short human form: 4 significant digits, no exponent for usual magnitudes."""
-    if value is None:
-        return "-"
-    if not math.isfinite(value):
-        return str(value)
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    magnitude = abs(value)
-    if magnitude >= 1000:
-        return f"{value:.1f}"
-    if magnitude >= 1:
-        return f"{value:.{max(digits - len(str(int(magnitude))), 1)}f}".rstrip("0").rstrip(".")
-    return f"{value:.{digits}g}"
-
-
-def format_stats(stats: MetricStats | None) -> str:
-    """``123.4`` or, with repeats, ``123.4 ±2.1`` (the stdev across repeats)."""
-    if stats is None:
-        return "-"
-    text = format_number(stats.mean)
-    if stats.n > 1 and stats.stdev is not None:
-        text += f" ±{format_number(stats.stdev, digits=2)}"
-    return text
-
-
 def trial_gpu_count(data: SweepData, trial: TrialRecord) -> int | None:
-    """How many GPUs the trial held: its instance's GPUs, else the GPUs its telemetry
-    saw, else None (unknown)."""
-    if trial.instance is not None and trial.instance.gpus:
-        return len(trial.instance.gpus)
-    seen = {p.gpu for p in data.telemetry if p.trial_id == trial.id}
-    return len(seen) or None
+    """How many GPUs the trial held (see :func:`servesweep.report.resources.trial_gpus`)."""
+    return trial_gpus(data, trial)
 
 
 @dataclass(frozen=True)
