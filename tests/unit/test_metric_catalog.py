@@ -156,7 +156,7 @@ def test_sweep_file_docs_hold_the_generated_catalog() -> None:
     text = (ROOT / mc.DOCS_FILE).read_text(encoding="utf-8")
     assert mc.replace_docs_block(text) == text, (
         "docs/sweep-file.md's metric catalog is out of date: run "
-        "`python -m servesweep.metrics_catalog --write-docs`"
+        "`.venv/bin/python dev/metric-catalog-docs.py`"
     )
 
 

@@ -177,7 +177,9 @@ class SystemdSpec(_Frozen):
     unit_dir: str = "/etc/systemd/system"
     mode: Literal["execstart", "envfile"] = "execstart"
     """``execstart``: the drop-in replaces ExecStart with the trial's argv;
-    ``envfile``: the drop-in sets ``SERVESWEEP_ARGS`` through an EnvironmentFile."""
+    ``envfile``: the unit keeps its own ExecStart (which uses ``$SERVESWEEP_ARGS``) and
+    the drop-in sets ``SERVESWEEP_ARGS``, ``SERVESWEEP_PROGRAM`` and the trial's
+    variables with ``Environment=`` lines (no separate environment file)."""
 
 
 class DockerSpec(_Frozen):
