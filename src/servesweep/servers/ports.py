@@ -1,18 +1,27 @@
 """Who listens on a port, and who served one connection.
 
 Reads ``/proc/net/tcp`` and ``/proc/net/tcp6`` (this network namespace) and maps
-socket inodes to processes through ``/proc/PID/fd``. Checking a known set of PIDs
+socket inodes to processes through ``/proc/PID/fd`` — or, for a process whose main
+thread has exited while other threads still run (its ``/proc/PID/fd`` is empty then),
+through its threads' ``/proc/PID/task/TID/fd``. Checking a known set of PIDs
 (``owned_by``) reads only their descriptors, so the readiness gate can poll it
 every few milliseconds. Several processes may listen on one port at once
 (SO_REUSEPORT, or an inherited socket): every one is reported.
+
+A listening socket whose owner cannot be found is reported with the reason: the
+socket's user and the processes of that user whose descriptors may not be read here
+(not dumpable, or another user's), or, when every process could be read, that the
+owner runs in another PID namespace sharing this network namespace.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 import socket
 import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +40,9 @@ __all__ = [
 ]
 
 _LISTEN = "0A"
+_OWNER_WAIT = 0.5
+"""How long a listening socket without a visible owner is watched (its owner may be
+exiting: the socket closes a moment after the process's descriptors are gone)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,8 @@ class Socket:
     remote_port: int
     state: str
     inode: int
+    uid: int = -1
+    """The user that created the socket (-1 when not known)."""
 
 
 def _parse_addr(text: str, v6: bool) -> tuple[str, int]:
@@ -80,9 +94,10 @@ def _sockets(port: int, *, listening: bool) -> list[Socket]:
                 local, lport = _parse_addr(parts[1], v6)
                 remote, rport = _parse_addr(parts[2], v6)
                 inode = int(parts[9])
+                uid = int(parts[7])
             except ValueError:
                 continue
-            out.append(Socket(local, lport, remote, rport, parts[3], inode))
+            out.append(Socket(local, lport, remote, rport, parts[3], inode, uid))
     return out
 
 
@@ -134,7 +149,7 @@ def _diag_read(nl: socket.socket, family: int, port: int, out: list[Socket]) -> 
                     addr = _normal_ip(socket.inet_ntop(family, f[6][:size]))
                     remote = _normal_ip(socket.inet_ntop(family, f[7][:size]))
                     dport = int.from_bytes(f[5], "big")
-                    out.append(Socket(addr, sport, remote, dport, _LISTEN, f[14]))
+                    out.append(Socket(addr, sport, remote, dport, _LISTEN, f[14], f[13]))
             offset += (length + 3) & ~3
         if not data:
             return False
@@ -180,21 +195,40 @@ def listening_sockets(host: str, port: int) -> list[Socket]:
     return [s for s in socks if _conflicts(s.address, wanted)]
 
 
-def _fd_inodes(pid: int) -> set[int]:
-    out: set[int] = set()
-    base = f"/proc/{pid}/fd"
+def _socket_inodes(folder: str) -> set[int] | None:
+    """Socket inodes among the descriptors listed in ``folder`` (None: unreadable)."""
     try:
-        names = os.listdir(base)
+        names = os.listdir(folder)
     except OSError:
-        return out
+        return None
+    out: set[int] = set()
     for name in names:
         try:
-            target = os.readlink(f"{base}/{name}")
+            target = os.readlink(f"{folder}/{name}")
         except OSError:
             continue
         if target.startswith("socket:["):
             out.add(int(target[8:-1]))
     return out
+
+
+def _fd_inodes(pid: int) -> set[int]:
+    found = _socket_inodes(f"/proc/{pid}/fd")
+    if found is None:
+        return set()
+    if found:
+        return found
+    # No descriptor at all: a process whose main thread exited lists none, while its
+    # other threads (sharing one descriptor table) keep the sockets open.
+    try:
+        tids = [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return found
+    for tid in tids:
+        in_thread = _socket_inodes(f"/proc/{pid}/task/{tid}/fd")
+        if in_thread:
+            return in_thread
+    return found
 
 
 def socket_owners(inodes: set[int], pids: Iterable[int] | None = None) -> dict[int, set[int]]:
@@ -212,23 +246,65 @@ def socket_owners(inodes: set[int], pids: Iterable[int] | None = None) -> dict[i
 
 def listeners(host: str, port: int) -> list[ProcessInfo]:
     """Every process that holds a listening socket on ``host:port`` (wildcard
-    listeners count). A socket whose owner cannot be found is reported as pid 0."""
+    listeners count). A socket whose owner cannot be found is reported as pid 0 with
+    the reason in its ``cmdline``."""
     socks = listening_sockets(host, port)
     owners = socket_owners({s.inode for s in socks})
+    unseen = [s for s in socks if not owners.get(s.inode)]
+    deadline = time.monotonic() + _OWNER_WAIT
+    while unseen and time.monotonic() < deadline:
+        # Its owner may be exiting (descriptors gone, socket not closed yet): wait for
+        # the socket to close or its owner to show.
+        time.sleep(0.02)
+        still = {s.inode for s in listening_sockets(host, port)}
+        unseen = [s for s in unseen if s.inode in still]
+        owners.update(socket_owners({s.inode for s in unseen}))
+        unseen = [s for s in unseen if not owners.get(s.inode)]
     out: dict[int, ProcessInfo] = {}
     for sock in socks:
-        pids = owners.get(sock.inode)
-        if not pids:
-            out.setdefault(
-                0,
-                ProcessInfo(
-                    pid=0, state="?", cmdline=f"socket inode {sock.inode} (owner not visible)"
-                ),
-            )
-            continue
-        for pid in pids:
+        for pid in owners.get(sock.inode, ()):
             out.setdefault(pid, procs.describe(pid))
-    return [out[pid] for pid in sorted(out)]
+    result = [out[pid] for pid in sorted(out)]
+    result += [
+        ProcessInfo(pid=0, state="?", cmdline=_unseen_owner(sock))
+        for sock in {s.inode: s for s in unseen}.values()
+    ]
+    return result
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
+def _unseen_owner(sock: Socket) -> str:
+    """Why the owner of a listening socket cannot be named, and who it may be."""
+    who = f"socket inode {sock.inode}" + (f" of {_user(sock.uid)}" if sock.uid >= 0 else "")
+    hidden: list[ProcessInfo] = []
+    for pid in procs.all_pids():
+        if pid == os.getpid() or _socket_inodes(f"/proc/{pid}/fd") is not None:
+            continue
+        try:
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        if sock.uid < 0 or owner == sock.uid:
+            hidden.append(procs.describe(pid))
+    if hidden:
+        names = "; ".join(p.describe() for p in hidden[:5])
+        more = f" and {len(hidden) - 5} more" if len(hidden) > 5 else ""
+        return (
+            f"{who}: owner not visible, the descriptors of {len(hidden)} process(es) of that "
+            f"user cannot be read here (not dumpable, or run servesweep as root or as that "
+            f"user): {names}{more}"
+        )
+    return (
+        f"{who}: no process visible here holds it; its owner runs in another PID namespace "
+        "that shares this network namespace (a container started with host networking), "
+        "or /proc hides other users' processes (hidepid)"
+    )
 
 
 def owned_by(host: str, port: int, pids: Iterable[int]) -> bool:

@@ -5,7 +5,9 @@ An instance is more than its main PID: engines fork workers, some of them call
 ways: the main PID's descendants, the process group, and an environment tag
 (``SERVESWEEP_INSTANCE=<tag>``) that every process started by servesweep inherits,
 read from ``/proc/PID/environ``. Zombies count as gone: they hold no memory and no
-sockets.
+sockets — except a process whose main thread exited while its other threads still
+run: ``/proc`` shows it as a zombie, yet its threads keep its memory and sockets, so
+it is alive until its last thread ends.
 
 psutil errors never leave this module: a process that vanished is simply gone, a
 process we may not read is described with what we can read.
@@ -71,9 +73,22 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def is_gone(pid: int) -> bool:
-    """True when the PID does not exist or is a zombie."""
+    """True when the PID does not exist or is a zombie whose threads have all ended."""
     fields = _stat_fields(pid)
-    return fields is None or fields[0] in ("Z", "X")
+    if fields is None:
+        return True
+    return fields[0] in ("Z", "X") and not _threads_run(pid)
+
+
+def _threads_run(pid: int) -> bool:
+    """Whether a zombie's thread group still has live threads (its leader exited first)."""
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        if line.startswith("Threads:"):
+            try:
+                return int(line.split()[1]) > 1
+            except (IndexError, ValueError):
+                return False
+    return False
 
 
 def alive(pid: int, started_at: float | None = None, tag: str | None = None) -> bool:
@@ -175,7 +190,20 @@ def describe(pid: int) -> ProcessInfo:
         wchan = ""
     cmdline = _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
     name = _read(f"/proc/{pid}/comm").strip()
-    return ProcessInfo(pid=pid, state=fields[0], wchan=wchan, cmdline=cmdline, name=name)
+    state = fields[0]
+    if state == "Z" and _threads_run(pid):
+        # The main thread exited; a live thread still knows the command line.
+        state = "Z (main thread exited, other threads run)"
+        for tid in _tasks(pid):
+            cmdline = cmdline or _read(f"/proc/{pid}/task/{tid}/cmdline").replace("\0", " ").strip()
+    return ProcessInfo(pid=pid, state=state, wchan=wchan, cmdline=cmdline, name=name)
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return []
 
 
 def describe_all(pids: Iterable[int]) -> tuple[ProcessInfo, ...]:
