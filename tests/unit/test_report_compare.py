@@ -41,9 +41,14 @@ def test_sweeps_matched_by_fingerprint_with_noise() -> None:
     assert big.significant is True
     text = format_comparison(result)
     assert "A = s1 (#1), B = s2 (#2)" in text
-    assert "within noise 4" in text and "exceeds noise 2" in text
-    assert "-25.0%" in text
+    # by default only what changed beyond the noise, marked by the metric's direction
+    assert "within noise 4" not in text and "exceeds noise 2" in text
+    line = next(ln for ln in text.splitlines() if "exceeds noise 2" in ln)
+    assert "chat.c1.output_throughput" in line and "-25.0%" in line and " worse " in line
     assert "only in A: #3 budget=999 (ok)" in text
+    assert "3 metric change(s) within the noise" in text  # both ttft, #1 throughput
+    everything = format_comparison(result, show_all=True)
+    assert "within noise 4" in everything and "not shown" not in everything
 
 
 def test_without_repeats_noise_is_unknown() -> None:
@@ -54,8 +59,10 @@ def test_without_repeats_noise_is_unknown() -> None:
     assert change.noise is None and change.significant is None
     assert not result.noise_known
     text = format_comparison(result)
-    assert "noise unknown: no repeats" in text
-    assert "+50" in text and "noise unknown" in text.splitlines()[-1]
+    assert "noise unknown: no repeats" in text and "changes above 5% are shown" in text
+    line = next(ln for ln in text.splitlines() if "output_throughput" in ln)
+    assert "+50" in line and "better" in line and line.endswith("noise unknown")
+    assert "ttft_p99_ms" not in text  # unchanged: 100 on both sides
 
 
 def test_two_configurations_of_one_sweep_and_flipped_tasks() -> None:
@@ -94,3 +101,29 @@ def test_outcome_change_is_shown() -> None:
     text = format_comparison(compare(a, b))
     assert "outcome: ok -> failed" in text
     assert "no metric measured on both sides" in text
+
+
+def test_direction_and_chosen_metrics() -> None:
+    a = sweep_data(
+        [trial(1, {"b": 1})],
+        {1: [level("chat", "c1", r, output_throughput=100.0 + r, ttft_p99_ms=100.0 + r,
+                   completion_tokens_mean=48.0) for r in range(2)]},
+    )  # fmt: skip
+    b = sweep_data(
+        [trial(1, {"b": 1})],
+        {1: [level("chat", "c1", r, output_throughput=90.0 + r, ttft_p99_ms=80.0 + r,
+                   completion_tokens_mean=60.0) for r in range(2)]},
+        sweep_id=2,
+    )  # fmt: skip
+    result = compare(a, b)
+    changes = {c.metric: c for c in result.pairs[0].changes}
+    assert changes["output_throughput"].direction == "worse"  # higher is better, it fell
+    assert changes["ttft_p99_ms"].direction == "better"  # lower is better, it fell
+    assert changes["completion_tokens_mean"].direction == "changed"  # no better way
+    chosen = format_comparison(result, metrics=["ttft_p99_ms"])
+    assert "ttft_p99_ms" in chosen and "output_throughput" not in chosen
+    assert "2 metric change(s) not chosen not shown" in chosen
+    full = format_comparison(result, metrics=["chat.c1.output_throughput"])
+    assert "output_throughput" in full and "ttft_p99_ms" not in full
+    with pytest.raises(ConfigError, match="no metric 'bogus'"):
+        format_comparison(result, metrics=["bogus"])

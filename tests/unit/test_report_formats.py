@@ -12,6 +12,7 @@ from helpers.report_data import level, sweep_data, throughput_sweep, trial
 from servesweep.errors import ConfigError
 from servesweep.models import Evidence
 from servesweep.report import FORMATS, JSON_FORMAT, JSON_VERSION, find_best, format_best, render
+from servesweep.store.records import SweepData
 
 
 def test_table_lists_every_level_failure_and_best() -> None:
@@ -166,3 +167,60 @@ def test_csv_header_names_each_column_once() -> None:
     assert len(header) == len(set(header)), sorted(h for h in header if header.count(h) > 1)
     row = next(csv.DictReader(io.StringIO(render(data, "csv"))))
     assert float(row["duration_s"]) == 10.0 and float(row["output_throughput"]) == 5.0
+
+
+def _wide_sweep() -> SweepData:
+    metrics = {
+        "output_throughput": 1234.5, "ttft_p99_ms": 25.25, "tpot_median_ms": 4.004,
+        "ttft_median_ms": 20.5, "itl_p99_ms": 9.5, "e2e_median_ms": 200.25,
+        "request_throughput": 3.5, "acceptance_length": 2.75, "goodput": 3.0,
+    }  # fmt: skip
+    return sweep_data(
+        [trial(1, {"budget": 4, "topk": 2}), trial(2, {"budget": 8, "topk": 4})],
+        {1: [level("chat", "c1", **metrics)], 2: [level("chat", "c1", **metrics)]},
+        objective={"maximize": "chat.c1.output_throughput"},
+        constraints=["chat.c1.ttft_p99_ms < 500"],
+    )
+
+
+def test_table_columns_by_priority_to_fit_the_width() -> None:
+    data = _wide_sweep()
+    for width in (200, 120, 90, 60):
+        text = render(data, "table", width=width)
+        table = [ln for ln in text.splitlines() if ln[:1] in "┏┃┡│└"]
+        assert max(len(ln) for ln in table) <= width, width
+    wide = render(data, "table", width=200)
+    header = next(ln for ln in wide.splitlines() if ln.startswith("┃"))
+    names = [c.strip() for c in header.strip("┃").split("┃")]
+    assert names[:8] == ["trial", "budget", "topk", "outcome", "workload", "level",
+                         "output_throughput", "ttft_p99_ms"]  # fmt: skip
+    assert names[8] == "acceptance_length"  # measured: a default column, before the rest
+    assert "hidden to fit" in wide and "goodput" in wide  # the non-default metric
+    narrow = render(data, "table", width=90)
+    header = next(ln for ln in narrow.splitlines() if ln.startswith("┃"))
+    assert "output_throughput" in header and "budget" in header  # the objective first
+    assert "e2e_median_ms" not in header
+    hidden = next(ln for ln in narrow.splitlines() if "hidden to fit 90 characters" in ln)
+    assert hidden.startswith(f"{hidden.split()[0]} columns hidden") and "--columns" in hidden
+    assert "e2e_median_ms" in hidden and "COLUMNS=250" in hidden
+    chosen = render(data, "table", width=60, columns=["goodput"])
+    header = next(ln for ln in chosen.splitlines() if ln.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == [
+        "trial", "outcome", "workload", "level", "goodput",
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="no column 'bogus'"):
+        render(data, "table", columns=["bogus"])
+
+
+def test_numbers_use_significant_digits_everywhere() -> None:
+    from servesweep.report import format_number
+
+    assert [format_number(v) for v in (1234.5, 25.25, 4.004, 0.012345, 123456.7, 30.0)] == [
+        "1234", "25.25", "4.004", "0.01235", "123457", "30",
+    ]  # fmt: skip
+    data = _wide_sweep()
+    for fmt in ("table", "markdown"):
+        text = render(data, fmt, width=250)
+        assert "1234" in text and "1234.5" not in text, fmt
+    html = render(data, "html")  # shown text; sort keys and chart data keep full precision
+    assert ">1234</td>" in html and ">1234.5<" not in html and '"1234"' in html

@@ -310,21 +310,51 @@ FORMAT_ALIASES = {"md": "markdown"}
 )
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 @click.option("--sweep", "sweep_id", type=int, help="Sweep id in the database (default: latest).")
-def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None) -> None:
+@click.option(
+    "--columns",
+    help="Columns of the table and markdown formats: params and metric names, comma-separated "
+    "(default: as many as fit, by priority).",
+)
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Rewrite --out as the sweep advances, until it is finished; an HTML report reloads "
+    "itself meanwhile.",
+)
+@click.option(
+    "--interval",
+    default="2s",
+    show_default=True,
+    help="With --watch: how often to look at the results database.",
+)
+def report(
+    target: str | None,
+    fmt: str,
+    out: Path | None,
+    sweep_id: int | None,
+    columns: str | None,
+    watch: bool,
+    interval: str,
+) -> None:
     """Render a sweep's results (finished or still running).
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
     from servesweep.report import render
 
     fmt = FORMAT_ALIASES.get(fmt, fmt)
+    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
     path, name = _resolve_store(target)
     data = _load_data(path, sweep_id, name)
+    if watch:
+        _watch(path, data.sweep.id, fmt, out, interval, chosen)
+        return
     console = _console()
     text = render(
         data,
         fmt,
         color=out is None and fmt == "table" and console.is_terminal and not console.no_color,
         width=console.width if out is None else 200,
+        columns=chosen,
     )
     if out is not None:
         try:
@@ -334,6 +364,42 @@ def report(target: str | None, fmt: str, out: Path | None, sweep_id: int | None)
         click.echo(f"wrote {out}", err=True)
     else:
         click.echo(text)
+
+
+def _watch(
+    path: Path, sweep_id: int, fmt: str, out: Path | None, interval: str, columns: Any
+) -> None:
+    """``report --watch``: rewrite ``out`` until the sweep is finished."""
+    from servesweep.report import render
+    from servesweep.report.html import DEFAULT_RELOAD_S
+    from servesweep.report.watch import watch_report
+    from servesweep.spec.schema import parse_duration
+
+    if out is None:
+        raise ConfigError("--watch rewrites a file: give --out PATH", key="--watch")
+    try:
+        seconds = parse_duration(interval)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--interval") from None
+    _install_signal_handlers()
+    err = _console(stderr=True)
+
+    def say(data: Any) -> None:
+        done = sum(1 for t in data.trials if t.outcome.final)
+        state = "finished" if data.sweep.finished_at else "running"
+        err.print(
+            f"wrote {out}: {done}/{len(data.trials)} trials done, sweep {state}", markup=False
+        )
+
+    watch_report(
+        lambda: _load_data(path, sweep_id, None),
+        lambda data, live: render(
+            data, fmt, width=200, columns=columns, reload_s=DEFAULT_RELOAD_S if live else None
+        ),
+        out,
+        interval_s=seconds,
+        on_write=say,
+    )
 
 
 @cli.command()
@@ -403,12 +469,30 @@ def best(
 @click.argument("b")
 @click.option("--trial-a", type=int, help="A trial of A to compare (with --trial-b).")
 @click.option("--trial-b", type=int, help="A trial of B to compare (with --trial-a).")
-def compare(a: str, b: str, trial_a: int | None, trial_b: int | None) -> None:
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    help="Show this metric (a name like ttft_p99_ms or a reference like chat.c8.ttft_p99_ms), "
+    "changed or not; repeatable.",
+)
+@click.option(
+    "--all", "show_all", is_flag=True, help="Every metric, not only changes beyond the noise."
+)
+def compare(
+    a: str,
+    b: str,
+    trial_a: int | None,
+    trial_b: int | None,
+    metrics: tuple[str, ...],
+    show_all: bool,
+) -> None:
     """Two sweeps (or two configurations) side by side.
 
     A and B are sweep files or results databases; their configurations are matched by
     their params. With --trial-a and --trial-b: those two configurations (A and B may
-    then be the same sweep)."""
+    then be the same sweep). Shows the metrics that changed beyond the run-to-run noise,
+    marked better or worse; --metric and --all show more."""
     from servesweep.report import compare as do_compare
     from servesweep.report import format_comparison
 
@@ -416,7 +500,8 @@ def compare(a: str, b: str, trial_a: int | None, trial_b: int | None) -> None:
     for target in (a, b):
         path, name = _resolve_store(target)
         datas.append(_load_data(path, None, name))
-    click.echo(format_comparison(do_compare(datas[0], datas[1], trial_a=trial_a, trial_b=trial_b)))
+    result = do_compare(datas[0], datas[1], trial_a=trial_a, trial_b=trial_b)
+    click.echo(format_comparison(result, metrics=metrics, show_all=show_all))
 
 
 # -- apply, wait-gpus, doctor ---------------------------------------------------------

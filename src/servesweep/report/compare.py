@@ -5,14 +5,21 @@ Sweeps are matched by config fingerprint, workload and level; two configurations
 measured on both sides the change is given, and whether it exceeds the run-to-run
 noise: the larger spread (max - min) across repeats of either side. Without
 repeats on either side the noise is unknown and the change is not judged.
+
+The text (:func:`format_comparison`) shows, by default, only the changes that matter:
+those beyond the noise (without repeats: beyond :data:`UNKNOWN_NOISE_THRESHOLD`,
+relative), each marked ``better`` or ``worse`` by the direction the metric catalog
+gives it; ``metrics`` chooses metrics, ``show_all`` lists every one.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servesweep.errors import ConfigError
+from servesweep.metrics_catalog import Better, Scope, lookup
 from servesweep.models import EvalTaskResult
 from servesweep.report.data import (
     LevelStats,
@@ -27,7 +34,17 @@ from servesweep.report.evals import TaskFlip, task_status
 from servesweep.report.refs import ResultIndex
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["Comparison", "MetricChange", "PairedConfig", "compare", "format_comparison"]
+__all__ = [
+    "UNKNOWN_NOISE_THRESHOLD",
+    "Comparison",
+    "MetricChange",
+    "PairedConfig",
+    "compare",
+    "format_comparison",
+]
+
+UNKNOWN_NOISE_THRESHOLD = 0.05
+"""Without repeats, a change counts when it exceeds 5 % of A's value."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,32 @@ class MetricChange:
         """True when the change exceeds the noise, False when it does not, None when
         the noise is unknown (no repeats)."""
         return None if self.noise is None else abs(self.delta) > self.noise
+
+    @property
+    def matters(self) -> bool:
+        """Shown by default: beyond the noise, or, with the noise unknown, beyond
+        :data:`UNKNOWN_NOISE_THRESHOLD` of A's value."""
+        if self.significant is not None:
+            return self.significant
+        if self.delta == 0:
+            return False
+        rel = self.relative
+        return rel is None or abs(rel) > UNKNOWN_NOISE_THRESHOLD
+
+    @property
+    def better(self) -> str:
+        """``higher``, ``lower`` or ``neither``: which way the metric improves."""
+        entry = lookup(self.metric, Scope.LEVEL) or lookup(self.metric, Scope.EVAL)
+        return entry.better.value if entry is not None else Better.NEITHER.value
+
+    @property
+    def direction(self) -> str:
+        """``better``, ``worse``, or ``changed`` (a metric with no better direction,
+        or no change)."""
+        if self.delta == 0 or self.better == Better.NEITHER.value:
+            return "changed"
+        up = self.delta > 0
+        return "better" if up == (self.better == Better.HIGHER.value) else "worse"
 
 
 @dataclass(frozen=True)
@@ -170,15 +213,43 @@ def _verdict(change: MetricChange) -> str:
     return f"within noise {format_number(change.noise)}"
 
 
-def format_comparison(comparison: Comparison) -> str:
-    """Plain text: one block per matched configuration, one line per metric."""
+def _chosen(change: MetricChange, metrics: Sequence[str]) -> bool:
+    full = f"{change.workload}.{change.level}.{change.metric}"
+    return any(m in (change.metric, full, f"{change.workload}.{change.metric}") for m in metrics)
+
+
+def format_comparison(
+    comparison: Comparison, *, metrics: Sequence[str] = (), show_all: bool = False
+) -> str:
+    """Plain text: one block per matched configuration, one line per metric that
+    changed beyond the noise (every metric with ``show_all``; the ``metrics`` named,
+    by name or full reference, whatever their change), marked better or worse."""
     lines = [f"A = {comparison.name_a}, B = {comparison.name_b}"]
     if not comparison.noise_known:
-        lines.append("noise unknown: no repeats on either side (set 'repeats' on the workloads)")
+        lines.append(
+            "noise unknown: no repeats on either side (set 'repeats' on the workloads); "
+            f"changes above {UNKNOWN_NOISE_THRESHOLD:.0%} are shown"
+        )
+    known = {c.metric for p in comparison.pairs for c in p.changes}
+    missing = [m for m in metrics if not any(_chosen_name(m, k) for k in known)]
+    if missing:
+        raise ConfigError(
+            f"no metric {', '.join(map(repr, missing))} was measured on both sides "
+            f"(metrics: {', '.join(sorted(known)) or 'none'})",
+            key="--metric",
+        )
+    quiet = 0
     for pair in comparison.pairs:
         lines.append(f"A {config_label(pair.a)} <-> B {config_label(pair.b)}")
         if pair.a.outcome != pair.b.outcome:
             lines.append(f"  outcome: {pair.a.outcome.value} -> {pair.b.outcome.value}")
+        if metrics:
+            shown = [c for c in pair.changes if _chosen(c, metrics)]
+        elif show_all:
+            shown = list(pair.changes)
+        else:
+            shown = [c for c in pair.changes if c.matters]
+        quiet += len(pair.changes) - len(shown)
         rows = [
             (
                 f"{c.workload}.{c.level}.{c.metric}",
@@ -186,21 +257,32 @@ def format_comparison(comparison: Comparison) -> str:
                 format_stats(c.b),
                 ("+" if c.delta >= 0 else "") + format_number(c.delta),
                 "" if c.relative is None else f"{c.relative:+.1%}",
+                c.direction if c.matters else "",
                 _verdict(c),
             )
-            for c in pair.changes
+            for c in shown
         ]
         if rows:
             widths = [max(len(r[i]) for r in rows) for i in range(6)]
             for row in rows:
                 cells = [row[0].ljust(widths[0])] + [row[i].rjust(widths[i]) for i in range(1, 5)]
-                lines.append("  " + "  ".join(cells) + "  " + row[5])
-        else:
+                cells.append(row[5].ljust(widths[5]))
+                lines.append(("  " + "  ".join(cells) + "  " + row[6]).rstrip())
+        elif not pair.changes:
             lines.append("  no metric measured on both sides")
+        else:
+            lines.append("  no change beyond the noise")
         for flip in pair.flips:
             states = ", ".join(f"#{t} {s}" for t, s in flip.statuses)
             lines.append(f"  flipped {flip.workload}/{flip.task_id}: {states}")
     for side, trials in (("A", comparison.only_a), ("B", comparison.only_b)):
         for trial in trials:
             lines.append(f"only in {side}: {config_label(trial)} ({trial.outcome.value})")
+    if quiet and not show_all:
+        what = "not chosen" if metrics else "within the noise (or, without repeats, 5 %)"
+        lines.append(f"{quiet} metric change(s) {what} not shown (--all lists every metric)")
     return "\n".join(printable(" ".join(line.splitlines())) for line in lines)
+
+
+def _chosen_name(name: str, metric: str) -> bool:
+    return name == metric or name.endswith("." + metric)

@@ -8,17 +8,19 @@ evidence, pass rates and flipped eval tasks, and the best configuration.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servesweep.errors import ServesweepError
+from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import Outcome
 from servesweep.report.best import find_best
 from servesweep.report.data import (
     KEY_METRICS,
+    LevelStats,
     format_number,
     format_stats,
     format_value,
@@ -32,9 +34,19 @@ from servesweep.report.refs import ResultIndex, objective_of
 from servesweep.spec.constraints import parse_constraint
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["TableView", "render_markdown", "render_table", "table_view"]
+__all__ = [
+    "TableView",
+    "column_priority",
+    "hidden_line",
+    "render_markdown",
+    "render_table",
+    "table_view",
+]
 
-MAX_METRIC_COLUMNS = 7
+FIXED = ("trial", "outcome", "workload", "level")
+"""Columns every table keeps: without them no number can be read."""
+HIDDEN_LISTED = 8
+"""Names of hidden columns listed under the table (the rest are counted)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,8 @@ class TableView:
     failures: tuple[str, ...]
     evals: tuple[str, ...]
     footer: tuple[str, ...]
+    hidden: tuple[str, ...] = ()
+    """Columns left out (to fit the width, or not chosen with ``columns``)."""
 
 
 def _outcome_cell(trial: TrialRecord) -> str:
@@ -64,39 +78,101 @@ def _one_line(text: str) -> str:
     return printable(" ".join(text.split()))
 
 
-def table_view(data: SweepData, max_metrics: int = MAX_METRIC_COLUMNS) -> TableView:
-    index = ResultIndex(data)
-    params = swept_params(data)
-    all_levels = [lvl for levels in index.levels.values() for lvl in levels]
-    names = metric_names(all_levels)
-    preferred = [*_decision_metrics(data), "pass_rate", *KEY_METRICS]
-    shown = [m for m in dict.fromkeys(preferred) if m in names][:max_metrics]
-    if not shown:
-        shown = names[:max_metrics]
-    repeats = any(len(lvl.repeats) > 1 for lvl in all_levels)
-    headers = ["trial", *params, "outcome", "workload", "level"]
-    headers += ["n"] if repeats else []
-    headers += shown
+def column_priority(data: SweepData, index: ResultIndex) -> tuple[list[str], list[str]]:
+    """(the default columns, most wanted first; every other metric measured). Default:
+    trial, outcome, the workload and level, the objective's metric, the swept params,
+    the constraints' metrics, the repeat count, the acceptance length of speculative
+    decoding (when measured), then the key metrics."""
+    levels = [lvl for lv in index.levels.values() for lvl in lv]
+    measured = metric_names(levels)
+    decision = [m for m in _decision_metrics(data) if m in measured]
+    repeats = ["n"] if any(len(lvl.repeats) > 1 for lvl in levels) else []
+    order = [*FIXED, *decision[:1], *swept_params(data), *decision[1:], *repeats]
+    order += [m for m in ("acceptance_length", "pass_rate", *KEY_METRICS) if m in measured]
+    default = list(dict.fromkeys(order))
+    return default, sorted(set(measured) - set(default))
+
+
+def _cells(
+    data: SweepData, index: ResultIndex, headers: list[str]
+) -> tuple[list[tuple[str, ...]], list[str]]:
+    params = set(swept_params(data))
     rows: list[tuple[str, ...]] = []
     outcomes: list[str] = []
-    trials = sorted(data.trials, key=lambda t: (t.seq, t.id))
-    for trial in trials:
-        head = [f"#{trial.id}", *(format_value(trial.params.get(p)) for p in params)]
-        levels = index.levels.get(trial.id, [])
-        if not levels:
-            levels_cells: list[list[str]] = [["-", "-", *(["-"] if repeats else [])]]
-            metric_cells: list[list[str]] = [["-"] * len(shown)]
-        else:
-            levels_cells = [
-                [lvl.workload, lvl.level, *([str(len(lvl.repeats))] if repeats else [])]
-                for lvl in levels
-            ]
-            metric_cells = [[format_stats(lvl.metrics.get(m)) for m in shown] for lvl in levels]
-        for lcells, mcells in zip(levels_cells, metric_cells, strict=True):
-            rows.append(
-                tuple(_one_line(c) for c in [*head, _outcome_cell(trial), *lcells, *mcells])
-            )
+    for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
+        levels: list[LevelStats | None] = list(index.levels.get(trial.id, [])) or [None]
+        for lvl in levels:
+            row = []
+            for h in headers:
+                if h == "trial":
+                    row.append(f"#{trial.id}")
+                elif h == "outcome":
+                    row.append(_outcome_cell(trial))
+                elif h in params:
+                    row.append(format_value(trial.params.get(h)))
+                elif lvl is None:
+                    row.append("-")
+                elif h == "workload":
+                    row.append(lvl.workload)
+                elif h == "level":
+                    row.append(lvl.level)
+                elif h == "n":
+                    row.append(str(len(lvl.repeats)))
+                else:
+                    row.append(format_stats(lvl.metrics.get(h)))
+            rows.append(tuple(_one_line(c) for c in row))
             outcomes.append(trial.outcome.value)
+    return rows, outcomes
+
+
+def _table_width(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], columns: Sequence[int]
+) -> int:
+    """Characters the rich table takes with these columns (one space of padding each
+    side, one border character between and around them)."""
+    return 1 + sum(max([len(headers[i]), *(len(r[i]) for r in rows)]) + 3 for i in columns)
+
+
+def table_view(
+    data: SweepData, width: int | None = None, columns: Sequence[str] | None = None
+) -> TableView:
+    """The table's content. ``columns`` (params and metric names, besides trial,
+    outcome, workload and level) chooses the columns; otherwise the default columns of
+    :func:`column_priority` are added in their order while the table fits ``width``
+    characters (all of them when ``width`` is None). ``hidden`` says what was left out,
+    the columns that did not fit first."""
+    index = ResultIndex(data)
+    default, extra = column_priority(data, index)
+    priority = default + extra
+    if columns is not None:
+        unknown = [c for c in columns if c not in priority]
+        if unknown:
+            raise ConfigError(
+                f"no column {', '.join(map(repr, unknown))} in this sweep "
+                f"(columns: {', '.join(priority)})",
+                key="--columns",
+            )
+        wanted = [*FIXED, *columns]
+    else:
+        wanted = default
+    # natural order: trial, params, outcome, workload, level, n, metrics by priority
+    params = swept_params(data)
+    natural = ["trial", *params, "outcome", "workload", "level", "n"]
+    ordered = [c for c in natural if c in wanted] + [c for c in wanted if c not in natural]
+    rows, outcomes = _cells(data, index, ordered)
+    keep = list(range(len(ordered)))
+    if columns is None and width is not None:
+        keep = [ordered.index(c) for c in FIXED]
+        for name in default[len(FIXED) :]:
+            trial_keep = sorted([*keep, ordered.index(name)])
+            if _table_width(ordered, rows, trial_keep) > width:
+                break  # strictly by priority: what follows is hidden too
+            keep = trial_keep
+    keep.sort()
+    headers = [ordered[i] for i in keep]
+    hidden = tuple(c for c in priority if c not in headers and c != "n")
+    rows = [tuple(r[i] for i in keep) for r in rows]
+    trials = sorted(data.trials, key=lambda t: (t.seq, t.id))
     failures = tuple(
         _one_line(
             f"#{t.id} {t.failure_class.value if t.failure_class else 'failed'}: "
@@ -128,6 +204,24 @@ def table_view(data: SweepData, max_metrics: int = MAX_METRIC_COLUMNS) -> TableV
         failures=failures,
         evals=evals,
         footer=tuple(_best_lines(data)),
+        hidden=hidden,
+    )
+
+
+def hidden_line(view: TableView, width: int | None) -> str | None:
+    """What was left out and how to see it, or None."""
+    if not view.hidden:
+        return None
+    names = ", ".join(view.hidden[:HIDDEN_LISTED])
+    more = (
+        f" and {len(view.hidden) - HIDDEN_LISTED} more" if len(view.hidden) > HIDDEN_LISTED else ""
+    )
+    fit = f" to fit {width} characters" if width is not None else ""
+    n = len(view.hidden)
+    return _one_line(
+        f"{n} column{'s' if n > 1 else ''} hidden{fit}: {names}{more}. See them with "
+        "--columns NAME,... (e.g. --columns " + view.hidden[0] + "), a wider terminal "
+        "(COLUMNS=250), or --format csv / json / html"
     )
 
 
@@ -172,10 +266,17 @@ def _rich_table(view: TableView, color: bool) -> Table:
     return table
 
 
-def render_table(data: SweepData, *, color: bool = False, width: int = 160) -> str:
+def render_table(
+    data: SweepData,
+    *,
+    color: bool = False,
+    width: int = 160,
+    columns: Sequence[str] | None = None,
+) -> str:
     """The terminal table; plain text unless ``color`` (the caller checks NO_COLOR
-    and whether the output is a terminal). Metric columns are dropped from the
-    right until the table fits ``width`` (at least three stay)."""
+    and whether the output is a terminal). Columns are chosen by priority to fit
+    ``width`` (or are ``columns``); a line under the table says how many were hidden
+    and how to see them."""
     buf = io.StringIO()
     console = Console(
         file=buf,
@@ -188,13 +289,11 @@ def render_table(data: SweepData, *, color: bool = False, width: int = 160) -> s
         markup=False,
         legacy_windows=False,
     )
-    wide = Console(file=io.StringIO(), width=10_000, color_system=None)
-    for max_metrics in range(MAX_METRIC_COLUMNS, 2, -1):
-        view = table_view(data, max_metrics)
-        table = _rich_table(view, color)
-        if wide.measure(table).maximum <= width:
-            break
-    console.print(table)
+    view = table_view(data, width, columns)
+    console.print(_rich_table(view, color))
+    hidden = hidden_line(view, width) if columns is None else None
+    if hidden:
+        console.print(Text(hidden, style="dim" if color else ""), soft_wrap=True)
     for heading, lines in (("failures:", view.failures), ("evals:", view.evals)):
         if lines:
             console.print(Text(heading, style="bold" if color else ""))
@@ -212,9 +311,10 @@ def _md_cell(text: str) -> str:
     return escaped
 
 
-def render_markdown(data: SweepData) -> str:
-    """The same table as GitHub Markdown; every cell escaped."""
-    view = table_view(data)
+def render_markdown(data: SweepData, columns: Sequence[str] | None = None) -> str:
+    """The same table as GitHub Markdown (every default column, or ``columns``);
+    every cell escaped."""
+    view = table_view(data, None, columns)
     out = [f"## {_md_cell(view.title)}", ""]
     out.append("| " + " | ".join(_md_cell(h) for h in view.headers) + " |")
     out.append("|" + "|".join("---" for _ in view.headers) + "|")
@@ -223,6 +323,8 @@ def render_markdown(data: SweepData) -> str:
         if lines:
             out += ["", f"### {heading}", ""]
             out += [f"- {_md_cell(line)}" for line in lines]
+    if view.hidden and columns is None:
+        out += ["", _md_cell(hidden_line(view, None) or "")]
     if view.footer:
         out.append("")
         out += [f"**{_md_cell(view.footer[0])}**", *(f"- {_md_cell(x)}" for x in view.footer[1:])]
