@@ -184,3 +184,18 @@ def test_reasoning_counts_for_ttft_and_is_reported_apart() -> None:
     assert m["ttft_mean_ms"] == pytest.approx(10.0)
     assert info["reasoning"]["time_to_first_answer_ms"]["mean"] == pytest.approx(20.0)
     assert info["reasoning"]["reasoning_tokens_mean"] == 1
+
+
+def test_an_unbelievable_usage_gives_the_client_count_and_a_warning() -> None:
+    raw = _raw(0, 0.0, [10, 20, 30], None, None, prompt=0)
+    raw.prompt_tokens = None
+    raw.usage_problem = "completion_tokens -3 is negative"
+    good = _raw(1, 0.0, [10, 20, 30], [1, 1, 1], 3)
+    m, info, samples, warnings = compute_level([raw, good], LevelContext(t0_ns=0, concurrency=2))
+    assert m["completion_tokens_mean"] == 3.0  # three chunks, counted by the client
+    assert m["input_throughput"] == pytest.approx(10 / 0.030)  # only the credible prompt
+    assert samples[0].completion_tokens == 3 and samples[0].prompt_tokens is None
+    assert info["usage_rejected"] == 1
+    assert info["usage_rejected_example"] == "completion_tokens -3 is negative"
+    assert any("cannot be true" in w and "-3 is negative" in w for w in warnings)
+    assert not any("no usage" in w for w in warnings)

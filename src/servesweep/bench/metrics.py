@@ -249,10 +249,15 @@ def compute_level(
             examples[r.error] = r.message
     if examples:
         info["error_examples"] = examples
+    rejected = [r.usage_problem for r in raws if r.usage_problem]
+    if rejected:
+        info["usage_rejected"] = len(rejected)
+        info["usage_rejected_example"] = rejected[0]
     info["tokens_per_chunk_source"] = dict(token_source)
     info["completion_tokens_source"] = (
         "usage" if all(r.completion_tokens is not None for r in ok) else "chunk_count"
     )
+    without_usage = sum(1 for r in ok if r.completion_tokens is None and not r.usage_problem)
     if reasoning or reasoning_tokens:
         info["reasoning"] = {
             "requests": len(reasoning),
@@ -263,7 +268,7 @@ def compute_level(
                 sum(reasoning_tokens) / len(reasoning_tokens) if reasoning_tokens else None
             ),
         }
-    warnings = _warnings(m, info, ctx, ok)
+    warnings = _warnings(m, info, ctx, without_usage)
     est = estimate_from_chunks(per_request_chunk_tokens)
     if est is not None:
         info["acceptance_estimate_from_chunks"] = round(est, 4)
@@ -285,7 +290,7 @@ def _meets(slo: Mapping[str, float], values: Mapping[str, float | None], tokens:
 
 
 def _warnings(
-    m: Mapping[str, float], info: Mapping[str, Any], ctx: LevelContext, ok: Sequence[RawResult]
+    m: Mapping[str, float], info: Mapping[str, Any], ctx: LevelContext, without_usage: int
 ) -> list[str]:
     out: list[str] = []
     advice = "use more worker processes (workers), fewer concurrent levels, or a less busy machine"
@@ -328,9 +333,16 @@ def _warnings(
                 f"({held / ctx.concurrency:.0%}): the generator is too slow between requests; "
                 f"{advice}"
             )
-    if ctx.stream and ok and info.get("completion_tokens_source") != "usage":
+    if ctx.stream and without_usage:
         out.append(
             "the server sent no usage in some responses: token counts are stream chunk counts, "
             "which undercount with speculative decoding; enable stream_options.include_usage"
+        )
+    rejected = info.get("usage_rejected")
+    if rejected:
+        out.append(
+            f"{rejected} responses carried a usage that cannot be true "
+            f"({info['usage_rejected_example']}): their token counts are the client's own "
+            "(token-carrying chunks), not the server's; check the server's usage reporting"
         )
     return out
