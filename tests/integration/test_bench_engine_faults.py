@@ -1,5 +1,7 @@
 """The load generator against servers that misbehave the way real engines do: one
-that cuts streams short, one whose usage cannot be true.
+that closes its connection after every streamed answer although it promised
+keep-alive (llama.cpp's llama-server), one that cuts streams short, one whose
+usage cannot be true, one that dies in the middle of a level.
 
 Every server is a process on 127.0.0.1 (``tests/helpers/stub_engine.py`` or the
 simulated engine), killed by PID; every level is bounded by a request count and
@@ -11,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import pytest
 from servesweep.bench.load import run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.models import LevelResult
+from servesweep.sim.testing import running_sim
 from servesweep.spec.schema import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +58,35 @@ def bench(port: int, timeout_s: float = 60.0, **spec: Any) -> list[LevelResult]:
     return run_workload_sync(target, WorkloadSpec(name="w", **spec))
 
 
+def failed_texts(r: LevelResult) -> list[str]:
+    return [s.error or "" for s in r.samples if not s.ok]
+
+
+@pytest.mark.parametrize("close", ["now", "20"])
+def test_a_server_that_closes_after_every_stream_loses_no_request(close: str) -> None:
+    # llama-server: keep-alive promised, connection closed after each streamed answer
+    # ("now"), or a little later ("20" ms: the close arrives after the next request
+    # went out on the connection, which must then be sent once more)
+    with stub_engine("--close-after-stream", close, "--gap-ms", "1") as port:
+        results = bench(port, concurrency=[1, 2], requests=8, max_tokens=6)
+    for r in results:
+        assert (r.metrics["completed"], r.metrics["failed"]) == (8, 0), (r.level, r.info)
+        assert all(s.completion_tokens == 6 for s in r.samples)
+    if close == "20":
+        resent = [r.info.get("resent_requests", 0) for r in results]
+        assert all(n >= 1 for n in resent), resent
+        assert "Server disconnected" in results[0].info["resent_example"] or (
+            "Connection reset" in results[0].info["resent_example"]
+        )
+
+
 def test_a_stream_cut_short_is_a_failed_request() -> None:
     # the body ends cleanly after 3 of 8 tokens: no finish_reason, no [DONE]
     with stub_engine("--truncate-after", "3", "--close-after-stream", "keep") as port:
         (r,) = bench(port, concurrency=[2], requests=4, max_tokens=8)
     assert r.metrics["completed"] == 0 and r.metrics["failed"] == 4
     assert r.info["errors"] == {"incomplete": 4}
-    assert "cut short" in r.info["error_examples"]["incomplete"]
+    assert all("cut short" in text for text in failed_texts(r))
     assert all(len(s.chunk_tokens) == 3 for s in r.samples)  # what arrived is kept
 
 
@@ -75,3 +100,20 @@ def test_a_usage_that_cannot_be_true_is_replaced_by_the_client_count(usage: str)
     assert m["input_throughput"] >= 0 and "prompt_tokens_mean" not in m
     assert r.info["usage_rejected"] == 4
     assert any("cannot be true" in w for w in r.warnings), r.warnings
+
+
+def test_a_server_that_dies_mid_level_leaves_what_was_measured(tmp_path: Path) -> None:
+    with running_sim(["--load-time", "0", "--step-ms", "2", "--crash-after", "3"], tmp_path) as run:
+        run.wait_ready()
+        target = Target(base_url=f"http://127.0.0.1:{run.port}", model="sim-model", timeout_s=60)
+        spec = WorkloadSpec(name="w", concurrency=[1, 2], requests=8, max_tokens=8)
+        results = run_workload_sync(target, spec)
+        assert run.wait_exit(timeout=30) != 0
+    first, second = results  # no level is lost
+    assert len(first.samples) == len(second.samples) == 8
+    assert 1 <= first.metrics["completed"] <= 3  # the requests before the crash are kept
+    assert first.metrics["failed"] == 8 - first.metrics["completed"]
+    assert sum(1 for s in first.samples if s.ok) == first.metrics["completed"]
+    assert second.metrics["failed"] == 8 and second.info["errors"] == {"connection": 8}
+    texts: Sequence[str] = failed_texts(first) + failed_texts(second)
+    assert all(":" in text and len(text) > len("connection: ") for text in texts), texts

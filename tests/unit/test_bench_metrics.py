@@ -199,3 +199,18 @@ def test_an_unbelievable_usage_gives_the_client_count_and_a_warning() -> None:
     assert info["usage_rejected_example"] == "completion_tokens -3 is negative"
     assert any("cannot be true" in w and "-3 is negative" in w for w in warnings)
     assert not any("no usage" in w for w in warnings)
+
+
+def test_a_failed_request_keeps_its_error_text_and_resends_are_counted() -> None:
+    text = "ServerDisconnectedError: Server disconnected"
+    bad = RawResult(index=1, sent_ns=0, error="connection", message=text, end_ns=MS)
+    ok = _raw(0, 0.0, [10, 20], [1, 1], 2)
+    ok.resent = "ClientOSError: [Errno 104] Connection reset by peer"
+    m, info, samples, _ = compute_level([ok, bad], LevelContext(t0_ns=0, concurrency=1))
+    assert info["errors"] == {"connection": 1}  # grouped by type
+    assert info["error_examples"] == {"connection": text}
+    assert samples[1].error == f"connection: {text}"  # each request keeps the text
+    assert samples[0].error is None
+    assert info["resent_requests"] == 1
+    assert info["resent_example"] == ok.resent
+    assert m["completed"] == 1 and m["failed"] == 1

@@ -4,7 +4,8 @@ One request is one :func:`send` call. The hot path does the least possible work:
 while a response streams, each network read is stored as ``(monotonic_ns, bytes)``;
 the SSE events are split and parsed once the stream has ended
 (:func:`~servesweep.bench.responses.parse_stream`), so parsing never delays the
-timestamp of a later chunk.
+timestamp of a later chunk. Connections are kept alive, never reused once the
+server has closed them (:mod:`servesweep.bench.connection`).
 
 Timestamps come from ``time.monotonic_ns`` (CLOCK_MONOTONIC on Linux, shared by
 all processes of the machine, so samples of several worker processes merge).
@@ -20,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from servesweep.bench.connection import Attempt, KeepAliveConnector, describe, open_response
 from servesweep.bench.responses import RawResult, error_message, parse_into, parse_stream
 from servesweep.errors import BenchError
 
@@ -29,9 +31,10 @@ _MAX_ERROR_BODY = 2048
 
 
 def make_session(timeout_s: float, connections: int = 0) -> aiohttp.ClientSession:
-    """A session tuned for load generation: keep-alive, no connection limit unless
-    given, no cookie jar, no decompression, one total timeout per request."""
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, force_close=False)
+    """A session tuned for load generation: keep-alive (never on a connection the
+    server has closed, see :mod:`servesweep.bench.connection`), no connection limit
+    unless given, no cookie jar, no decompression, one total timeout per request."""
+    connector = KeepAliveConnector(limit=connections, limit_per_host=0, force_close=False)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=timeout_s),
@@ -52,20 +55,19 @@ async def send(
     scheduled_ns: int | None = None,
 ) -> RawResult:
     """Send one request and return what arrived. Never raises for a failed request:
-    the failure is data (``ok=False``, ``error`` type, short ``message``)."""
+    the failure is data (``ok=False``, ``error`` type, ``message`` with the text)."""
     sent = monotonic_ns()
     result = RawResult(index=index, sent_ns=sent, scheduled_ns=scheduled_ns)
     reads: list[tuple[int, bytes]] = []
+    attempt = Attempt()
     try:
-        async with session.post(url, data=body, headers=headers) as resp:
+        async with await open_response(session, url, body, headers, attempt) as resp:
             if resp.status != 200:
                 text = await resp.content.read(_MAX_ERROR_BODY)
                 result.error = f"http_{resp.status}"
                 result.message = error_message(text)
-                result.end_ns = monotonic_ns()
-                return result
-            content = resp.content
-            if stream:
+            elif stream:
+                content = resp.content
                 append = reads.append
                 while True:
                     data = await content.readany()
@@ -77,25 +79,34 @@ async def send(
                 reads.append((monotonic_ns(), data))
     except asyncio.TimeoutError:
         result.error = "timeout"
-        result.message = "no complete response within the request timeout"
+        limit = session.timeout.total
+        result.message = "no complete response within the request timeout" + (
+            f" ({limit:g} s)" if limit else ""
+        )
     except aiohttp.ClientPayloadError as exc:
         result.error = "incomplete"
-        result.message = str(exc)[:300]
+        result.message = describe(exc)
     except (aiohttp.ClientConnectionError, OSError) as exc:
         result.error = "connection"
-        result.message = f"{type(exc).__name__}: {exc}"[:300]
-    except aiohttp.ClientError as exc:
+        result.message = describe(exc)
+    except Exception as exc:  # any other failure is data too, with its text
         result.error = "client_error"
-        result.message = f"{type(exc).__name__}: {exc}"[:300]
+        result.message = describe(exc)
+    if attempt.first_error is not None:
+        result.resent = attempt.first_error
+        if result.error is not None:
+            result.message += f" (sent a second time, after: {attempt.first_error})"
+    if result.error is not None and result.error.startswith("http_"):
+        result.end_ns = monotonic_ns()
+        return result
     result.end_ns = reads[-1][0] if reads else monotonic_ns()
     if reads:
         result.first_byte_ns = reads[0][0]
+    if reads or result.error is None:
+        # keep what arrived even when the stream broke: its chunks are still facts
+        parse_into(result, reads, stream)
     if result.error is not None:
-        if reads:  # keep what arrived: the chunks before a broken stream are still facts
-            parse_into(result, reads, stream)
-            result.ok = False
-        return result
-    parse_into(result, reads, stream)
+        result.ok = False
     return result
 
 

@@ -141,7 +141,7 @@ def compute_level(
             RequestSample(
                 index=r.index,
                 ok=r.ok,
-                error=r.error,
+                error=f"{r.error}: {r.message}" if r.error and r.message else r.error,
                 scheduled_at=None if r.scheduled_ns is None else (r.scheduled_ns - t0) * _NS,
                 sent_at=(r.sent_ns - t0) * _NS,
                 first_token_at=None if r.first_ns is None else (r.first_ns - t0) * _NS,
@@ -249,6 +249,10 @@ def compute_level(
             examples[r.error] = r.message
     if examples:
         info["error_examples"] = examples
+    resent = [r.resent for r in raws if r.resent]
+    if resent:
+        info["resent_requests"] = len(resent)
+        info["resent_example"] = resent[0]
     rejected = [r.usage_problem for r in raws if r.usage_problem]
     if rejected:
         info["usage_rejected"] = len(rejected)

@@ -51,6 +51,9 @@ class RawResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+    resent: str | None = None
+    """The first attempt's error when the request was sent a second time (it failed on
+    a reused connection the server had closed, before any byte of its response)."""
     usage_problem: str | None = None
     """Why the server's usage was not believed (the token counts are then the client's)."""
 
