@@ -1,7 +1,7 @@
 """The load generator against servers that misbehave the way real engines do: one
 that closes its connection after every streamed answer although it promised
 keep-alive (llama.cpp's llama-server), one that cuts streams short, one whose
-usage cannot be true, one that dies in the middle of a level.
+usage cannot be true, one that stalls, one that dies in the middle of a level.
 
 Every server is a process on 127.0.0.1 (``tests/helpers/stub_engine.py`` or the
 simulated engine), killed by PID; every level is bounded by a request count and
@@ -9,18 +9,22 @@ every command by a timeout."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.sweep_helpers import run_cli
 
 from servesweep.bench.load import run_workload_sync
+from servesweep.bench.plan import END_GRACE_MIN_S
 from servesweep.bench.target import Target
 from servesweep.models import LevelResult
 from servesweep.sim.testing import running_sim
@@ -100,6 +104,50 @@ def test_a_usage_that_cannot_be_true_is_replaced_by_the_client_count(usage: str)
     assert m["input_throughput"] >= 0 and "prompt_tokens_mean" not in m
     assert r.info["usage_rejected"] == 4
     assert any("cannot be true" in w for w in r.warnings), r.warnings
+
+
+def test_duration_ends_a_level_whose_server_stalls() -> None:
+    # every second generation stops after 2 tokens and keeps its connection open
+    args = ("--stall-after", "2", "--stall-every", "2", "--close-after-stream", "keep")
+    with stub_engine(*args) as port:
+        start = time.monotonic()
+        (r,) = bench(port, timeout_s=600, concurrency=[2], duration=1.0, max_tokens=4)
+        took = time.monotonic() - start
+    # the requests in flight at the end got the grace (the least one: every request
+    # that finished was fast), then were counted as timeouts
+    assert took < 1.0 + END_GRACE_MIN_S + 10, took
+    assert r.info["cut_at_duration"] >= 1
+    assert r.info["errors"]["timeout"] == r.info["cut_at_duration"]
+    assert any("after the level's duration" in text for text in failed_texts(r))
+    assert r.metrics["completed"] >= 1
+    assert any("still in flight" in w for w in r.warnings)
+
+
+def test_bench_command_bounds_requests_to_a_stalled_server() -> None:
+    with stub_engine("--stall-after", "1", "--close-after-stream", "keep") as port:
+        url = f"http://127.0.0.1:{port}"
+        start = time.monotonic()
+        done = run_cli(
+            "bench", "--url", url, "--model", "stub", "--concurrency", "2", "--requests", "2",
+            "--max-tokens", "4", "--request-timeout", "1s", "--json", timeout=60,
+        )  # fmt: skip
+        assert time.monotonic() - start < 30
+        assert done.returncode == 0, done.stderr
+        (level,) = json.loads(done.stdout)
+        assert level["info"]["errors"] == {"timeout": 2}
+        assert "within the request timeout (1 s)" in level["info"]["error_examples"]["timeout"]
+        # --duration ends the level although every request stalls (600 s timeout)
+        start = time.monotonic()
+        done = run_cli(
+            "bench", "--url", url, "--model", "stub", "--concurrency", "2", "--requests", "50",
+            "--max-tokens", "4", "--duration", "1s", "--json", timeout=60,
+        )  # fmt: skip
+        assert time.monotonic() - start < 1 + END_GRACE_MIN_S + 20
+        assert done.returncode == 0, done.stderr
+        (level,) = json.loads(done.stdout)
+        assert level["info"]["errors"] == {"timeout": 2} and level["info"]["cut_at_duration"] == 2
+        bad = run_cli("bench", "--url", url, "--request-timeout", "soon")
+        assert bad.returncode == 2 and "--request-timeout" in bad.stderr
 
 
 def test_a_server_that_dies_mid_level_leaves_what_was_measured(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from time import monotonic_ns
 from typing import Any
 
@@ -25,9 +26,20 @@ from servesweep.bench.connection import Attempt, KeepAliveConnector, describe, o
 from servesweep.bench.responses import RawResult, error_message, parse_into, parse_stream
 from servesweep.errors import BenchError
 
-__all__ = ["RawResult", "make_session", "parse_stream", "send"]
+__all__ = ["Cutoff", "RawResult", "make_session", "parse_stream", "send"]
 
 _MAX_ERROR_BODY = 2048
+
+
+@dataclass(slots=True)
+class Cutoff:
+    """Shared by the requests of one level: the plan runner sets ``reason`` before it
+    cancels the requests still in flight when the level's time is up, so that
+    :func:`send` records each of them as a ``timeout`` instead of raising."""
+
+    reason: str | None = None
+    count: int = 0
+    """How many requests were cancelled and recorded as timeouts."""
 
 
 def make_session(timeout_s: float, connections: int = 0) -> aiohttp.ClientSession:
@@ -53,9 +65,11 @@ async def send(
     *,
     stream: bool = True,
     scheduled_ns: int | None = None,
+    cutoff: Cutoff | None = None,
 ) -> RawResult:
     """Send one request and return what arrived. Never raises for a failed request:
-    the failure is data (``ok=False``, ``error`` type, ``message`` with the text)."""
+    the failure is data (``ok=False``, ``error`` type, ``message`` with the text).
+    Cancelled after ``cutoff`` was given its reason, the request is a ``timeout``."""
     sent = monotonic_ns()
     result = RawResult(index=index, sent_ns=sent, scheduled_ns=scheduled_ns)
     reads: list[tuple[int, bytes]] = []
@@ -83,6 +97,12 @@ async def send(
         result.message = "no complete response within the request timeout" + (
             f" ({limit:g} s)" if limit else ""
         )
+    except asyncio.CancelledError:
+        if cutoff is None or cutoff.reason is None:
+            raise
+        result.error = "timeout"
+        result.message = cutoff.reason
+        cutoff.count += 1
     except aiohttp.ClientPayloadError as exc:
         result.error = "incomplete"
         result.message = describe(exc)

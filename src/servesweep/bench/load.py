@@ -360,6 +360,15 @@ class _Runner:
         info.update(self.data_info)
         info["workers"] = n_workers
         info["t0_monotonic_ns"] = t0
+        cut = sum(o.cut_off for o in outputs)
+        if cut:
+            grace = max(o.grace_s or 0.0 for o in outputs)
+            info["cut_at_duration"] = cut
+            warnings.append(
+                f"{cut} requests were still in flight {grace:.1f} s after the level's duration "
+                f"({self.w.duration:g} s) ended: cancelled and counted as timeouts; the server "
+                "stalled or the duration is shorter than a request"
+            )
         unknown = sorted(set(self.w.slo) - {"ttft_ms", "tpot_ms", "e2e_ms", "e2el_ms"})
         if unknown:
             warnings.append(f"unknown SLO keys ignored: {unknown} (use ttft_ms, tpot_ms, e2e_ms)")

@@ -2,6 +2,12 @@
 
 A :class:`LevelPlan` is plain picklable data so that a worker process can run it;
 :func:`run_plan` runs it on the current event loop with a given session.
+
+A level with a deadline (the workload's ``duration``) ends there: no request is
+started after it, and the requests still in flight get a grace to finish (twice
+the slowest request of the level so far, at least :data:`END_GRACE_MIN_S`); those
+still running then are cancelled and recorded as ``timeout``, so a stalled server
+cannot hold a level beyond its time.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from time import monotonic_ns
 
 import aiohttp
 
-from servesweep.bench.client import RawResult, send
+from servesweep.bench.client import Cutoff, RawResult, send
 from servesweep.bench.telemetry import LoopLagMonitor
 
-__all__ = ["LevelPlan", "PlanOutput", "arrival_offsets", "run_plan"]
+__all__ = ["END_GRACE_MIN_S", "LevelPlan", "PlanOutput", "arrival_offsets", "run_plan"]
+
+END_GRACE_MIN_S = 5.0
+"""The least time requests in flight at a level's deadline get to finish."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,10 @@ class PlanOutput:
     """Closed loop: when the whole concurrency was first in flight."""
     drain_at_ns: int | None = None
     """Closed loop: when the first slot found no more work."""
+    cut_off: int = 0
+    """Requests cancelled because they were still in flight after the deadline's grace."""
+    grace_s: float | None = None
+    """The grace they had (None: nothing was in flight at the deadline)."""
 
 
 def arrival_offsets(n: int, rate: float, arrival: str, burstiness: float, seed: int) -> list[int]:
@@ -106,6 +119,42 @@ async def run_plan(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutpu
     return out
 
 
+def _grace_s(raws: Sequence[RawResult]) -> float:
+    slowest = max((r.end_ns - r.sent_ns for r in raws if r.ok and r.end_ns is not None), default=0)
+    return max(END_GRACE_MIN_S, 2 * slowest * 1e-9)
+
+
+async def _finish(
+    tasks: Sequence[asyncio.Task[object]],
+    deadline_ns: int | None,
+    raws: Sequence[RawResult],
+    cutoff: Cutoff,
+    out: PlanOutput,
+) -> None:
+    """Wait for ``tasks``. After the deadline, the requests still in flight get their
+    grace, then are cancelled: :func:`send` records each as a ``timeout``."""
+    pending: set[asyncio.Task[object]] = {t for t in tasks if not t.done()}
+    if deadline_ns is not None and pending:
+        wait_s = max(0.0, (deadline_ns - monotonic_ns()) * 1e-9)
+        _, pending = await asyncio.wait(pending, timeout=wait_s)
+        if pending:
+            out.grace_s = _grace_s(raws)
+            _, pending = await asyncio.wait(pending, timeout=out.grace_s)
+        if pending:
+            cutoff.reason = (
+                f"still in flight {out.grace_s:.1f} s after the level's duration ended: cancelled"
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+            out.cut_off = cutoff.count
+    elif pending:
+        await asyncio.wait(pending)
+    for task in tasks:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
+
+
 async def _closed_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutput:
     raws: list[RawResult] = []
     out = PlanOutput(raws=raws, loop_lags_ns=[])
@@ -114,6 +163,7 @@ async def _closed_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanO
     url, headers, stream = plan.url, plan.headers, plan.stream
     count, deadline = plan.count, plan.deadline_ns
     state = {"next": 0, "sent": 0}
+    cutoff = Cutoff()
 
     async def slot() -> None:
         await _sleep_until(plan.t0_ns)
@@ -139,17 +189,22 @@ async def _closed_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanO
                 i,
                 stream=stream,
                 scheduled_ns=scheduled,
+                cutoff=cutoff,
             )
             raws.append(r)
             # the slot is free again now: its next request is due at once
             scheduled = monotonic_ns()
 
-    await asyncio.gather(*(slot() for _ in range(concurrency)))
+    loop = asyncio.get_running_loop()
+    slots = [loop.create_task(slot()) for _ in range(concurrency)]
+    await _finish(slots, deadline, raws, cutoff, out)
     return out
 
 
 async def _open_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutput:
     raws: list[RawResult] = []
+    out = PlanOutput(raws=raws, loop_lags_ns=[])
+    cutoff = Cutoff()
     offsets = plan.offsets_ns or ()
     bodies, order, n_order = plan.bodies, plan.order, len(plan.order)
     tasks: set[asyncio.Task[RawResult]] = set()
@@ -175,10 +230,10 @@ async def _open_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOut
                 i,
                 stream=plan.stream,
                 scheduled_ns=planned,
+                cutoff=cutoff,
             )
         )
         tasks.add(task)
         task.add_done_callback(done)
-    while tasks:
-        await asyncio.gather(*list(tasks), return_exceptions=True)
-    return PlanOutput(raws=raws, loop_lags_ns=[])
+    await _finish(list(tasks), plan.deadline_ns, raws, cutoff, out)
+    return out

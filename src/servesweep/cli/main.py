@@ -615,7 +615,18 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
 @click.option("--concurrency", default="", help="Closed-loop levels, e.g. 1,4,16.")
 @click.option("--rate", default="", help="Open-loop request rates (req/s), e.g. 2,5.")
 @click.option("--requests", type=int, default=32, show_default=True, help="Requests per level.")
-@click.option("--duration", default=None, help="Bound each level by time too, e.g. 30s.")
+@click.option(
+    "--duration",
+    default=None,
+    help="End each level after this time, e.g. 30s: requests still in flight after a short "
+    "grace are cancelled and counted as timeouts.",
+)
+@click.option(
+    "--request-timeout",
+    default="600s",
+    show_default=True,
+    help="Longest a request may take before it counts as a timeout, e.g. 30s.",
+)
 @click.option("--warmup", type=int, default=0, show_default=True, help="Unmeasured requests.")
 @click.option(
     "--dataset",
@@ -644,6 +655,7 @@ def bench(
     rate: str,
     requests: int,
     duration: str | None,
+    request_timeout: str,
     warmup: int,
     dataset: str,
     input_tokens: int | None,
@@ -675,6 +687,12 @@ def bench(
             seconds = parse_duration(duration)
         except ValueError as exc:
             raise ConfigError(str(exc), key="--duration") from None
+    try:
+        timeout_s = parse_duration(request_timeout)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--request-timeout") from None
+    if timeout_s <= 0:
+        raise ConfigError("must be more than 0 s", key="--request-timeout")
     _install_signal_handlers()
     results = run_standalone(
         url,
@@ -690,6 +708,7 @@ def bench(
         warmup=warmup,
         input_tokens=input_tokens,
         workers=workers,
+        timeout_s=timeout_s,
     )
     if as_json:
         click.echo(json.dumps(results_as_dicts(results), indent=2, default=str))
