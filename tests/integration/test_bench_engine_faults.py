@@ -150,6 +150,16 @@ def test_bench_command_bounds_requests_to_a_stalled_server() -> None:
         assert bad.returncode == 2 and "--request-timeout" in bad.stderr
 
 
+def test_bench_command_prints_each_warning_once() -> None:
+    with stub_engine("--usage", "none", "--close-after-stream", "keep") as port:
+        done = run_cli(
+            "bench", "--url", f"http://127.0.0.1:{port}", "--model", "stub",
+            "--requests", "2", "--max-tokens", "4",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout + done.stderr).count("the server sent no usage") == 1, done.stdout
+
+
 def test_a_server_that_dies_mid_level_leaves_what_was_measured(tmp_path: Path) -> None:
     with running_sim(["--load-time", "0", "--step-ms", "2", "--crash-after", "3"], tmp_path) as run:
         run.wait_ready()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 
@@ -145,8 +146,21 @@ def test_result_table_and_json() -> None:
     console = Console(width=250, record=True)
     console.print(format_results([r]))
     text = console.export_text()
-    assert "31.2/-" in text and "2.80 c" in text and "8/1" in text
+    assert "31.2/-" in text and "8/1" in text
     assert "slow generator" in text and "1 x http_500" in text
+    # the acceptance column says what it is and where the number came from
+    assert "accept len" in text and "2.80 counters" in text
+    assert "accept len: speculative decoding's mean acceptance length" in text
+    estimated = dataclasses.replace(
+        r, info={"acceptance_source": "tokens_per_chunk_estimate"}, warnings=()
+    )
+    console = Console(width=250, record=True)
+    console.print(format_results([estimated]))
+    assert "2.80 chunk est." in console.export_text()
+    plain = dataclasses.replace(r, metrics={"completed": 8}, warnings=(), info={})
+    console = Console(width=250, record=True)
+    console.print(format_results([plain]))
+    assert "accept len:" not in console.export_text()  # no note without the number
     assert results_as_dicts([r])[0]["metrics"]["completed"] == 8
 
 

@@ -22,7 +22,7 @@ from servesweep.models import LevelResult
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.spec.schema import WorkloadSpec
 
-__all__ = ["format_results", "results_as_dicts", "run_standalone"]
+__all__ = ["ACCEPTANCE_SOURCES", "format_results", "results_as_dicts", "run_standalone"]
 
 VLLM_SPEC_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
@@ -176,16 +176,31 @@ def _pair(m: Mapping[str, float], a: str, b: str, fmt: str = "{:.1f}") -> str:
     return f"{_f(m, a, fmt)}/{_f(m, b, fmt)}"
 
 
+ACCEPTANCE_SOURCES = {
+    "engine_counters": "counters",
+    "engine_gauge": "gauge",
+    "tokens_per_chunk_estimate": "chunk est.",
+}
+"""How the ``accept len`` column names where an acceptance length came from."""
+
+_ACCEPT_NOTE = (
+    "accept len: speculative decoding's mean acceptance length, tokens per target forward "
+    "pass (bonus token included), from the engine's counters, the engine's own gauge, or "
+    "estimated from the tokens per stream chunk (chunk est., an upper bound); "
+    "see docs/metrics.md"
+)
+
+
 def format_results(results: Sequence[LevelResult]) -> Table:
     """One row per level and repeat: requests ok/failed, throughput, latency
     percentiles (ms), tokens per chunk, acceptance length with its source
-    (``c``: engine counters, ``e``: estimated from chunks), concurrency really in
-    flight; warnings and errors below the table."""
+    (:data:`ACCEPTANCE_SOURCES`), concurrency really in flight; below the table,
+    each warning and error once, and what ``accept len`` means when it is shown."""
     several = len({r.workload for r in results}) > 1
     table = Table(title="servesweep bench", box=box.SIMPLE_HEAD, pad_edge=False)
     columns = [
         "level", "ok/err", "req/s", "out tok/s", "TTFT p50/p99", "TPOT p50",
-        "ITL p50/p99", "E2E p50", "tok per chunk", "accept", "in flight",
+        "ITL p50/p99", "E2E p50", "tok per chunk", "accept len", "in flight",
     ]  # fmt: skip
     if several:
         columns.insert(0, "workload")
@@ -196,8 +211,8 @@ def format_results(results: Sequence[LevelResult]) -> Table:
         level = r.level if r.repeat == 0 else f"{r.level} #{r.repeat}"
         acc = "-"
         if "acceptance_length" in m:
-            source = "e" if r.info.get("acceptance_source") == "tokens_per_chunk_estimate" else "c"
-            acc = f"{m['acceptance_length']:.2f} {source}"
+            source = str(r.info.get("acceptance_source") or "")
+            acc = f"{m['acceptance_length']:.2f} {ACCEPTANCE_SOURCES.get(source, source)}".rstrip()
         row = [
             level,
             _pair(m, "completed", "failed", "{:.0f}"),
@@ -225,6 +240,8 @@ def format_results(results: Sequence[LevelResult]) -> Table:
         table.add_column(col, justify=justify, min_width=width, no_wrap=False)
     for row in rows:
         table.add_row(*row)
+    if any("acceptance_length" in r.metrics for r in results):
+        notes.append(_ACCEPT_NOTE)
     if notes:
         table.caption = "\n".join(notes)
         table.caption_justify = "left"

@@ -712,13 +712,8 @@ def bench(
     )
     if as_json:
         click.echo(json.dumps(results_as_dicts(results), indent=2, default=str))
-    else:
+    else:  # warnings and errors are the table's notes, each once
         _console().print(format_results(results))
-        for result in results:
-            for warning in result.warnings:
-                _console(stderr=True).print(
-                    f"warning: {result.level}: {warning}", style="yellow", markup=False
-                )
 
 
 @cli.command(
