@@ -218,7 +218,10 @@ def test_lifecycle_with_the_release_gate_on_fake_gpus(box: Box, tmp_path: Path) 
         assert used.used_bytes == 2 * 2**30
         assert {h.pid for h in used.holders} <= launcher.pids(rec)
         old = launcher.pids(rec)
-        assert life.stop(rec).survivors == ()
+        stopped = life.stop(rec)
+        assert stopped.survivors == ()
         released = life.release([0], old)
-        assert released.seconds >= delay * 0.8, released
+        # The memory comes back `delay` after the engine's exit, which happens during
+        # the stop (docker stop alone can take longer than `delay` on a loaded machine).
+        assert stopped.seconds + released.seconds >= delay * 0.8, (stopped, released)
         assert life.probe.snapshot([0])[0].used_bytes == 0

@@ -370,3 +370,50 @@ def test_a_unit_already_running_is_refused_then_stopped_through_current(
     rec = unit.start(unit.sim("m-z", load_time=0.2))
     assert rec.invocation_id != theirs.invocation_id
     unit.launcher.stop(rec, grace=5.0, kill_timeout=5.0)
+
+
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)"
+ARGS_LINE = "server.py: error: unrecognized arguments: --bogus 3"
+FAST_EXITS = 10
+
+
+NO_SYNC = 'case "$1" in --sync) echo "--sync refused" >&2; exit 1;; esac; exec "$0" "$@"'
+"""A journalctl that refuses --sync (as for a user who may not signal journald)."""
+
+
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["sync", "no-sync"])
+def test_servers_that_exit_at_once_are_classified_from_their_journal_lines(
+    unit_factory: Any, systemd_sandbox: Sandbox, journal_sync: bool
+) -> None:
+    """A server that prints its fatal line and exits at once: journald stores the line
+    asynchronously, often after systemd reports the exit. The gate must classify it
+    from that line (oom, invalid_args) every time, not as a bare exit — with
+    ``journalctl --sync`` and without it."""
+    journalctl = (
+        [systemd_sandbox.journalctl]
+        if journal_sync
+        else ["sh", "-c", NO_SYNC, systemd_sandbox.journalctl]
+    )
+    unit = unit_factory("ss-fastexit.service", journalctl=journalctl)
+    wrong: list[str] = []
+    for n in range(FAST_EXITS):
+        line, code, reason = (OOM_LINE, 1, "oom") if n % 2 == 0 else (ARGS_LINE, 2, "invalid_args")
+        script = f"import sys; print({line!r}); sys.exit({code})"
+        rec = unit.start([sys.executable, "-c", script], key=f"fx{n}")
+        with pytest.raises(TrialFailed) as caught:
+            wait_ready(
+                unit.launcher,
+                rec,
+                get_preset("sim"),
+                host="127.0.0.1",
+                port=unit.port,
+                model=None,
+                deadline_s=60,
+            )
+        ev = caught.value.evidence
+        if ev.reason != reason or ev.matched_line != line or ev.exit_code != code:
+            wrong.append(
+                f"start {n}: {caught.value.failure_class.value} ({ev.reason}) {ev.message}"
+            )
+        assert unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0).survivors == ()
+    assert not wrong, f"{len(wrong)} of {FAST_EXITS} misclassified:\n" + "\n".join(wrong)

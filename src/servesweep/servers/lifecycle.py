@@ -29,6 +29,9 @@ from servesweep.spec.schema import ServerSpec
 
 __all__ = ["ServerLifecycle", "sweep_tag_prefix"]
 
+_LOG_CATCHUP = 5.0
+"""How long a dead instance's log may take to catch up with its exit (a journal)."""
+
 
 def sweep_tag_prefix(trial_key: str) -> str:
     """The tag prefix shared by every instance of one sweep: ``<sweep>-`` from a
@@ -176,6 +179,7 @@ class ServerLifecycle:
         status = self.launcher.poll(instance)
         if status is None:
             return
+        self.launcher.finish_log(instance, _LOG_CATCHUP)
         tail = tuple(self.launcher.log_tail(instance, 40))
         lines = (
             logs.instance_lines(instance.log_path, instance.invocation_id)

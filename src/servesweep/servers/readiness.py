@@ -63,6 +63,8 @@ _HTTP_TIMEOUT = 2.0
 _GEN_TIMEOUT = 60.0
 _IDLE_SILENT = 30.0
 _TAIL = 40
+_LOG_CATCHUP = 5.0
+"""How long an exited instance's log may take to catch up with its exit (a journal)."""
 _SERVE_FAILS = 5
 _SERVE_FAIL_S = 3.0
 _LOADING_STATUS = (503, 429)
@@ -174,6 +176,8 @@ class _Gate:
             time.sleep(_POLL)
             status = self.launcher.poll(self.instance)
             seen += self.log.new_lines()
+        if status is not None:
+            self.launcher.finish_log(self.instance, _LOG_CATCHUP)
         seen += self.log.new_lines(final=status is not None)
         best = logs.match_fatal(seen, self.preset.fatal_patterns) or match
         self.fail_fatal(best, status)
@@ -198,6 +202,9 @@ class _Gate:
         status = self.launcher.poll(self.instance)
         if status is None:
             return
+        # Classify only once the log has caught up with the exit: a journal stores the
+        # last lines (the fatal one) after systemd already reports the end.
+        caught_up = self.launcher.finish_log(self.instance, _LOG_CATCHUP)
         rest = self.log.new_lines(final=True)
         match = logs.match_fatal(rest, self.preset.fatal_patterns)
         if match is not None:
@@ -213,6 +220,7 @@ class _Gate:
                 exit_code=status.exit_code,
                 signal=status.signal,
                 timings={"load_s": self.elapsed()},
+                details={} if caught_up else {"log_incomplete": True},
             ),
         )
 

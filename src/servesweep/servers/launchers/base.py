@@ -78,6 +78,13 @@ class Launcher(Protocol):
         """The last lines of the instance's log."""
         ...
 
+    def finish_log(self, instance: InstanceRecord, timeout: float) -> bool:
+        """After the instance exited: block, at most ``timeout`` seconds, until its log
+        file holds everything it wrote before it exited (a launcher that copies the log
+        from a journal or ``docker logs`` lags behind the exit). Returns whether it
+        caught up; a log written directly by the instance always has."""
+        ...
+
     def alive(self, instance: InstanceRecord) -> bool:
         """Whether a stored instance (maybe from a crashed earlier run) still runs."""
         ...

@@ -305,6 +305,12 @@ class DockerLauncher:
             return done.stdout.splitlines()[-lines:]
         return logs.tail(instance.log_path, lines)
 
+    def finish_log(self, instance: InstanceRecord, timeout: float) -> bool:
+        """Once the container exited, ``docker logs`` has all of its output: end the
+        follower and copy what it had not yet."""
+        copier = self._copiers.pop(_require_id(instance), None)
+        return copier.finish(timeout) if copier is not None else True
+
     def alive(self, instance: InstanceRecord) -> bool:
         container = _require_id(instance)
         state = self.inspect(container)

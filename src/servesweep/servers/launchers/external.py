@@ -124,8 +124,9 @@ class LogCopier:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def finish(self, timeout: float = 10.0) -> None:
-        """Stop following and append the lines the follower missed (best effort)."""
+    def finish(self, timeout: float = 10.0) -> bool:
+        """Stop following and append the lines the follower missed (best effort);
+        returns whether the complete log could be read."""
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.stdin is not None:
@@ -138,9 +139,10 @@ class LogCopier:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=2.0)
         try:
-            full = run_tool(self.dump_argv, timeout=timeout, check=False, merge_stderr=True).stdout
+            done = run_tool(self.dump_argv, timeout=timeout, check=False, merge_stderr=True)
         except LaunchError:
-            return
+            return False
+        full = done.stdout
         copied = self._copied_text()
         if full.startswith(copied):
             rest = full[len(copied) :]
@@ -151,6 +153,7 @@ class LogCopier:
         if rest:
             with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as fh:
                 fh.write(rest)
+        return done.returncode == 0
 
     def _copied_text(self) -> str:
         try:

@@ -211,6 +211,9 @@ class SubprocessLauncher:
     def log_tail(self, instance: InstanceRecord, lines: int = 50) -> list[str]:
         return logs.tail(instance.log_path, lines)
 
+    def finish_log(self, instance: InstanceRecord, timeout: float) -> bool:
+        return True  # the instance writes its log file itself
+
     def alive(self, instance: InstanceRecord) -> bool:
         self._reap()
         main = instance.main_pid

@@ -12,7 +12,9 @@ Identity: systemd's ``InvocationID`` (new for every start), the unit's
 from the local cgroup file system, also when systemd runs in a container whose
 cgroup namespace nests the path (the systemd sandbox of the tests). Logs: the
 journal of that invocation only (``_SYSTEMD_INVOCATION_ID``), copied into the
-trial's log file while the instance runs. ``stop``: ``systemctl stop --no-block``,
+trial's log file while the instance runs; once it exited, ``finish_log`` waits for
+the journal to hold its last lines (see :mod:`.journal`) and copies them, so a
+server that dies at once is classified by its fatal line. ``stop``: ``systemctl stop --no-block``,
 ``grace`` seconds, then ``systemctl kill --signal=SIGKILL`` and SIGKILL to every
 local PID of the cgroup, then up to ``kill_timeout`` for the cgroup to empty.
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
+from servesweep.servers.launchers import journal
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.servers.launchers.external import LogCopier, run_tool
 from servesweep.servers.launchers.systemd_unit import (
@@ -407,6 +410,25 @@ class SystemdLauncher:
                 )
                 return done.stdout.splitlines()[-lines:]
         return logs.tail(instance.log_path, lines)
+
+    def finish_log(self, instance: InstanceRecord, timeout: float) -> bool:
+        """Wait until the journal holds the exited invocation's last lines, then copy
+        what the follower has not yet into the trial's log file."""
+        invocation = instance.invocation_id
+        if not invocation:
+            return True
+        deadline = time.monotonic() + timeout
+        complete = journal.wait_complete(
+            self.sd.journalctl,
+            self.unit,
+            invocation,
+            self.journal_argv(invocation),
+            timeout,
+        )
+        copier = self._copiers.pop(invocation, None)
+        if copier is not None:
+            complete = copier.finish(max(1.0, deadline - time.monotonic())) and complete
+        return complete
 
     def alive(self, instance: InstanceRecord) -> bool:
         """Its invocation still runs, or the stopped unit's cgroup still holds processes
