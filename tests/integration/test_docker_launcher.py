@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from launcher_services import Dockerd, free_port, port_open, sim_argv
+from sweep_helpers import run_cli, write_sweep
 
 from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, InstanceRecord
@@ -225,3 +228,69 @@ def test_lifecycle_with_the_release_gate_on_fake_gpus(box: Box, tmp_path: Path) 
         # the stop (docker stop alone can take longer than `delay` on a loaded machine).
         assert stopped.seconds + released.seconds >= delay * 0.8, (stopped, released)
         assert life.probe.snapshot([0])[0].used_bytes == 0
+
+
+def test_a_docker_sweep_reports_the_docker_run_command_to_copy(
+    dockerd: Dockerd, tmp_path: Path
+) -> None:
+    """The launch line of the best configuration is the `docker run` command that
+    starts it (not the command inside the container), and copying it works."""
+    sweep = write_sweep(
+        tmp_path,
+        name="dkcopy",
+        grid={"budget": [2]},
+        args={"mem-per-gpu": None, "release-delay": None},
+        workloads=[{"name": "chat", "concurrency": [1], "requests": 4, "max_tokens": 8}],
+        server_extra={
+            "launcher": "docker",
+            "gpus": [],
+            "gpu_backend": "none",
+            "fake_gpu_dir": None,
+            "fake_gpus": None,
+            "docker": {
+                "image": dockerd.image,
+                "docker": dockerd.docker,
+                "run_args": dockerd.binds(),
+                "gpus_flag": False,
+                "name_prefix": "sstest",
+            },
+        },
+    )
+    done = run_cli("run", str(sweep), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    best = run_cli("best", str(sweep))
+    assert best.returncode == 0, best.stderr
+    [line] = [x.strip() for x in best.stdout.splitlines() if x.strip().startswith("launch: ")]
+    command = line[len("launch: ") :]
+    assert command.startswith(shlex.join([*dockerd.docker, "run", "--rm"])), command
+    assert dockerd.image in command and "servesweep.sim" in command and "--budget 2" in command
+    assert "SERVESWEEP_INSTANCE" not in command and "--label" not in command
+    # copied as printed, it runs the server
+    port = int(yaml.safe_load(sweep.read_text())["server"]["port"])
+    assert not port_open(port)
+    copy = subprocess.Popen(
+        shlex.split(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        models: list[str] = []
+        while time.monotonic() < deadline and not models:
+            with contextlib.suppress(OSError):
+                models = _models(port)
+            time.sleep(0.2)
+        assert models, "the copied docker run command did not start a server"
+    finally:
+        copy.terminate()  # docker run proxies the signal; --rm removes the container
+        try:
+            copy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            copy.kill()
+            copy.wait(timeout=10)
+    assert not port_open(port) or _wait_closed(port)
+
+
+def _wait_closed(port: int) -> bool:
+    deadline = time.monotonic() + 30
+    while port_open(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not port_open(port)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from servesweep.servers import procs
@@ -64,6 +65,16 @@ def test_run_argv_without_gpu_flag_keeps_cuda_visible_devices() -> None:
     argv = _launcher(gpus_flag=False, network="").run_argv(_request((2, 3)), "n", "t")
     assert "--gpus" not in argv and "--network" not in argv
     assert "CUDA_VISIBLE_DEVICES=2,3" in argv
+
+
+def test_launch_command_is_the_docker_run_a_user_can_copy() -> None:
+    text = _launcher(run_args=["--ipc", "host"]).launch_command(_request((2, 3)))
+    assert shlex.split(text) == [
+        "docker", "-H", "unix:///x.sock", "run", "--rm", "--network", "host",
+        "--gpus", '"device=2,3"', "-e", "A=b c", "--ipc", "host", "img:1",
+        "/srv", "--port", "9000",
+    ]  # fmt: skip
+    assert procs.TAG_ENV not in text and "--label" not in text and "--name" not in text
 
 
 def test_exit_status_from_state() -> None:

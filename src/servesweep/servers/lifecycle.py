@@ -141,6 +141,21 @@ class ServerLifecycle:
         )
         return self.launcher.start(request)
 
+    def launch_command(self, argv: Sequence[str], env: Mapping[str, str]) -> str:
+        """The command a user can copy to start this configuration by hand, as this
+        slot's launcher would run it (``docker run ...`` for containers)."""
+        request = LaunchRequest(
+            argv=list(argv),
+            env=dict(env),
+            host=self.spec.host,
+            port=self.spec.port,
+            gpus=tuple(self.spec.gpus),
+            log_path=Path("server.log"),
+            trial_key="manual",
+            fingerprint="",
+        )
+        return self.launcher.launch_command(request)
+
     def _clean_own_listeners(self) -> None:
         """An orphan of our own earlier instance that kept the listening socket is ours
         to end; anything else on the port is reported by the port check."""

@@ -19,7 +19,7 @@ import yaml
 
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import FailureClass, ServerConfig
-from servesweep.servers.engines import build_launch, launch_command_text
+from servesweep.servers.engines import build_launch
 from servesweep.spec.load import load_sweep
 from servesweep.store import Store, open_store
 from servesweep.sweep.events import NullObserver, Observer
@@ -130,7 +130,7 @@ def apply_config(
             instance = lifecycle.start(
                 argv, env, log_path, f"{spec.name}-{trial.id}", config.fingerprint
             )
-            db.set_instance(trial.id, instance, launch_command=launch_command_text(argv, env))
+            db.set_instance(trial.id, instance, launch_command=lifecycle.launch_command(argv, env))
             info = lifecycle.wait_ready(instance)
         except TrialFailed as failure:
             return ApplyResult(

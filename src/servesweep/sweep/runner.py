@@ -24,7 +24,7 @@ from servesweep.bench.load import run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, DatasetError, TrialFailed
 from servesweep.models import Evidence, FailureClass, InstanceRecord, LevelResult, Outcome, Phase
-from servesweep.servers.engines import EnginePreset, build_launch, launch_command_text
+from servesweep.servers.engines import EnginePreset, build_launch
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.spec.schema import ServerSpec, WorkloadSpec
@@ -276,7 +276,8 @@ class TrialRunner:
             argv, env, log_path, f"{self.sweep_name}-{trial.id}", trial.fingerprint
         )
         self.current = CurrentInstance(trial.id, instance)
-        self.store.set_instance(trial.id, instance, launch_command=launch_command_text(argv, env))
+        launch = self.lifecycle.launch_command(argv, env)
+        self.store.set_instance(trial.id, instance, launch_command=launch)
         self._enter(trial, Phase.LOAD)
         load_started = time.time()
         in_ready = False

@@ -60,6 +60,12 @@ class Launcher(Protocol):
         Raises LaunchError when the launcher's own machinery fails."""
         ...
 
+    def launch_command(self, request: LaunchRequest) -> str:
+        """A shell command a user can copy to start this instance by hand: what the
+        launcher runs (``docker run ...``), without servesweep's own bookkeeping (the
+        instance tag, labels)."""
+        ...
+
     def poll(self, instance: InstanceRecord) -> ExitStatus | None:
         """None while the instance is alive; its exit status once it has ended."""
         ...

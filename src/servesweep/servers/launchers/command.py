@@ -29,6 +29,7 @@ from pathlib import Path
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
+from servesweep.servers.engine_args import launch_command_text
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.servers.launchers.subprocess import (
     child_env,
@@ -158,6 +159,11 @@ class CommandLauncher:
         return int(text) if text.isdigit() else None
 
     # ---- the Launcher interface -----------------------------------------------------
+
+    def launch_command(self, request: LaunchRequest) -> str:
+        """The start command as this trial renders it, with the trial's environment."""
+        command = render(self.cmds.start, self._values_for(request, ""), list(request.argv))
+        return launch_command_text(["/bin/sh", "-c", command], request.env)
 
     def start(self, request: LaunchRequest) -> InstanceRecord:
         tag = procs.new_instance_tag(request.trial_key)

@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import re
+import shlex
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -88,11 +89,7 @@ class DockerLauncher:
     def run_argv(self, request: LaunchRequest, name: str, tag: str) -> list[str]:
         """The ``docker run`` command line of one instance."""
         argv = [*self.dk.docker, "run", "-d", "--name", name]
-        if self.dk.network:
-            argv += ["--network", self.dk.network]
-        if self.dk.gpus_flag:
-            argv += gpus_flag(tuple(request.gpus))
-        argv += [
+        labels = [
             "--label",
             f"servesweep.trial={request.trial_key}",
             "--label",
@@ -100,10 +97,31 @@ class DockerLauncher:
             "--label",
             f"servesweep.instance={tag}",
         ]
+        return self._container_argv(argv, request, {procs.TAG_ENV: tag}, labels)
+
+    def launch_command(self, request: LaunchRequest) -> str:
+        """``docker run --rm ... IMAGE ARGV``: the trial's container in the foreground,
+        without servesweep's name, labels and instance tag."""
+        argv = [*self.dk.docker, "run", "--rm"]
+        return shlex.join(self._container_argv(argv, request, {}, []))
+
+    def _container_argv(
+        self,
+        head: list[str],
+        request: LaunchRequest,
+        extra_env: Mapping[str, str],
+        labels: list[str],
+    ) -> list[str]:
+        argv = list(head)
+        if self.dk.network:
+            argv += ["--network", self.dk.network]
+        if self.dk.gpus_flag:
+            argv += gpus_flag(tuple(request.gpus))
+        argv += labels
         env = dict(request.env)
         if self.dk.gpus_flag and request.gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)
-        env[procs.TAG_ENV] = tag
+        env.update(extra_env)
         for key, value in sorted(env.items()):
             argv += ["-e", f"{key}={value}"]
         argv += [*self.dk.run_args, self.dk.image, *request.argv]

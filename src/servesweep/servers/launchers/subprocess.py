@@ -21,6 +21,7 @@ from pathlib import Path
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
+from servesweep.servers.engine_args import launch_command_text
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.servers.logs import write_header
 
@@ -177,6 +178,9 @@ class SubprocessLauncher:
             started_at=time.time(),
             fingerprint=request.fingerprint,
         )
+
+    def launch_command(self, request: LaunchRequest) -> str:
+        return launch_command_text(request.argv, request.env)
 
     def poll(self, instance: InstanceRecord) -> ExitStatus | None:
         main = instance.main_pid

@@ -32,6 +32,7 @@ from pathlib import Path
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
+from servesweep.servers.engine_args import launch_command_text
 from servesweep.servers.launchers import journal
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.servers.launchers.external import LogCopier, run_tool
@@ -228,6 +229,10 @@ class SystemdLauncher:
             started_at=started_at,
             fingerprint=request.fingerprint,
         )
+
+    def launch_command(self, request: LaunchRequest) -> str:
+        """The command the drop-in makes the unit run, with its environment."""
+        return launch_command_text(request.argv, request.env)
 
     def current(self, port: int | None = None) -> InstanceRecord | None:
         """The unit's running invocation as an instance record (None when it is not
