@@ -60,7 +60,7 @@ def test_parallel_coordinates_and_acceptance() -> None:
     assert [a["name"] for a in axes] == ["budget", "topk", "chat.c1.output_throughput (max)"]
     feasible, grey = (s["data"] for s in chart.option["series"])
     assert sorted(i["trial"] for i in feasible) == [1, 2] and [i["trial"] for i in grey] == [3]
-    assert "1 failed trial(s)" in chart.note
+    assert "1 failed trial(s) are not drawn" in chart.note
     assert acceptance_charts(*_parts(throughput_sweep())) == []
     data = sweep_data(
         [trial(1, {"budget": 4, "tp": 1}), trial(2, {"budget": 8, "tp": 2})],
@@ -139,3 +139,26 @@ def test_per_user_per_gpu_uses_the_trials_gpus() -> None:
     first = charts[0].option["series"][0]["data"]
     # trial 1 at c1: 1000 / 9 ms per user, 100 tok/s over 2 GPUs
     assert first[0]["value"] == [1000.0 / 9.0, 50.0]
+
+
+def test_a_failed_trial_is_never_drawn_as_a_measurement() -> None:
+    """bench_errors: the trial measured its levels, then failed on its error rate."""
+    from servesweep.report.effects import metric_vs_param_charts
+
+    data = sweep_data(
+        [trial(1, {"rate": 0.0, "b": 1}), trial(2, {"rate": 0.3, "b": 1}, "failed",
+                                              failure="bench_errors")],
+        {1: [level("chat", "c1", output_throughput=500.0)],
+         2: [level("chat", "c1", output_throughput=470.0)]},
+        objective={"maximize": "chat.c1.output_throughput"},
+    )  # fmt: skip
+    parts = _parts(data)
+    found = parts[2].objectives[0][0]
+    from servesweep.spec.constraints import parse_metric_ref
+
+    charts = metric_vs_param_charts(*parts, parse_metric_ref(found), ["rate"], id_prefix="x")
+    by_series = {s["name"]: [p["value"] for p in s["data"]] for s in charts[0].option["series"]}
+    assert by_series[found] == [[0.0, 500.0]]  # one series: b is not swept
+    assert by_series["failed (at 0)"] == [[0.3, 0]]
+    progress = progress_charts(*parts)[0].option["series"]
+    assert [p["value"] for p in progress[3]["data"]] == [[2, 0.0]]

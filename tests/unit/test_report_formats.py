@@ -195,7 +195,11 @@ def test_table_columns_by_priority_to_fit_the_width() -> None:
     assert names[:8] == ["trial", "budget", "topk", "outcome", "workload", "level",
                          "output_throughput", "ttft_p99_ms"]  # fmt: skip
     assert names[8] == "acceptance_length"  # measured: a default column, before the rest
-    assert "hidden to fit" in wide and "goodput" in wide  # the non-default metric
+    assert "hidden to fit" not in wide  # every default column fits in 200
+    assert (
+        "1 more metric measured (not default columns). See them with --columns NAME,... "
+        "(e.g. --columns goodput), or --format csv / json / html" in wide
+    )
     narrow = render(data, "table", width=90)
     header = next(ln for ln in narrow.splitlines() if ln.startswith("┃"))
     assert "output_throughput" in header and "budget" in header  # the objective first

@@ -106,7 +106,7 @@ def heatmap_chart(
             item.update(value=[xi, yi, 0], text=s.why.replace(" (", "\n("))
             failed.append(item | {"lines": [*lines, f"{s.status}: {s.why}"]})
     values = [c["value"][2] for c in measured]
-    label = {"show": True, "fromData": True, "fontSize": 11}
+    label = {"show": True, "fromData": True, "fontSize": 11, "lineHeight": 15}
     option = {
         "grid": {"left": 80, "right": 30, "top": 40, "bottom": 60},
         "xAxis": {"type": "category", "data": [_key(v) for v in xs], "name": px,
@@ -168,8 +168,8 @@ def metric_vs_param_charts(
         axis, categories = axis_for([s.trial.params.get(name) for s in rows])
         groups: dict[str, list[Standing]] = {}
         for s in rows:
-            if s.value is None or name not in s.trial.params:
-                continue
+            if s.value is None or s.status == Status.FAILED or name not in s.trial.params:
+                continue  # a failed trial is a red cross, whatever it measured first
             key = f"{colour_by}={_key(s.trial.params.get(colour_by))}" if colour_by else ref.key
             groups.setdefault(key, []).append(s)
         if not groups:
@@ -250,9 +250,12 @@ def parallel_chart(data: SweepData, index: ResultIndex, best: BestResult | None)
     if found is None or not names:
         return None
     ref, direction = found
-    rows = [s for s in standings(data, index, best) if s.value is not None]
+    everything = standings(data, index, best)
+    rows = [s for s in everything if s.value is not None and s.status != Status.FAILED]
     if len(rows) < 2:
         return None
+    # a param the drawn trials all share (one only failed trials vary) is no axis
+    names = [n for n in names if len({repr(s.trial.params.get(n)) for s in rows}) > 1] or names
     axes: list[dict[str, Any]] = []
     for i, name in enumerate(names):
         axis, _ = axis_for([t.params.get(name) for t in data.trials])
@@ -292,10 +295,10 @@ def parallel_chart(data: SweepData, index: ResultIndex, best: BestResult | None)
              "lineStyle": {"width": 1.5, "type": "dashed", "opacity": 0.8}},
         ],
     }  # fmt: skip
-    failed = sum(1 for s in standings(data, index, best) if s.status == Status.FAILED)
+    failed = sum(1 for s in everything if s.status == Status.FAILED)
     note = "Drag along an axis to keep only the lines that cross it there (brush)."
     if failed:
-        note += f" {failed} failed trial(s) measured nothing and are not drawn."
+        note += f" {failed} failed trial(s) are not drawn (the heatmap shows their class)."
     return Chart("chart-parallel", "parallel coordinates", option, "point", 380, note)
 
 

@@ -197,7 +197,7 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
         spread = cand.stats[0].spread
         noise: Cell | None = None
         if repeats:
-            text = "-" if spread is None else f"±{format_number(spread / 2, digits=2)}"
+            text = "-" if spread is None else format_number(spread, digits=2)
             if i > 1 and top is not None:
                 spreads = [s for s in (top.stats[0].spread, spread) if s is not None]
                 if spreads and abs(cand.values[0] - top.values[0]) <= max(spreads):

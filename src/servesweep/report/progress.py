@@ -47,7 +47,7 @@ def progress_charts(data: SweepData, index: ResultIndex, best: BestResult | None
         for x, s in zip(xs, done, strict=True):
             if s.status == Status.UNMEASURED:
                 continue
-            value = s.value if s.value is not None else 0.0
+            value = 0.0 if s.status == Status.FAILED or s.value is None else s.value
             lines = [f"{name}: {fmt(x)}", f"{ref.key} = {fmt(s.value)}"]
             if s.why:
                 lines.append(f"{s.status}: {s.why}")

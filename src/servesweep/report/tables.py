@@ -61,6 +61,9 @@ class TableView:
     evals: tuple[str, ...]
     footer: tuple[str, ...]
     hidden: tuple[str, ...] = ()
+    """Default columns left out to fit the width, most wanted first."""
+    more: tuple[str, ...] = ()
+    """Metrics measured but not among the default columns (nor chosen)."""
     """Columns left out (to fit the width, or not chosen with ``columns``)."""
 
 
@@ -87,7 +90,7 @@ def column_priority(data: SweepData, index: ResultIndex) -> tuple[list[str], lis
     measured = metric_names(levels)
     decision = [m for m in _decision_metrics(data) if m in measured]
     repeats = ["n"] if any(len(lvl.repeats) > 1 for lvl in levels) else []
-    order = [*FIXED, *decision[:1], *swept_params(data), *decision[1:], *repeats]
+    order = [*FIXED, *decision[:1], *repeats, *swept_params(data), *decision[1:]]
     order += [m for m in ("acceptance_length", "pass_rate", *KEY_METRICS) if m in measured]
     default = list(dict.fromkeys(order))
     return default, sorted(set(measured) - set(default))
@@ -170,7 +173,8 @@ def table_view(
             keep = trial_keep
     keep.sort()
     headers = [ordered[i] for i in keep]
-    hidden = tuple(c for c in priority if c not in headers and c != "n")
+    hidden = tuple(c for c in default if c not in headers and c != "n")
+    more = tuple(c for c in extra if c not in headers)
     rows = [tuple(r[i] for i in keep) for r in rows]
     trials = sorted(data.trials, key=lambda t: (t.seq, t.id))
     failures = tuple(
@@ -205,24 +209,35 @@ def table_view(
         evals=evals,
         footer=tuple(_best_lines(data)),
         hidden=hidden,
+        more=more,
     )
 
 
 def hidden_line(view: TableView, width: int | None) -> str | None:
     """What was left out and how to see it, or None."""
-    if not view.hidden:
+    if not view.hidden and not view.more:
         return None
-    names = ", ".join(view.hidden[:HIDDEN_LISTED])
-    more = (
-        f" and {len(view.hidden) - HIDDEN_LISTED} more" if len(view.hidden) > HIDDEN_LISTED else ""
+    parts = []
+    if view.hidden:
+        n = len(view.hidden)
+        names = ", ".join(view.hidden[:HIDDEN_LISTED])
+        rest = n - HIDDEN_LISTED
+        fit = f" to fit {width} characters" if width is not None else ""
+        parts.append(
+            f"{n} column{'s' if n > 1 else ''} hidden{fit}: {names}"
+            + (f" and {rest} more" if rest > 0 else "")
+            + "."
+        )
+    if view.more:
+        m = len(view.more)
+        parts.append(f"{m} more metric{'s' if m > 1 else ''} measured (not default columns).")
+    example = (view.hidden or view.more)[0]
+    wider = ", a wider terminal (COLUMNS=250)" if view.hidden and width is not None else ""
+    parts.append(
+        f"See them with --columns NAME,... (e.g. --columns {example}){wider}, "
+        "or --format csv / json / html"
     )
-    fit = f" to fit {width} characters" if width is not None else ""
-    n = len(view.hidden)
-    return _one_line(
-        f"{n} column{'s' if n > 1 else ''} hidden{fit}: {names}{more}. See them with "
-        "--columns NAME,... (e.g. --columns " + view.hidden[0] + "), a wider terminal "
-        "(COLUMNS=250), or --format csv / json / html"
-    )
+    return _one_line(" ".join(parts))
 
 
 def _decision_metrics(data: SweepData) -> list[str]:
@@ -323,7 +338,7 @@ def render_markdown(data: SweepData, columns: Sequence[str] | None = None) -> st
         if lines:
             out += ["", f"### {heading}", ""]
             out += [f"- {_md_cell(line)}" for line in lines]
-    if view.hidden and columns is None:
+    if (view.hidden or view.more) and columns is None:
         out += ["", _md_cell(hidden_line(view, None) or "")]
     if view.footer:
         out.append("")

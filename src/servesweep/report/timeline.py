@@ -174,6 +174,7 @@ def memory_chart(data: SweepData) -> Chart | None:
         if (s := t.phase_started.get("release")) is not None
     ]  # fmt: skip
     strip, gap, top = 90, 28, 40
+    end = math.ceil(last / scale) or 1
     grids, xaxes, yaxes, series = [], [], [], []
     intervals: list[float] = []
     peak = max(p.used_bytes for p in data.telemetry) / 2**30
@@ -190,7 +191,7 @@ def memory_chart(data: SweepData) -> Chart | None:
                 "type": "value",
                 "gridIndex": i,
                 "min": 0,
-                "max": last / scale,
+                "max": end,
                 "axisLabel": {"show": i == len(gpus) - 1},
                 "name": f"{'minutes' if minutes else 'seconds'} since the sweep started"
                 if i == len(gpus) - 1
@@ -204,7 +205,7 @@ def memory_chart(data: SweepData) -> Chart | None:
                       "nameGap": 55, "splitNumber": 2})  # fmt: skip
         series.append(
             {"type": "line", "name": name, "xAxisIndex": i, "yAxisIndex": i, "showSymbol": False,
-             "color": PALETTE[i % len(PALETTE)], "lineStyle": {"width": 1.8}, "step": "end",
+             "color": PALETTE[i % len(PALETTE)], "lineStyle": {"width": 1.8},
              "areaStyle": {"opacity": 0.12},
              "data": [{"value": [(p.t - origin) / scale, p.used_bytes / 2**30],
                        "trial": p.trial_id,
@@ -212,7 +213,7 @@ def memory_chart(data: SweepData) -> Chart | None:
                                  f"at {fmt(p.t - origin)} s, trial #{p.trial_id}"]}
                       for p in shown],
              "markArea": {"silent": True, "itemStyle": {"color": "rgba(214,39,40,0.12)"},
-                          "data": releases}}
+                          "label": {"show": False}, "data": releases}}
         )  # fmt: skip
     option = {
         "grid": grids,
