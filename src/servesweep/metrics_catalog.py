@@ -31,6 +31,11 @@ from servesweep.models import PHASES, Phase
 __all__ = [
     "ACCEPTANCE_LENGTH",
     "ACHIEVED_RATE",
+    "CAPACITY",
+    "CAPACITY_ATTAINMENT",
+    "CAPACITY_LEVELS",
+    "CAPACITY_METRICS",
+    "CAPACITY_OUTPUT_THROUGHPUT",
     "CATALOG",
     "COMPLETED",
     "COMPLETION_TOKENS_MEAN",
@@ -85,6 +90,8 @@ class Scope(str, Enum):
     """One load level of a load workload: ``WORKLOAD.LEVEL.METRIC``."""
     EVAL = "eval"
     """An eval workload (it has no levels): ``WORKLOAD.METRIC``."""
+    CAPACITY = "capacity"
+    """A capacity workload (its levels vary per trial): ``WORKLOAD.METRIC``."""
     TRIAL = "trial"
     """The trial itself, once per trial: ``METRIC``."""
 
@@ -243,6 +250,27 @@ EVAL_ERRORS = Metric(
 )
 EVAL_ERROR_RATE = Metric("error_rate", _EVAL, "fraction", _L, "errors / total samples")
 
+_CAP = Scope.CAPACITY
+CAPACITY = Metric(
+    "capacity",
+    _CAP,
+    "req/s or requests",
+    _H,
+    "highest load (rate or concurrency) at which the SLO held for the workload's quantile "
+    "of requests; 0 when it failed at `low`",
+)
+CAPACITY_LEVELS = Metric("capacity_levels", _CAP, "levels", _L, "load levels measured")
+CAPACITY_ATTAINMENT = Metric(
+    "capacity_attainment", _CAP, "fraction", _H, "requests that met the SLO at the capacity"
+)
+CAPACITY_OUTPUT_THROUGHPUT = Metric(
+    "capacity_output_throughput",
+    _CAP,
+    "tokens/s",
+    _H,
+    "generated tokens per second at the capacity",
+)
+
 TIMED_PHASES: tuple[Phase, ...] = tuple(p for p in PHASES if p is not Phase.DONE)
 """The lifecycle phases whose seconds a trial records (``done`` is an end, not a span)."""
 
@@ -290,6 +318,10 @@ _NAMED: tuple[Metric, ...] = (
     TOTAL,
     EVAL_ERRORS,
     EVAL_ERROR_RATE,
+    CAPACITY,
+    CAPACITY_LEVELS,
+    CAPACITY_ATTAINMENT,
+    CAPACITY_OUTPUT_THROUGHPUT,
 )
 
 _LATENCIES: dict[tuple[Latency, Stat], Metric] = {
@@ -341,6 +373,8 @@ LEVEL_METRICS: frozenset[str] = names_of(Scope.LEVEL)
 """Names of the metrics of one load level (``WORKLOAD.LEVEL.METRIC``)."""
 EVAL_METRICS: frozenset[str] = names_of(Scope.EVAL)
 """Names of the metrics of an eval workload (``WORKLOAD.METRIC``)."""
+CAPACITY_METRICS: frozenset[str] = names_of(Scope.CAPACITY)
+"""Names of the metrics of a capacity workload (``WORKLOAD.METRIC``)."""
 TRIAL_METRICS: frozenset[str] = names_of(Scope.TRIAL)
 """Names of the trial metrics: the seconds each lifecycle phase took (``METRIC``)."""
 
@@ -375,6 +409,9 @@ def catalog_markdown() -> str:
     out += ["", "**Per eval workload** (`WORKLOAD.METRIC`):", ""]
     out += head
     out += [_row(f"`{m.name}`", m) for m in metrics_of(Scope.EVAL)]
+    out += ["", "**Per capacity workload** (`WORKLOAD.METRIC`):", ""]
+    out += head
+    out += [_row(f"`{m.name}`", m) for m in metrics_of(Scope.CAPACITY)]
     out += ["", "**Per trial** (`METRIC`): the seconds each lifecycle phase took.", ""]
     out += head
     out += [_row(f"`{m.name}`", m) for m in metrics_of(Scope.TRIAL)]

@@ -1,11 +1,13 @@
 """servesweep.spec: the sweep file, its validation, its expansion into a plan.
 
 Load a file with :func:`load_sweep` (every mistake is a one-line ``ConfigError``),
-expand it with :func:`expand_configs` or :func:`build_plan`, and read metric
-references and constraints with :func:`parse_metric_ref` / :func:`parse_constraint`.
+expand it with :func:`expand_configs` or :func:`build_plan` (a sampling search: its
+space with :func:`build_space`), and read metric references and constraints with
+:func:`parse_metric_ref` / :func:`parse_constraint`.
 """
 
 from servesweep.spec.constraints import (
+    CAPACITY_METRICS,
     EVAL_METRICS,
     LEVEL_METRICS,
     TRIAL_METRICS,
@@ -15,6 +17,7 @@ from servesweep.spec.constraints import (
     parse_constraint,
     parse_metric_ref,
     resolve_objective,
+    resolve_objectives,
     validate_constraints,
     validate_ref,
     workload_levels,
@@ -25,39 +28,51 @@ from servesweep.spec.plan import (
     Plan,
     PlanTrial,
     PlanWorkload,
+    SearchOutline,
     build_plan,
     estimate_duration,
     format_duration,
     format_plan,
 )
 from servesweep.spec.schema import (
+    CapacitySpec,
     Objective,
+    ParamRange,
     ParamsSpec,
+    SearchSpec,
     ServerSpec,
     SweepSpec,
     WorkloadSpec,
     parse_duration,
     parse_size,
 )
+from servesweep.spec.space import SearchSpace, build_space
 from servesweep.spec.when import WhenExpr, compile_when
 
 __all__ = [
+    "CAPACITY_METRICS",
     "EVAL_METRICS",
     "LEVEL_METRICS",
     "TRIAL_METRICS",
+    "CapacitySpec",
     "Constraint",
     "LoadedSweep",
     "MetricRef",
     "Objective",
+    "ParamRange",
     "ParamsSpec",
     "Plan",
     "PlanTrial",
     "PlanWorkload",
+    "SearchOutline",
+    "SearchSpace",
+    "SearchSpec",
     "ServerSpec",
     "SweepSpec",
     "WhenExpr",
     "WorkloadSpec",
     "build_plan",
+    "build_space",
     "compile_when",
     "estimate_duration",
     "expand_configs",
@@ -72,6 +87,7 @@ __all__ = [
     "parse_metric_ref",
     "parse_size",
     "resolve_objective",
+    "resolve_objectives",
     "validate_constraints",
     "validate_ref",
     "workload_levels",

@@ -2,17 +2,18 @@
 
 The schema checks each value; these check how values relate: duplicate workload
 names and levels, the params expansion (empty lists, zips, exclusions, ``when``),
-that the plan is not empty, the objective and the constraints. Errors carry the
-key (``params.when.0``, ``constraints.1``); :func:`servesweep.spec.load.load_sweep`
-adds the file and line.
+that the plan (or a sampling search's space) is not empty, the search settings, the
+objectives and the constraints. Errors carry the key (``params.when.0``,
+``constraints.1``); :func:`servesweep.spec.load.load_sweep` adds the file and line.
 """
 
 from __future__ import annotations
 
 from servesweep.errors import ConfigError
-from servesweep.spec.constraints import resolve_objective, validate_constraints
+from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.expand import Expansion, expand_params
 from servesweep.spec.schema import SweepSpec
+from servesweep.spec.space import build_space
 
 __all__ = ["check_spec"]
 
@@ -50,12 +51,44 @@ def _empty_plan_message(expansion: Expansion) -> str:
     )
 
 
-def check_spec(spec: SweepSpec) -> Expansion:
-    """Run every cross-field check; returns the expansion (non-empty) it computed."""
-    expansion = expand_params(spec.params)
-    if not expansion.configs:
-        raise ConfigError(_empty_plan_message(expansion), key="params")
+def _check_space(spec: SweepSpec) -> None:
+    """A sampling search: its space, and that it can finish."""
+    search = spec.search
+    space = build_space(spec.params)
+    if space.enumerable:
+        total = (space.size or 0) + len(space.points)
+        if not space.allowed():
+            raise ConfigError(
+                f"the search space has no allowed configuration: all {total} were removed "
+                "by 'exclude' or 'when'; loosen them",
+                key="params",
+            )
+    elif search.trials is None and search.budget is None:
+        raise ConfigError(
+            f"a {search.strategy} search over a continuous range never runs out of "
+            "configurations: give 'trials' or 'budget'",
+            key="search",
+        )
+
+
+def _check_strategy(spec: SweepSpec) -> None:
+    if spec.search.strategy == "nsga2" and len(spec.objectives) < 2:
+        raise ConfigError(
+            "nsga2 is a Pareto search over several objectives: give them as a list "
+            "(objective: [{maximize: ...}, {minimize: ...}]), or use strategy tpe for one",
+            key="search.strategy",
+        )
+
+
+def check_spec(spec: SweepSpec) -> None:
+    """Run every cross-field check (ConfigError with the key of the first problem)."""
+    if spec.search.samples:
+        _check_space(spec)
+    else:
+        expansion = expand_params(spec.params)
+        if not expansion.configs:
+            raise ConfigError(_empty_plan_message(expansion), key="params")
     _check_workloads(spec)
-    resolve_objective(spec)
+    _check_strategy(spec)
+    resolve_objectives(spec)
     validate_constraints(spec)
-    return expansion

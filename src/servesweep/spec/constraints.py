@@ -5,8 +5,8 @@ A metric reference names one number measured for a trial:
 - ``WORKLOAD.LEVEL.METRIC``: one load level of a workload, e.g. ``chat.c1.ttft_p99_ms``
   or ``chat.r2.5.output_throughput`` (levels are ``c<concurrency>`` or ``r<rate>``,
   see :func:`servesweep.models.level_label`; a rate label may contain a dot);
-- ``WORKLOAD.METRIC``: an eval workload (``coding.pass_rate``), or a load workload
-  with exactly one level;
+- ``WORKLOAD.METRIC``: an eval workload (``coding.pass_rate``), a capacity workload
+  (``chat.capacity``), or a load workload with exactly one level;
 - ``METRIC``: a trial metric, the seconds a lifecycle phase took (``load_s``...).
 
 The metric names are those of :mod:`servesweep.metrics_catalog` (the producers store
@@ -28,6 +28,8 @@ from typing import Literal
 
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import (
+    CAPACITY,
+    CAPACITY_METRICS,
     EVAL_METRICS,
     LEVEL_METRICS,
     OUTPUT_THROUGHPUT,
@@ -35,9 +37,10 @@ from servesweep.metrics_catalog import (
     TRIAL_METRICS,
 )
 from servesweep.models import level_label, parse_level
-from servesweep.spec.schema import SweepSpec, WorkloadSpec
+from servesweep.spec.schema import Objective, SweepSpec, WorkloadSpec
 
 __all__ = [
+    "CAPACITY_METRICS",
     "EVAL_METRICS",
     "LEVEL_METRICS",
     "OPERATORS",
@@ -48,6 +51,7 @@ __all__ = [
     "parse_constraint",
     "parse_metric_ref",
     "resolve_objective",
+    "resolve_objectives",
     "validate_constraints",
     "validate_ref",
     "workload_levels",
@@ -170,8 +174,9 @@ def parse_constraint(text: str) -> Constraint:
 
 
 def workload_levels(workload: WorkloadSpec) -> tuple[str, ...]:
-    """The level labels of a workload in run order (``()`` for an eval)."""
-    if workload.is_eval:
+    """The level labels of a workload in run order (``()`` for an eval or a capacity
+    search, whose levels are chosen while it runs)."""
+    if workload.is_eval or workload.is_capacity:
         return ()
     if workload.rate:
         return tuple(dict.fromkeys(level_label(rate=r) for r in workload.rate))
@@ -192,7 +197,7 @@ def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
     if ref.workload is None:
         if ref.level is None and ref.metric in TRIAL_METRICS:
             return ref
-        if ref.metric in LEVEL_METRICS or ref.metric in EVAL_METRICS:
+        if ref.metric in LEVEL_METRICS | EVAL_METRICS | CAPACITY_METRICS:
             first = spec.workloads[0]
             levels = workload_levels(first)
             example = (
@@ -218,6 +223,8 @@ def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
             f"{ref.text!r}: {ref.metric!r} is a trial metric, measured once per trial; "
             f"write {ref.metric!r} alone"
         )
+    if workload.is_capacity:
+        return _validate_capacity_ref(ref, workload)
     if workload.is_eval:
         if ref.metric not in EVAL_METRICS:
             hint = _suggest(ref.metric, EVAL_METRICS)
@@ -258,6 +265,22 @@ def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
     return ref
 
 
+def _validate_capacity_ref(ref: MetricRef, workload: WorkloadSpec) -> MetricRef:
+    if ref.metric not in CAPACITY_METRICS:
+        hint = _suggest(ref.metric, CAPACITY_METRICS)
+        raise ConfigError(
+            f"{ref.text!r}: {ref.metric!r} is not a metric of capacity workload "
+            f"{workload.name!r}{hint} (its load levels vary per trial; capacity metrics: "
+            f"{', '.join(sorted(CAPACITY_METRICS))})"
+        )
+    if ref.level is not None:
+        raise ConfigError(
+            f"{ref.text!r}: capacity workload {workload.name!r} has no fixed levels; "
+            f"write {workload.name}.{ref.metric}"
+        )
+    return ref
+
+
 def validate_constraints(spec: SweepSpec) -> tuple[Constraint, ...]:
     """Parse and check every constraint of the sweep; the error names the constraint
     (key ``constraints.N``)."""
@@ -274,12 +297,14 @@ def validate_constraints(spec: SweepSpec) -> tuple[Constraint, ...]:
 
 
 def objective_direction(spec: SweepSpec) -> Literal["max", "min"]:
-    """``max`` or ``min``; ``max`` when the sweep file has no objective."""
-    return spec.objective.direction if spec.objective else "max"
+    """``max`` or ``min`` of the first objective; ``max`` when the file has none."""
+    return spec.objectives[0].direction if spec.objectives else "max"
 
 
 def _default_objective(spec: SweepSpec) -> MetricRef:
     for workload in spec.workloads:
+        if workload.is_capacity:
+            return MetricRef.of(workload.name, None, CAPACITY.name)
         levels = workload_levels(workload)
         if levels:
             return MetricRef.of(workload.name, levels[0], OUTPUT_THROUGHPUT.name)
@@ -287,28 +312,30 @@ def _default_objective(spec: SweepSpec) -> MetricRef:
 
 
 def _first_workload_for(metric: str, spec: SweepSpec) -> str:
-    """The first workload that measures ``metric`` (an eval for eval-only metrics)."""
+    """The first workload that measures ``metric`` (an eval for eval-only metrics, a
+    capacity search for capacity metrics)."""
     want_eval = metric in EVAL_METRICS and metric not in LEVEL_METRICS
+    want_capacity = metric in CAPACITY_METRICS
     for workload in spec.workloads:
-        if workload.is_eval == want_eval:
+        if workload.is_eval == want_eval and workload.is_capacity == want_capacity:
             return workload.name
     return spec.workloads[0].name
 
 
 def _check_parts_agree(
-    full: MetricRef, workload: str | None, level: str | None, level_key: str
+    full: MetricRef, workload: str | None, level: str | None, level_key: str, prefix: str
 ) -> None:
     """A full reference plus objective.workload/concurrency/rate: they must agree."""
     if full.is_trial_metric and (workload is not None or level is not None):
         raise ConfigError(
             f"{full.text!r} is a trial metric, measured once per trial: "
             "drop objective.workload/concurrency/rate",
-            key="objective",
+            key=prefix,
         )
     if workload is not None and workload != full.workload:
         raise ConfigError(
             f"{full.text!r} names workload {full.workload!r}, not {workload!r}",
-            key="objective.workload",
+            key=f"{prefix}.workload",
         )
     if level is not None and level != full.level:
         raise ConfigError(
@@ -318,39 +345,60 @@ def _check_parts_agree(
 
 
 def resolve_objective(spec: SweepSpec) -> MetricRef:
-    """The metric the objective optimises, as a full reference.
+    """The metric the (first) objective optimises, as a full reference.
 
     ``maximize``/``minimize`` may be a full reference or a bare metric. A bare
     metric takes its workload from ``objective.workload`` (default: the first
-    workload that measures it: an eval for ``pass_rate``, a load workload otherwise)
-    and its level from ``concurrency`` or ``rate`` (default: the workload's first
-    level). Without an objective: the first load workload's first level's
-    ``output_throughput`` (or the first eval's ``pass_rate``), maximised.
+    workload that measures it: an eval for ``pass_rate``, a capacity search for
+    ``capacity``, a load workload otherwise) and its level from ``concurrency`` or
+    ``rate`` (default: the workload's first level). Without an objective: the first
+    load workload's first level's ``output_throughput`` (its ``capacity`` for a
+    capacity search; or the first eval's ``pass_rate``), maximised.
     """
-    objective = spec.objective
-    if objective is None:
-        return _default_objective(spec)
-    field = "objective.maximize" if objective.maximize is not None else "objective.minimize"
+    return resolve_objectives(spec)[0][0]
+
+
+def resolve_objectives(spec: SweepSpec) -> tuple[tuple[MetricRef, Literal["max", "min"]], ...]:
+    """Every objective as (full reference, ``max``/``min``), in the order written (the
+    default objective when the file has none). Errors name ``objective`` or
+    ``objective.N``; the same metric twice is an error."""
+    objectives = spec.objectives
+    if not objectives:
+        return ((_default_objective(spec), "max"),)
+    several = isinstance(spec.objective, list)
+    out: list[tuple[MetricRef, Literal["max", "min"]]] = []
+    for index, objective in enumerate(objectives):
+        prefix = f"objective.{index}" if several else "objective"
+        ref = _resolve_one(spec, objective, prefix)
+        for earlier, _ in out:
+            if earlier.key == ref.key:
+                raise ConfigError(f"{ref.key!r} is already an objective", key=prefix)
+        out.append((ref, objective.direction))
+    return tuple(out)
+
+
+def _resolve_one(spec: SweepSpec, objective: Objective, prefix: str) -> MetricRef:
+    field = f"{prefix}.maximize" if objective.maximize is not None else f"{prefix}.minimize"
     try:
         ref = parse_metric_ref(objective.metric)
     except ConfigError as exc:
         raise ConfigError(exc.message, key=field) from None
     if objective.concurrency is not None and objective.rate is not None:
-        raise ConfigError("give either 'concurrency' or 'rate', not both", key="objective")
+        raise ConfigError("give either 'concurrency' or 'rate', not both", key=prefix)
     level: str | None = None
-    level_key = "objective"
+    level_key = prefix
     if objective.concurrency is not None:
         level = level_label(concurrency=objective.concurrency)
-        level_key = "objective.concurrency"
+        level_key = f"{prefix}.concurrency"
     elif objective.rate is not None:
         level = level_label(rate=objective.rate)
-        level_key = "objective.rate"
+        level_key = f"{prefix}.rate"
     if ref.workload is not None or ref.is_trial_metric:
         try:
             full = validate_ref(ref, spec)
         except ConfigError as exc:
             raise ConfigError(exc.message, key=field) from None
-        _check_parts_agree(full, objective.workload, level, level_key)
+        _check_parts_agree(full, objective.workload, level, level_key, prefix)
         return full
     workloads = {w.name: w for w in spec.workloads}
     name = objective.workload or _first_workload_for(ref.metric, spec)
@@ -359,11 +407,12 @@ def resolve_objective(spec: SweepSpec) -> MetricRef:
         hint = _suggest(name, workloads)
         raise ConfigError(
             f"unknown workload {name!r}{hint} (workloads: {', '.join(workloads)})",
-            key="objective.workload",
+            key=f"{prefix}.workload",
         )
-    if workload.is_eval:
+    if workload.is_eval or workload.is_capacity:
         if level is not None:
-            raise ConfigError(f"eval workload {name!r} has no load levels", key=level_key)
+            kind = "eval" if workload.is_eval else "capacity"
+            raise ConfigError(f"{kind} workload {name!r} has no load levels", key=level_key)
         full = MetricRef(name, None, ref.metric, objective.metric)
     else:
         levels = workload_levels(workload)

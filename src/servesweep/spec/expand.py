@@ -7,6 +7,9 @@ Then ``exclude`` removes configs (an exclusion matches a config when every one o
 its keys matches; ``a-b`` and ``a_b`` are the same key), ``when`` keeps only the
 configs where every expression holds, and duplicates (same fingerprint) are
 dropped, the first kept. A sweep without params has one config: the defaults.
+
+Ranges (``{low, high}``) are for sampling searches (:mod:`servesweep.spec.space`); a
+grid with a range is a ConfigError that says so.
 """
 
 from __future__ import annotations
@@ -19,17 +22,22 @@ from typing import Any
 
 from servesweep.errors import ConfigError
 from servesweep.models import ServerConfig
-from servesweep.spec.schema import ParamsSpec, SweepSpec
+from servesweep.spec.schema import ParamRange, ParamsSpec, SweepSpec
 from servesweep.spec.when import WhenExpr, compile_when
 
 __all__ = [
     "MAX_CONFIGS",
     "Expansion",
+    "check_sections",
+    "compile_whens",
     "expand_configs",
     "expand_params",
+    "is_excluded",
     "param_key",
     "param_names",
+    "range_needs_sampling",
     "same_value",
+    "whens_hold",
 ]
 
 MAX_CONFIGS = 100_000
@@ -88,11 +96,13 @@ def _check_unique(names: Sequence[str], key: str) -> None:
             )
 
 
-def _check_sections(params: ParamsSpec) -> None:
+def check_sections(params: ParamsSpec, *, grid: bool = True) -> None:
+    """Check how the parts of ``params`` fit together (names, lengths, exclusions);
+    ``grid``: the configs will be expanded, so their number is bounded too."""
     _check_unique(list(params.grid), "params.grid")
     _check_unique(list(params.zip), "params.zip")
     for name, values in params.grid.items():
-        if not values:
+        if isinstance(values, list) and not values:
             raise ConfigError("empty list: give at least one value", key=f"params.grid.{name}")
     grid_keys = {param_key(n): n for n in params.grid}
     lengths = {name: len(values) for name, values in params.zip.items()}
@@ -123,13 +133,31 @@ def _check_sections(params: ParamsSpec) -> None:
         for name in exclusion:
             if param_key(name) not in known:
                 raise ConfigError(_unknown_param(name, params), key=f"{key}.{name}")
-    size = math.prod(len(v) for v in params.grid.values()) * max(lengths.values(), default=1)
+    if not grid:
+        return
+    size = math.prod(_grid_size(v) for v in params.grid.values()) * max(lengths.values(), default=1)
     if size + len(params.points) > MAX_CONFIGS:
         raise ConfigError(
             f"the params expand to {size + len(params.points)} configs "
             f"(more than {MAX_CONFIGS}); sweep fewer values or use 'points'",
             key="params",
         )
+
+
+def _grid_size(values: list[Any] | ParamRange) -> int:
+    return len(values) if isinstance(values, list) else (values.size or MAX_CONFIGS + 1)
+
+
+def range_needs_sampling(params: ParamsSpec) -> ConfigError | None:
+    """The error for a range in a grid (a grid runs lists of values only)."""
+    for name, value in params.ranges.items():
+        return ConfigError(
+            f"a range ({value.describe()}) needs a sampling search: add "
+            "'search: {strategy: tpe, trials: N}' (or random), or list the values to run "
+            "them all as a grid",
+            key=f"params.grid.{name}",
+        )
+    return None
 
 
 def _unknown_param(name: str, params: ParamsSpec) -> str:
@@ -156,13 +184,14 @@ def compile_whens(params: ParamsSpec) -> tuple[WhenExpr, ...]:
 
 
 def _candidates(params: ParamsSpec) -> Iterator[dict[str, Any]]:
-    grid_names = list(params.grid)
+    lists = {k: v for k, v in params.grid.items() if isinstance(v, list)}
+    grid_names, grid_lists = list(lists), list(lists.values())
     zip_names = list(params.zip)
     zip_rows = [
         dict(zip(zip_names, row, strict=True)) for row in zip(*params.zip.values(), strict=True)
     ]
     if grid_names or zip_rows:
-        for combo in itertools.product(*params.grid.values()):
+        for combo in itertools.product(*grid_lists):
             base = dict(zip(grid_names, combo, strict=True))
             for row in zip_rows or [{}]:
                 yield {**base, **row}
@@ -172,7 +201,8 @@ def _candidates(params: ParamsSpec) -> Iterator[dict[str, Any]]:
         yield dict(point)
 
 
-def _excluded(config: Mapping[str, Any], exclusions: Sequence[Mapping[str, Any]]) -> bool:
+def is_excluded(config: Mapping[str, Any], exclusions: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether one of ``exclusions`` matches ``config`` (every key of it equal)."""
     norm = {param_key(k): v for k, v in config.items()}
     for exclusion in exclusions:
         if all(
@@ -183,18 +213,22 @@ def _excluded(config: Mapping[str, Any], exclusions: Sequence[Mapping[str, Any]]
 
 
 def expand_params(params: ParamsSpec) -> Expansion:
-    """Expand params into configs, with counts of what each step removed."""
-    _check_sections(params)
+    """Expand params into configs, with counts of what each step removed (a range in
+    the grid is a ConfigError: ranges are for sampling searches)."""
+    check_sections(params)
+    error = range_needs_sampling(params)
+    if error is not None:
+        raise error
     whens = compile_whens(params)
     configs: list[ServerConfig] = []
     seen: set[str] = set()
     candidates = excluded = filtered = duplicates = 0
     for values in _candidates(params):
         candidates += 1
-        if _excluded(values, params.exclude):
+        if is_excluded(values, params.exclude):
             excluded += 1
             continue
-        if not _holds(whens, values):
+        if not whens_hold(whens, values):
             filtered += 1
             continue
         try:
@@ -213,7 +247,9 @@ def expand_params(params: ParamsSpec) -> Expansion:
     return Expansion(tuple(configs), candidates, excluded, filtered, duplicates)
 
 
-def _holds(whens: Sequence[WhenExpr], values: Mapping[str, Any]) -> bool:
+def whens_hold(whens: Sequence[WhenExpr], values: Mapping[str, Any]) -> bool:
+    """Whether every ``when`` holds for ``values`` (ConfigError naming the expression
+    when one cannot be computed)."""
     for index, expr in enumerate(whens):
         try:
             if not expr.evaluate(values):
@@ -224,5 +260,15 @@ def _holds(whens: Sequence[WhenExpr], values: Mapping[str, Any]) -> bool:
 
 
 def expand_configs(spec: SweepSpec) -> list[ServerConfig]:
-    """The sweep's server configs in run order (see the module docstring)."""
+    """The sweep's server configs in run order (see the module docstring).
+
+    Only a grid has a fixed list: a sampling search (``search.strategy`` other than
+    ``grid``) proposes its configs while it runs (:class:`servesweep.search.Search`),
+    and asking it for a list is a ConfigError."""
+    if spec.search.samples:
+        raise ConfigError(
+            f"strategy {spec.search.strategy!r} proposes configurations while it runs; "
+            "only a grid has a fixed list of them",
+            key="search.strategy",
+        )
     return list(expand_params(spec.params).configs)

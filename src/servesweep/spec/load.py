@@ -34,6 +34,7 @@ from pydantic_core import ErrorDetails
 from servesweep.errors import ConfigError
 from servesweep.spec.check import check_spec
 from servesweep.spec.schema import SweepSpec, WorkloadSpec
+from servesweep.spec.schema_search import UNION_TAGS
 from servesweep.spec.source import read_yaml
 
 __all__ = [
@@ -297,10 +298,25 @@ def _unwrap(tp: Any) -> Any:
     return tp
 
 
+def _member_for(tp: Any, part: int | str) -> Any:
+    """The member of a union (a list or a range, one objective or a list) that ``part``
+    can index: a model for a key, a list for an index."""
+    if get_origin(tp) not in (Union, types.UnionType):
+        return tp
+    for member in get_args(tp):
+        member = _unwrap(member)
+        is_model = isinstance(member, type) and issubclass(member, BaseModel)
+        if (isinstance(part, str) and is_model) or (
+            isinstance(part, int) and get_origin(member) is list
+        ):
+            return member
+    return tp
+
+
 def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
     tp: Any = SweepSpec
     for part in loc:
-        tp = _unwrap(tp)
+        tp = _member_for(_unwrap(tp), part)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             field = tp.model_fields.get(str(part))
             if field is None:
@@ -310,7 +326,7 @@ def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
             tp = get_args(tp)[-1]
         else:
             return None
-    tp = _unwrap(tp)
+    tp = _member_for(_unwrap(tp), "")
     return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
 
@@ -408,13 +424,20 @@ def _explained_missing(
 def _translate(exc: ValidationError, data: Any, name: str, lines: Mapping[str, int]) -> ConfigError:
     found: dict[str, list[tuple[ErrorDetails, list[int | str]]]] = {}
     for error in exc.errors(include_url=False):
-        loc = list(error["loc"])
+        loc = [part for part in error["loc"] if part not in UNION_TAGS]
         path = loc if error["type"] == "missing" else _existing_prefix(data, loc)
         key = ".".join(str(p) for p in path)
         found.setdefault(key, []).append((error, path))
     # the first problem in file order; a missing key last (an unknown key is
     # usually its misspelling and says more)
-    order = sorted(found, key=lambda k: (_line_of(lines, k) is None, _line_of(lines, k) or 0))
+    order = sorted(
+        found,
+        key=lambda k: (
+            _line_of(lines, k) is None,
+            _line_of(lines, k) or 0,
+            found[k][0][0]["type"] == "missing",
+        ),
+    )
     key = order[0]
     error, path = found[key][0]
     errors = found[key]

@@ -5,6 +5,10 @@ Each trial is one server config with all the workloads; the server restarts only
 between trials, so the plan needs exactly one server start per trial. Trials keep
 the expansion order (the grid's last key varies fastest), which keeps consecutive
 trials close to each other.
+
+A sampling search (``search.strategy`` other than ``grid``) has no list of trials
+before it runs: its plan is a :class:`SearchOutline` (the space, its size, the
+strategy, the trials cap and the budget).
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from servesweep.models import ServerConfig
-from servesweep.spec.constraints import workload_levels
+from servesweep.spec.constraints import resolve_objectives, workload_levels
 from servesweep.spec.expand import expand_configs, param_key, param_names, same_value
 from servesweep.spec.schema import SweepSpec, WorkloadSpec
+from servesweep.spec.schema_search import SearchBudget
+from servesweep.spec.space import build_space, describe_dimensions
 
 __all__ = [
     "ESTIMATE_PHASES",
     "Plan",
     "PlanTrial",
     "PlanWorkload",
+    "SearchOutline",
     "build_plan",
     "estimate_duration",
     "format_duration",
@@ -63,20 +70,50 @@ class PlanWorkload:
 
 
 @dataclass(frozen=True)
+class SearchOutline:
+    """What a sampling search will draw from, and how much it may spend."""
+
+    strategy: str
+    dimensions: tuple[tuple[str, str, str], ...]
+    """(name, kind, values) of each dimension."""
+    size: int | None
+    """Configurations the dimensions span (None: a continuous range)."""
+    allowed: int | None
+    """Configurations ``exclude``/``when`` allow, points included (None: not counted,
+    the space is continuous or too large)."""
+    points: int
+    trials: int | None
+    budget: SearchBudget | None
+    seed: int
+    startup: int
+    prune: bool
+    objectives: tuple[str, ...]
+
+    @property
+    def max_trials(self) -> int | None:
+        """Server starts at most (None: bounded by the budget only)."""
+        bounds = [b for b in (self.trials, self.allowed) if b is not None]
+        return min(bounds) if bounds else None
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     trials: tuple[PlanTrial, ...]
     workloads: tuple[PlanWorkload, ...]
     restarts: int
-    """Server starts the plan needs (one per trial)."""
+    """Server starts the plan needs (one per trial; a search: at most this many, 0 when
+    only its budget bounds it)."""
     params: tuple[str, ...]
     """The swept param names."""
+    search: SearchOutline | None = None
+    """A sampling search's outline (then ``trials`` is empty)."""
 
     @property
     def measurements(self) -> int:
         """Workload runs over the whole plan (levels x repeats; an eval counts once)."""
         per_trial = sum(max(len(w.levels), 1) * w.spec.repeats for w in self.workloads)
-        return per_trial * len(self.trials)
+        return per_trial * (len(self.trials) if self.search is None else self.restarts)
 
 
 def _changes(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> tuple[str, ...]:
@@ -93,14 +130,44 @@ def _changes(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> 
     return tuple(changed)
 
 
+def _outline(spec: SweepSpec) -> SearchOutline:
+    space = build_space(spec.params)
+    search = spec.search
+    allowed = len(space.allowed()) if space.enumerable else None
+    return SearchOutline(
+        strategy=search.strategy,
+        dimensions=tuple(describe_dimensions(space)),
+        size=space.size,
+        allowed=allowed,
+        points=len(space.points),
+        trials=search.trials,
+        budget=search.budget,
+        seed=search.seed,
+        startup=search.startup,
+        prune=search.pruning,
+        objectives=tuple(f"{d} {ref}" for ref, d in resolve_objectives(spec)),
+    )
+
+
 def build_plan(spec: SweepSpec) -> Plan:
-    """Expand the sweep into its plan (raises ConfigError for an invalid params section)."""
+    """Expand the sweep into its plan (raises ConfigError for an invalid params section).
+    A sampling search gets its outline instead of a list of trials."""
+    workloads = tuple(PlanWorkload(w.name, workload_levels(w), w) for w in spec.workloads)
+    if spec.search.samples:
+        outline = _outline(spec)
+        return Plan(
+            name=spec.name,
+            trials=(),
+            workloads=workloads,
+            restarts=outline.max_trials or 0,
+            params=param_names(spec.params),
+            search=outline,
+        )
     trials: list[PlanTrial] = []
     previous: Mapping[str, Any] | None = None
     for seq, config in enumerate(expand_configs(spec), start=1):
         trials.append(PlanTrial(seq=seq, config=config, changes=_changes(previous, config.params)))
         previous = config.params
-    workloads = tuple(PlanWorkload(w.name, workload_levels(w), w) for w in spec.workloads)
     return Plan(
         name=spec.name,
         trials=tuple(trials),
@@ -112,11 +179,19 @@ def build_plan(spec: SweepSpec) -> Plan:
 
 def estimate_duration(plan: Plan, history: Mapping[str, float]) -> float | None:
     """Seconds the plan should take, from mean seconds per phase per trial measured
-    in earlier sweeps of the same file; None without history."""
+    in earlier sweeps of the same file; None without history. A search: at most its
+    trials (capped by its time budget); None when only GPU-hours bound it."""
     known = [max(float(history[p]), 0.0) for p in ESTIMATE_PHASES if p in history]
     if not known:
         return None
-    return sum(known) * len(plan.trials)
+    if plan.search is None:
+        return sum(known) * len(plan.trials)
+    budget = plan.search.budget
+    limit = budget.time if budget is not None else None
+    if plan.restarts:
+        total = sum(known) * plan.restarts
+        return total if limit is None else min(total, limit)
+    return limit
 
 
 def format_duration(seconds: float) -> str:
@@ -148,6 +223,15 @@ def _describe_changes(trial: PlanTrial, previous: PlanTrial | None) -> str:
 
 def _describe_workload(workload: PlanWorkload) -> str:
     spec = workload.spec
+    if spec.capacity is not None:
+        cap = spec.capacity
+        slo = ", ".join(f"{k} {v:g}" for k, v in cap.slo.items())
+        size = f"{spec.requests} requests" if spec.requests else format_duration(spec.duration or 0)
+        return (
+            f"capacity: the highest {cap.vary} in {cap.low:g}..{cap.high:g} where "
+            f"{cap.quantile:.0%} of requests meet {slo} (within {cap.tolerance:.0%}, at most "
+            f"{cap.max_levels} levels of {size})"
+        )
     if spec.eval is not None:
         limit = f", first {spec.eval.limit} tasks" if spec.eval.limit else ""
         return f"eval {spec.eval.suite}, {spec.eval.samples} sample(s) per task{limit}"
@@ -160,10 +244,54 @@ def _describe_workload(workload: PlanWorkload) -> str:
     return text
 
 
+def _format_budget(budget: SearchBudget | None) -> str:
+    if budget is None:
+        return "none"
+    parts = []
+    if budget.time is not None:
+        parts.append(f"{format_duration(budget.time)} of wall time")
+    if budget.gpu_hours is not None:
+        parts.append(f"{budget.gpu_hours:g} GPU-hours")
+    return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+
+
+def _format_search(plan: Plan, outline: SearchOutline) -> list[str]:
+    size = f"{outline.size:,}" if outline.size is not None else "continuous"
+    if outline.allowed is not None:
+        size += f" configurations, {outline.allowed:,} allowed by exclude/when"
+    if outline.points:
+        size += f" (points included: {outline.points})"
+    cap = outline.max_trials
+    strategy = outline.strategy
+    if outline.startup:
+        strategy += f" ({outline.startup} random configurations first)"
+    lines = [
+        f"sweep {plan.name}: a {outline.strategy} search, "
+        + (f"at most {cap} trials" if cap else "trials bounded by the budget")
+        + f" x {len(plan.workloads)} workload{'s' if len(plan.workloads) != 1 else ''}",
+        f"strategy: {strategy}, seed {outline.seed}",
+        f"objective{'s' if len(outline.objectives) > 1 else ''}: " + "; ".join(outline.objectives),
+        f"trials: {outline.trials if outline.trials is not None else 'no cap'}; "
+        f"budget: {_format_budget(outline.budget)}",
+        f"early stop (prune): {'on' if outline.prune else 'off'}",
+        "",
+        f"search space: {size}",
+    ]
+    width = max((len(name) for name, _, _ in outline.dimensions), default=0)
+    for name, kind, values in outline.dimensions:
+        lines.append(f"  {name.ljust(width)}  {kind:<11}  {values}")
+    if not outline.dimensions:
+        lines.append("  (no dimensions: the points and the server defaults)")
+    return lines
+
+
 def format_plan(
     plan: Plan, estimate_s: float | None = None, history_note: str | None = None
 ) -> str:
     """The plan as plain text for ``servesweep plan``."""
+    if plan.search is not None:
+        lines = _format_search(plan, plan.search)
+        return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
     trials = len(plan.trials)
     lines = [
         f"sweep {plan.name}: {trials} trial{'s' if trials != 1 else ''} x "
@@ -181,14 +309,23 @@ def format_plan(
         change = _describe_changes(trial, previous)
         lines.append(f"  {trial.seq:>3}  {trial.fingerprint}  {label}  | {change}")
         previous = trial
-    lines += ["", "workloads (every trial, no restart between them):"]
+    return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
+
+
+def _format_tail(plan: Plan, estimate_s: float | None, history_note: str | None) -> list[str]:
+    lines = ["", "workloads (every trial, no restart between them):"]
     name_width = max((len(w.name) for w in plan.workloads), default=0)
     for workload in plan.workloads:
         lines.append(f"  {workload.name.ljust(name_width)}  {_describe_workload(workload)}")
-    lines += ["", f"server starts: {plan.restarts}"]
-    note = f" ({history_note})" if history_note else ""
-    if estimate_s is not None:
-        lines.append(f"estimated duration: {format_duration(estimate_s)}{note}")
+    if plan.search is None:
+        lines += ["", f"server starts: {plan.restarts}"]
     else:
-        lines.append(f"estimated duration: unknown{note or ' (no earlier sweep of this file)'}")
-    return "\n".join(lines)
+        starts = f"at most {plan.restarts}" if plan.restarts else "as the budget allows"
+        lines += ["", f"server starts: {starts}"]
+    note = f" ({history_note})" if history_note else ""
+    prefix = "estimated duration" if plan.search is None else "estimated duration, at most"
+    if estimate_s is not None:
+        lines.append(f"{prefix}: {format_duration(estimate_s)}{note}")
+    else:
+        lines.append(f"{prefix}: unknown{note or ' (no earlier sweep of this file)'}")
+    return lines

@@ -2,29 +2,41 @@
 
 These models are the contract between the sweep file and every other layer:
 launchers read :class:`ServerSpec`, the load generator reads :class:`WorkloadSpec`,
-the report reads :class:`Objective`. Durations accept ``30``, ``"30s"``, ``"5m"``,
-``"1h30m"``, ``"250ms"``; sizes accept ``1024``, ``"512MiB"``, ``"1GiB"``, ``"2GB"``.
+the report reads :class:`Objective`, the search reads :class:`SearchSpec`. Durations
+accept ``30``, ``"30s"``, ``"5m"``, ``"1h30m"``, ``"250ms"``; sizes accept ``1024``,
+``"512MiB"``, ``"1GiB"``, ``"2GB"`` (see :mod:`servesweep.spec.values`).
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
+
+from servesweep.spec.schema_search import CapacitySpec, ParamRange, SearchSpec
+from servesweep.spec.values import (
+    SLO_KEYS,
+    Duration,
+    Size,
+    check_slos,
+    parse_duration,
+    parse_size,
+)
+from servesweep.spec.values import FrozenModel as _Frozen
 
 __all__ = [
     "SLO_KEYS",
+    "CapacitySpec",
     "CommandSpec",
     "DockerSpec",
     "Duration",
     "EvalSpec",
     "FakeGpusSpec",
     "Objective",
+    "ParamRange",
     "ParamsSpec",
     "ReleaseSpec",
+    "SearchSpec",
     "ServerSpec",
     "Size",
     "SweepSpec",
@@ -34,78 +46,6 @@ __all__ = [
     "parse_duration",
     "parse_size",
 ]
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def _seconds(seconds: float, value: Any) -> float:
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '30s', '5m', '1h30m')")
-    if seconds < 0:
-        raise ValueError(f"duration must not be negative: {value!r}")
-    return seconds
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like ``"5m"``, ``"1h30m"``, ``"250ms"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        return _seconds(float(value), value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            pass
-        else:
-            return _seconds(seconds, value)
-        pos = 0
-        total = 0.0
-        for match in _DURATION_PART.finditer(text):
-            if match.start() != pos and text[pos : match.start()].strip():
-                break
-            total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-            pos = match.end()
-        if pos and not text[pos:].strip():
-            return total
-    raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '30s', '5m', '1h30m')")
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from a number or a string like ``"512MiB"``, ``"1GiB"``, ``"2GB"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"size must not be negative: {value!r}")
-        return int(value)
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match:
-            unit = (match.group(2) or "B").lower()
-            return int(float(match.group(1)) * _SIZE_UNITS[unit])
-    raise ValueError(f"not a size: {value!r} (use bytes or e.g. '512MiB', '1GiB')")
-
-
-SLO_KEYS = frozenset({"ttft_ms", "tpot_ms", "e2e_ms", "e2el_ms"})
-"""Goodput SLO names a workload's ``slo`` accepts (milliseconds; ``e2el_ms`` = ``e2e_ms``)."""
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
 
 ParamValue = str | int | float | bool | None | list[Any] | dict[str, Any]
 
@@ -123,24 +63,15 @@ def _one_number(value: Any) -> Any:
     return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+def _values_or_range(value: Any) -> str:
+    return "~range" if isinstance(value, dict) else "~values"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _empty_means_default(cls, data: Any) -> Any:
-        """``key:`` written without a value means the key's default."""
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        return {
-            key: value
-            for key, value in data.items()
-            if value is not None
-            or key not in fields
-            or fields[key].is_required()
-            or fields[key].default is None
-        }
+
+GridValues = Annotated[
+    Annotated[list[ParamValue], Tag("~values")] | Annotated[ParamRange, Tag("~range")],
+    Discriminator(_values_or_range),
+]
+"""A grid param: a list of values (categorical) or a range ``{low, high, step, log}``."""
 
 
 class Timeouts(_Frozen):
@@ -272,9 +203,16 @@ class ServerSpec(_Frozen):
 class ParamsSpec(_Frozen):
     """The server params to sweep. All parts combine: the grid's product, plus the
     explicit points, plus zipped lists (each combined with the grid when both are
-    given: ``grid × zip``), minus exclusions, filtered by ``when`` constraints."""
+    given: ``grid × zip``), minus exclusions, filtered by ``when`` constraints.
+    A sampling search draws from the same space (see :mod:`servesweep.spec.space`)."""
 
-    grid: dict[str, list[ParamValue]] = Field(default_factory=dict)
+    @property
+    def ranges(self) -> dict[str, ParamRange]:
+        """The grid params given as ranges."""
+        return {k: v for k, v in self.grid.items() if isinstance(v, ParamRange)}
+
+    grid: dict[str, GridValues] = Field(default_factory=dict)
+    """Lists of values; a sampling search (``search.strategy``) also takes ranges."""
     points: list[dict[str, ParamValue]] = Field(default_factory=list)
     zip: dict[str, list[ParamValue]] = Field(default_factory=dict)
     exclude: list[dict[str, ParamValue]] = Field(default_factory=list)
@@ -336,23 +274,31 @@ class WorkloadSpec(_Frozen):
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     """More failed requests than this fraction: ``bench_errors``."""
     eval: EvalSpec | None = None
+    capacity: CapacitySpec | None = None
+    """Search the highest load meeting an SLO instead of running fixed levels."""
 
     @field_validator("slo")
     @classmethod
     def _known_slos(cls, value: dict[str, float]) -> dict[str, float]:
-        for key, limit in value.items():
-            if key not in SLO_KEYS:
-                close = difflib.get_close_matches(key, sorted(SLO_KEYS), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ValueError(
-                    f"unknown SLO {key!r} ({hint}SLOs in ms: {', '.join(sorted(SLO_KEYS))})"
-                )
-            if not limit > 0:
-                raise ValueError(f"SLO {key!r} must be > 0 ms, got {limit!r}")
+        check_slos(value)
         return value
 
     @model_validator(mode="after")
     def _load_shape(self) -> WorkloadSpec:
+        if self.capacity is not None:
+            if self.eval is not None:
+                raise ValueError("a workload is either an 'eval' or a 'capacity' search, not both")
+            for field in ("concurrency", "rate"):
+                if getattr(self, field):
+                    raise ValueError(
+                        f"a capacity workload chooses its own load levels between "
+                        f"capacity.low and capacity.high: drop '{field}'"
+                    )
+            if self.repeats != 1:
+                raise ValueError("a capacity workload measures each level once: drop 'repeats'")
+            if self.requests is None and self.duration is None:
+                object.__setattr__(self, "requests", 32)
+            return self
         if self.eval is None:
             if self.concurrency and self.rate:
                 raise ValueError("give either 'concurrency' or 'rate', not both")
@@ -369,6 +315,10 @@ class WorkloadSpec(_Frozen):
     @property
     def is_eval(self) -> bool:
         return self.eval is not None
+
+    @property
+    def is_capacity(self) -> bool:
+        return self.capacity is not None
 
 
 class Objective(_Frozen):
@@ -396,13 +346,36 @@ class Objective(_Frozen):
         return "max" if self.maximize else "min"
 
 
+def _one_or_many(value: Any) -> str:
+    return "~list" if isinstance(value, list) else "~one"
+
+
+Objectives = Annotated[
+    Annotated[Objective, Tag("~one")]
+    | Annotated[list[Objective], Tag("~list"), Field(min_length=1)],
+    Discriminator(_one_or_many),
+]
+"""One objective, or a list of them (a Pareto search; the first one ranks)."""
+
+
 class SweepSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     description: str = ""
     server: ServerSpec
     params: ParamsSpec = Field(default_factory=ParamsSpec)
     workloads: list[WorkloadSpec] = Field(min_length=1)
-    objective: Objective | None = None
+    objective: Objectives | None = None
+    """Use :attr:`objectives` to read it (always a tuple)."""
     constraints: StrList = Field(default_factory=list)
+    search: SearchSpec = Field(default_factory=SearchSpec)
     store: str | None = None
     """Path of the results database; default ``servesweep.db`` beside the sweep file."""
+
+    @property
+    def objectives(self) -> tuple[Objective, ...]:
+        """The objectives as written (empty when the file has none); the first ranks."""
+        if self.objective is None:
+            return ()
+        if isinstance(self.objective, Objective):
+            return (self.objective,)
+        return tuple(self.objective)

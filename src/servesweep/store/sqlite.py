@@ -593,8 +593,8 @@ class Store:
             from servesweep.spec.load import load_sweep_text
 
             spec = load_sweep_text(sweep.spec_text, sweep.spec_path).spec
-            if spec.objective is not None:
-                objective = spec.objective.model_dump(exclude_none=True)
+            if spec.objectives:
+                objective = spec.objectives[0].model_dump(exclude_none=True)
             constraints = tuple(spec.constraints)
         except (ImportError, ServesweepError):
             pass  # an old or hand-edited sweep file must not block a report
