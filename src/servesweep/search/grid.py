@@ -1,0 +1,58 @@
+"""The grid as a search: every configuration of the expansion, in its order.
+
+It behaves as a grid sweep always has: a configuration with a final outcome (ok,
+failed, pruned, skipped) is not run again, whatever failed it (``--retry-failed`` is
+the driver's to apply, by resetting trials before it builds the search); a trial left
+pending, running or interrupted runs again in its place in the order. ``trials``
+caps how many configurations run; the budget is checked by :meth:`exhausted`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from servesweep.models import LevelResult, ServerConfig
+from servesweep.search.base import History, Search
+from servesweep.spec.expand import expand_params
+from servesweep.spec.schema import SweepSpec
+from servesweep.store.records import TrialRecord
+
+__all__ = ["GridSearch"]
+
+
+class GridSearch(Search):
+    def __init__(self, spec: SweepSpec, history: History = ()) -> None:
+        super().__init__(spec)
+        self.configs: tuple[ServerConfig, ...] = expand_params(spec.params).configs
+        self._finished: set[str] = set()
+        self._running: set[str] = set()
+        in_grid = {c.fingerprint for c in self.configs}
+        for record, results in history:
+            if record.fingerprint not in in_grid:
+                continue
+            if record.outcome.final:
+                self.launched.add(record.fingerprint)
+                self._finished.add(record.fingerprint)
+                self.record(record, self.judge(record, results))
+            elif record.started_at is not None:
+                self.launched.add(record.fingerprint)
+
+    def ask(self) -> ServerConfig | None:
+        for config in self.configs:
+            fp = config.fingerprint
+            if fp in self._finished or fp in self._running:
+                continue
+            if fp not in self.launched and self.trials_left == 0:
+                return None
+            self._running.add(fp)
+            self.launched.add(fp)
+            return config
+        return None
+
+    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
+        fp = trial.fingerprint
+        self._running.discard(fp)
+        if not trial.outcome.final:
+            return  # interrupted: asked again in its place
+        self._finished.add(fp)
+        self.record(trial, self.judge(trial, results))

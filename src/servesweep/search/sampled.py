@@ -1,0 +1,340 @@
+"""A search driven by one of Optuna's samplers (random, TPE, NSGA-II), ask-and-tell.
+
+How a proposal is made (:meth:`SampledSearch.ask`):
+
+1. a configuration to run again comes first (an environment failure, or a trial a
+   crash left unfinished): its sampler trial is still open and is reused;
+2. then ``params.points``, in order (told to the sampler when they are points of the
+   space);
+3. then the sampler. A proposal that ``exclude``/``when`` forbids is told to the
+   sampler as infeasible without launching; one already measured is told the same
+   result again; one running in another slot is dropped. After
+   :data:`MAX_REJECTED` such proposals in a row, a finite space falls back to an
+   unmeasured allowed configuration chosen with the seed; when none is left the
+   search is finished.
+
+Results are told with their constraint values (``Trial.set_constraint``: Optuna's
+samplers prefer feasible regions); failures that blame the configuration are
+infeasible; environment failures are not told (the configuration is proposed again,
+at most :data:`ENV_ATTEMPTS` attempts); pruned trials are ``PRUNED`` with the objective
+value measured before the stop.
+
+Resume: :class:`SampledSearch` replays the stored trials in the order they were asked
+and told (asks at ``started_at``, tells at ``finished_at``), asking the seeded sampler
+again each time. With the same seed and order the sampler proposes what it proposed
+then, so its state — and the next proposal — is the one the interrupted run would
+have had. Where a stored trial differs from the replayed proposal (another seed,
+an edited file, another Optuna), the stored configuration is added as it is and the
+replay stops asking the sampler; nothing measured is proposed again either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.study import StudyDirection
+from optuna.trial import Trial, TrialState
+
+from servesweep.models import LevelResult, Outcome, ServerConfig
+from servesweep.search.base import History, Search
+from servesweep.search.verdict import Verdict, VerdictKind
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.space import Dimension, SearchSpace, build_space
+from servesweep.store.records import TrialRecord
+
+__all__ = ["ENV_ATTEMPTS", "MAX_REJECTED", "SampledSearch", "make_sampler"]
+
+MAX_REJECTED = 16
+"""Proposals in a row that were forbidden or already measured before a finite space
+falls back to a seeded pick among the configurations not measured yet."""
+
+EAGER_ALLOWED = 10_000
+"""A space of at most this many configurations is listed up front, so that the search
+knows when every allowed one is measured."""
+
+ENV_ATTEMPTS = 3
+"""Attempts of one configuration that fail because of the environment before the search
+stops proposing it."""
+
+
+def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
+    """The seeded Optuna sampler of ``search.strategy``."""
+    search = spec.search
+    seed = search.seed
+    if search.strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if search.strategy == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            n_startup_trials=spec.search.startup,
+            multivariate=True,
+            constant_liar=True,
+        )
+    if search.strategy == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(2, spec.search.startup))
+    raise ValueError(f"not a sampling strategy: {search.strategy!r}")
+
+
+def _distribution(dim: Dimension) -> BaseDistribution:
+    if dim.range is None:
+        return CategoricalDistribution(tuple(range(len(dim.choices))))
+    rng = dim.range
+    if rng.is_int:
+        step = int(rng.step or 1)
+        return IntDistribution(int(rng.low), int(rng.high), log=rng.log, step=step)
+    return FloatDistribution(float(rng.low), float(rng.high), log=rng.log, step=rng.step)
+
+
+def _quiet_optuna() -> None:
+    optuna.logging.set_verbosity(logging.WARNING)
+
+
+class SampledSearch(Search):
+    def __init__(self, spec: SweepSpec, history: History = ()) -> None:
+        super().__init__(spec)
+        _quiet_optuna()
+        self.space: SearchSpace = build_space(spec.params)
+        self.distributions = {d.name: _distribution(d) for d in self.space.dimensions}
+        directions = [
+            StudyDirection.MAXIMIZE if d == "max" else StudyDirection.MINIMIZE
+            for d in self.goal.directions
+        ]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study = optuna.create_study(sampler=make_sampler(spec), directions=directions)
+        self._open: dict[str, Trial | None] = {}
+        """Configurations handed out and not told, with their sampler trial (None for a
+        point outside the space)."""
+        self._configs: dict[str, ServerConfig] = {}
+        self._again: deque[str] = deque()
+        """Fingerprints to hand out again (environment failures, unfinished trials)."""
+        self._given_up: set[str] = set()
+        self._points: deque[ServerConfig] = deque(self.space.points)
+        self._allowed: frozenset[str] | None = None
+        self._allowed_configs: tuple[ServerConfig, ...] = ()
+        self._diverged = False
+        if (self.space.size or EAGER_ALLOWED + 1) <= EAGER_ALLOWED:
+            self._allowed_set()
+        self.notes: list[str] = []
+        """What the replay of the history found (a divergence), for the driver to show."""
+        self._replay(history)
+
+    # ---- asking ------------------------------------------------------------------
+
+    def ask(self) -> ServerConfig | None:
+        while self._again:
+            fp = self._again.popleft()
+            if fp in self._open and fp not in self._given_up:
+                return self._configs[fp]
+        if self.trials_left == 0:
+            return None
+        return self._propose()
+
+    def _propose(self) -> ServerConfig | None:
+        """A new configuration: the next point, else the sampler's (see module doc)."""
+        while self._points:
+            point = self._points.popleft()
+            if self._known(point.fingerprint) or self.space.forbidden(point) is not None:
+                continue
+            return self._hand_out(point, self._fixed_trial(point))
+        if self._finished_space():
+            return None
+        for _ in range(MAX_REJECTED):
+            trial = self.study.ask(self.distributions)
+            config = self.space.config(trial.params)
+            fp = config.fingerprint
+            if self.space.forbidden(config) is not None:
+                self._tell_forbidden(trial)
+            elif fp in self.told and self.told[fp].verdict.told:
+                self._tell(trial, self.told[fp].verdict)
+            elif self._known(fp):
+                self.study.tell(trial, state=TrialState.FAIL)
+            else:
+                return self._hand_out(config, trial)
+        return self._fallback()
+
+    def _known(self, fp: str) -> bool:
+        return fp in self.told or fp in self._open or fp in self._given_up
+
+    def _hand_out(self, config: ServerConfig, trial: Trial | None) -> ServerConfig:
+        fp = config.fingerprint
+        self._open[fp] = trial
+        self._configs[fp] = config
+        self.launched.add(fp)
+        return config
+
+    def _fixed_trial(self, config: ServerConfig) -> Trial | None:
+        """A sampler trial with exactly this configuration, or None when it is not a
+        point of the space (then the sampler never hears of it)."""
+        sample = self.space.sample_of(config.params)
+        if sample is None:
+            return None
+        self.study.enqueue_trial(sample)
+        return self.study.ask(self.distributions)
+
+    def _allowed_set(self) -> frozenset[str] | None:
+        if self._allowed is None and self.space.enumerable:
+            self._allowed_configs = tuple(self.space.allowed())
+            self._allowed = frozenset(c.fingerprint for c in self._allowed_configs)
+        return self._allowed
+
+    def _finished_space(self) -> bool:
+        """Every allowed configuration of a finite space measured or running."""
+        if self._allowed is None:
+            size = self.space.size
+            if size is None or len(self.launched) + len(self._given_up) < size:
+                return False
+        allowed = self._allowed_set()
+        return allowed is not None and all(self._known(fp) for fp in allowed)
+
+    def _fallback(self) -> ServerConfig | None:
+        allowed = self._allowed_set()
+        if allowed is None:
+            self.notes.append(
+                f"the sampler proposed only forbidden or measured configurations "
+                f"{MAX_REJECTED} times in a row; the search stops"
+            )
+            return None
+        left = [c for c in self._allowed_configs if not self._known(c.fingerprint)]
+        if not left:
+            return None
+        pick = random.Random(f"{self.spec.search.seed}:{len(self.launched)}").choice(left)
+        return self._hand_out(pick, self._fixed_trial(pick))
+
+    # ---- telling -----------------------------------------------------------------
+
+    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
+        fp = trial.fingerprint
+        verdict = self.judge(trial, results)
+        if verdict.kind is VerdictKind.RETRY:
+            if fp not in self._open:
+                return
+            if trial.outcome is Outcome.FAILED and trial.attempts >= ENV_ATTEMPTS:
+                self._given_up.add(fp)
+                self._close(fp, None)
+            elif fp not in self._again:
+                self._again.append(fp)
+            return
+        self._close(fp, verdict)
+        self.record(trial, verdict)
+
+    def _close(self, fp: str, verdict: Verdict | None) -> None:
+        optuna_trial = self._open.pop(fp, None)
+        if optuna_trial is None:
+            return
+        if verdict is None or not verdict.told:
+            self.study.tell(optuna_trial, state=TrialState.FAIL)
+        else:
+            self._tell(optuna_trial, verdict)
+
+    def _placeholder(self) -> list[float]:
+        """Objective values for an infeasible trial: the worst measured so far (the
+        samplers rank infeasible trials by their constraint values, not these)."""
+        out = []
+        for index, direction in enumerate(self.goal.directions):
+            seen = [
+                v
+                for t in self.told.values()
+                if (v := t.verdict.values[index]) is not None and math.isfinite(v)
+            ]
+            worst = (min(seen) if direction == "max" else max(seen)) if seen else 0.0
+            out.append(worst)
+        return out
+
+    def _set_constraints(self, trial: Trial, values: Sequence[float]) -> None:
+        for index, value in enumerate(values):
+            trial.set_constraint(f"c{index}", value)
+
+    def _tell(self, trial: Trial, verdict: Verdict) -> None:
+        self._set_constraints(trial, verdict.constraints)
+        if verdict.kind is VerdictKind.PRUNED:
+            first = verdict.values[0]
+            if first is not None and len(self.goal.objectives) == 1:
+                trial.report(first, step=0)
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return
+        values: list[float] = []
+        for value, fallback in zip(verdict.values, self._placeholder(), strict=True):
+            values.append(fallback if value is None else value)
+        self.study.tell(trial, values)
+
+    def _tell_forbidden(self, trial: Trial) -> None:
+        constraints = [0.0] * (len(self.goal.constraints) + 1)
+        constraints[-1] = 1.0
+        self._set_constraints(trial, constraints)
+        self.study.tell(trial, self._placeholder())
+
+    # ---- resuming ----------------------------------------------------------------
+
+    def _replay(self, history: History) -> None:
+        """Ask and tell the stored trials again in the order they happened."""
+        events: list[tuple[float, int, int, str, TrialRecord, Sequence[LevelResult]]] = []
+        for record, results in history:
+            asked = record.started_at if record.started_at is not None else math.inf
+            events.append((asked, 1, record.seq, "ask", record, results))
+            if record.outcome.final:
+                told = record.finished_at if record.finished_at is not None else asked
+                events.append((told, 0, record.seq, "tell", record, results))
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        for _, _, _, kind, record, results in events:
+            if kind == "ask":
+                self._replay_ask(record)
+            else:
+                self.tell(record, results)
+        for record, _ in sorted(history, key=lambda item: item[0].seq):
+            fp = record.fingerprint
+            if fp in self._open and not record.outcome.final and fp not in self._again:
+                self._again.append(fp)
+
+    def _replay_ask(self, record: TrialRecord) -> None:
+        fp = record.fingerprint
+        if fp in self._again:
+            self._again.remove(fp)
+            return
+        if fp in self._open or fp in self.told:
+            return  # the same configuration asked again (a retry of a stored trial)
+        config = ServerConfig(params=dict(record.params), fingerprint=fp)
+        if not self._diverged:
+            proposed = self._propose()
+            if proposed is not None and proposed.fingerprint == fp:
+                return
+            if proposed is not None:
+                self._unask(proposed.fingerprint)
+            self._diverged = True
+            self.notes.append(
+                f"trial {record.id} ({config.label()}) is not what the sampler proposes at "
+                "this point (another seed or an edited sweep file?); the search continues "
+                "from the stored trials as they are"
+            )
+        self._points = deque(p for p in self._points if p.fingerprint != fp)
+        self._hand_out(config, self._fixed_trial(config))
+
+    def _unask(self, fp: str) -> None:
+        """Take back a proposal that was not launched."""
+        trial = self._open.pop(fp, None)
+        self.launched.discard(fp)
+        if trial is not None:
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for status lines: strategy, trials asked and told, the sampler."""
+        return {
+            "strategy": self.spec.search.strategy,
+            "launched": len(self.launched),
+            "told": len(self.told),
+            "sampler_trials": len(self.study.trials),
+            "diverged": self._diverged,
+        }
