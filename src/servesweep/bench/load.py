@@ -53,7 +53,8 @@ async def run_workload(
     workers: int | None = None,
     base_dir: str | None = None,
 ) -> list[LevelResult]:
-    """One :class:`LevelResult` per level x repeat (an eval workload: one result).
+    """One :class:`LevelResult` per level x repeat (an eval workload: one result; a
+    capacity workload: the levels it chose, then its summary, see bench/capacity.py).
 
     ``workers``: generator processes (default: ``workload.workers`` when the spec
     has that field, else 1). ``base_dir``: where relative dataset paths start.
@@ -64,6 +65,18 @@ async def run_workload(
 
         result: LevelResult = await run_eval_workload(target, workload, base_dir=base_dir)
         return [result]
+    if workload.capacity is not None:
+        from servesweep.bench.capacity import run_capacity
+
+        return await run_capacity(
+            target,
+            workload,
+            probe=probe,
+            gpus=gpus,
+            on_progress=on_progress,
+            workers=workers,
+            base_dir=base_dir,
+        )
     n_workers = max(1, workers or int(getattr(workload, "workers", 1) or 1))
     headers = build_headers(target.api_key)
     path = "/v1/chat/completions" if workload.endpoint == "chat" else "/v1/completions"

@@ -92,7 +92,10 @@ class ResultIndex:
         if ref.level is not None:
             candidates = [lvl for lvl in candidates if lvl.level == ref.level]
         elif len(candidates) > 1:
-            return None  # ambiguous: the reference must name a level
+            # a capacity search's summary carries its metrics beside the levels it tried
+            candidates = [lvl for lvl in candidates if ref.metric in lvl.metrics]
+            if len(candidates) > 1:
+                return None  # ambiguous: the reference must name a level
         if not candidates:
             return None
         lvl = candidates[0]

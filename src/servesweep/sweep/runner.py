@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servesweep.bench.capacity import error_checked
 from servesweep.bench.load import run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, DatasetError, TrialFailed
@@ -354,7 +355,7 @@ class TrialRunner:
     def _check_errors(workload: WorkloadSpec, results: Sequence[LevelResult]) -> None:
         if workload.is_eval:
             return
-        for result in results:
+        for result in error_checked(workload, results):
             rate = result.metrics.get("error_rate", 0.0)
             if rate > workload.max_error_rate:
                 errors = result.info.get("errors_by_type") or result.info.get("errors") or {}

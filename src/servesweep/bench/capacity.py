@@ -1,0 +1,179 @@
+"""Run a capacity workload: measure load levels chosen by
+:func:`~servesweep.bench.capacity_search.next_load` until the highest load meeting the
+SLO is known, through the ordinary load generator (:mod:`servesweep.bench.load`).
+
+It returns one :class:`~servesweep.models.LevelResult` per level it measured (labelled
+``c12`` or ``r3.75`` like any level; ``info["capacity"]`` holds its load, SLO score
+and attainment) and a last one, level
+:data:`CAPACITY_LEVEL`, whose metrics are the capacity metrics of the catalog
+(``servesweep.spec.constraints.CAPACITY_METRICS``): ``capacity`` (req/s or
+concurrency), ``capacity_levels``, ``capacity_attainment`` and
+``capacity_output_throughput``; its ``info`` lists the levels tried and says whether
+the capacity is bounded by the range (``below_low``, ``at_least_high``) or by
+``max_levels``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from servesweep.bench.capacity_search import Probe, estimate, next_load, slo_score
+from servesweep.bench.target import Target
+from servesweep.models import LevelResult
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.spec.constraints import CAPACITY_METRICS
+from servesweep.spec.schema import WorkloadSpec
+
+__all__ = [
+    "CAPACITY_LEVEL",
+    "capacity_result",
+    "error_checked",
+    "level_workload",
+    "run_capacity",
+]
+
+CAPACITY_LEVEL = "capacity"
+"""The level label of a capacity workload's summary result."""
+
+
+def level_workload(workload: WorkloadSpec, load: float) -> WorkloadSpec:
+    """The workload measuring one load level of a capacity search."""
+    assert workload.capacity is not None
+    if workload.capacity.vary == "concurrency":
+        levels: dict[str, Any] = {"concurrency": [round(load)], "rate": []}
+    else:
+        levels = {"concurrency": [], "rate": [load]}
+    return workload.model_copy(update={"capacity": None, "repeats": 1, **levels})
+
+
+def capacity_result(workload: WorkloadSpec, levels: Sequence[LevelResult]) -> LevelResult:
+    """The summary result of a capacity search over the measured ``levels`` (in the
+    order measured, each with its ``info["capacity"]``)."""
+    spec = workload.capacity
+    assert spec is not None
+    probes = [_probe(r) for r in levels]
+    found = estimate(spec, probes)
+    at_capacity = next((r for r, p in zip(levels, probes, strict=True) if found.probe is p), None)
+    metrics = {
+        "capacity": found.capacity,
+        "capacity_levels": float(len(levels)),
+        "capacity_attainment": found.probe.attainment if found.probe is not None else 0.0,
+        "capacity_output_throughput": (
+            at_capacity.metrics.get("output_throughput", 0.0) if at_capacity else 0.0
+        ),
+    }
+    assert set(metrics) == CAPACITY_METRICS
+    info: dict[str, Any] = {
+        "vary": spec.vary,
+        "slo": dict(spec.slo),
+        "quantile": spec.quantile,
+        "tolerance": spec.tolerance,
+        "bound": found.bound,
+        "upper": found.upper,
+        "levels": [{"level": r.level, **(r.info.get("capacity") or {})} for r in levels],
+    }
+    warnings = []
+    if found.bound == "below_low":
+        warnings.append(
+            f"the SLO fails already at the lowest load {spec.low:g}: capacity 0 "
+            "(lower capacity.low)"
+        )
+    elif found.bound == "at_least_high":
+        warnings.append(
+            f"the SLO still holds at the highest load {spec.high:g}: the capacity is at "
+            "least that (raise capacity.high)"
+        )
+    elif found.bound == "max_levels":
+        warnings.append(
+            f"stopped after {spec.max_levels} levels before the capacity was within "
+            f"{spec.tolerance:.0%} (between {found.capacity:g} and {found.upper or spec.high:g})"
+        )
+    return LevelResult(
+        workload=workload.name,
+        level=CAPACITY_LEVEL,
+        repeat=0,
+        metrics=metrics,
+        warnings=tuple(warnings),
+        info=info,
+        started_at=levels[0].started_at if levels else 0.0,
+        duration_s=sum(r.duration_s for r in levels),
+    )
+
+
+def _probe(result: LevelResult) -> Probe:
+    facts = result.info.get("capacity") or {}
+    score = facts.get("score")
+    return Probe(
+        float(facts.get("load", 0.0)),
+        math.inf if score is None else float(score),
+        float(facts.get("attainment", 0.0)),
+    )
+
+
+def _scored(workload: WorkloadSpec, load: float, result: LevelResult) -> LevelResult:
+    spec = workload.capacity
+    assert spec is not None
+    score, attainment = slo_score(result.samples, spec.slo, spec.quantile)
+    facts = {
+        "load": load,
+        "score": score if math.isfinite(score) else None,
+        "attainment": attainment,
+        "meets_slo": score <= 1.0,
+    }
+    return replace(result, info={**result.info, "capacity": facts})
+
+
+def error_checked(workload: WorkloadSpec, results: Sequence[LevelResult]) -> list[LevelResult]:
+    """The results whose error rate may fail a trial (``bench_errors``). A capacity
+    search measures loads beyond what the server sustains on purpose, so only the
+    levels that met the SLO count, and the lowest load measured (errors there mean the
+    server fails at any load); for any other workload, every result."""
+    if workload.capacity is None:
+        return list(results)
+    levels = [r for r in results if r.level != CAPACITY_LEVEL and "capacity" in r.info]
+    if not levels:
+        return []
+    lowest = min(levels, key=lambda r: float(r.info["capacity"].get("load", 0.0)))
+    return [r for r in levels if r is lowest or r.info["capacity"].get("meets_slo")]
+
+
+async def run_capacity(
+    target: Target,
+    workload: WorkloadSpec,
+    *,
+    probe: GpuProbe | None = None,
+    gpus: Sequence[int] = (),
+    on_progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    base_dir: str | None = None,
+) -> list[LevelResult]:
+    """Measure levels until the capacity is known; the level results, then the summary."""
+    from servesweep.bench.load import run_workload
+
+    spec = workload.capacity
+    if spec is None:
+        raise ValueError(f"workload {workload.name} has no capacity section")
+    measured: list[LevelResult] = []
+    probes: list[Probe] = []
+    while (load := next_load(spec, probes)) is not None:
+        level = level_workload(workload, load)
+        results = await run_workload(
+            target, level, probe=probe, gpus=gpus, workers=workers, base_dir=base_dir
+        )
+        scored = _scored(workload, load, results[0])
+        measured.append(scored)
+        probes.append(_probe(scored))
+        if on_progress is not None:
+            verdict = "meets" if probes[-1].ok else "misses"
+            on_progress(
+                f"{workload.name} capacity: {scored.level} {verdict} the SLO "
+                f"({probes[-1].attainment:.1%} of requests within it)"
+            )
+    summary = capacity_result(workload, measured)
+    if on_progress is not None:
+        unit = "req/s" if spec.vary == "rate" else "concurrent requests"
+        on_progress(f"{workload.name} capacity: {summary.metrics['capacity']:g} {unit}")
+    return [*measured, summary]
