@@ -1,0 +1,382 @@
+"""How many restarts and GPU-hours a search needs to reach a near-best configuration.
+
+A simulated landscape stands in for an inference server: 48 configurations over three
+vLLM-like params (``max-num-seqs`` 4 values x ``max-num-batched-tokens`` 4 x
+``num-speculative-tokens`` 3), a memory model that makes 16 of them fail with CUDA OOM
+while loading, a latency model under which 7 more miss the constraint
+``chat.c1.ttft_p99_ms < 200``, and an output throughput at concurrency 8 (the
+objective) whose ground truth is known. The best feasible configuration sits next to
+the OOM cliff and the constraint; 3 configurations are within 2 % of it.
+
+Every strategy runs through :class:`servesweep.search.Search` exactly as the driver
+calls it (ask, run the levels c1, c8, c32 with :func:`prune_reason` after each, tell),
+with no servers: each trial's measurements are the ground truth with noise (1 % on
+throughput, 3 % on latency) and its cost comes from a model of a large deployment:
+8 GPUs, 30 s to stop and release, 7 min to load, 6 min into the load for an OOM crash,
+3-4 min per load level. A strategy has *reached* the best when a trial of a
+configuration within 2 % of the true best (and truly feasible) finished ``ok``; the
+restarts and GPU-hours spent up to then (that trial included) are reported, over
+``--seeds`` seeds, against the GPU-hours of the whole grid (what a grid sweep spends to
+know its best). The grid's own order is shown too: where its first near-best
+configuration happens to come.
+
+The capacity part runs :func:`servesweep.bench.capacity_search.next_load` on synthetic
+load curves with a known capacity, drawn at random over the range: an open-loop queue
+(latency ``1/(1 - load/mu)``, the SLO 1.5x to 20x the unloaded latency, an overloaded
+level scoring what its queue made it), a closed loop flat until its batch fills and then
+growing as a power (0.7 to 3) of the concurrency, and a bare pass/fail step, each
+without noise and with 3 % noise on every level's score (a p99 measured from a few
+hundred requests). Ranges: rates 0.5-64 req/s, concurrency 1-256; tolerance 5 %,
+at most 8 levels.
+
+Run:  .venv/bin/python bench/search_efficiency.py [--seeds 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from servesweep.bench.capacity_search import Probe, estimate, next_load
+from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
+from servesweep.search import Search, prune_reason
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.schema_search import CapacitySpec
+from servesweep.store.records import TrialRecord
+
+SEQS = [32, 64, 128, 256]
+TOKENS = [2048, 4096, 8192, 16384]
+SPEC_TOKENS = [0, 2, 4]
+LEVELS = (("c1", 180.0), ("c8", 240.0), ("c32", 240.0))
+"""Load levels in run order with their bench seconds."""
+GPUS = 8
+STOP_RELEASE_S = 30.0
+LOAD_S = 420.0
+OOM_AFTER_S = 360.0
+MEMORY_GIB = 72.0
+TTFT_LIMIT_MS = 200.0
+NEAR = 0.02
+THROUGHPUT_NOISE = 0.01
+LATENCY_NOISE = 0.03
+
+
+@dataclass(frozen=True)
+class Truth:
+    throughput: float
+    """Output tokens/s at concurrency 8."""
+    memory_gib: float
+    ttft_ms: float
+    """p99 time to first token at concurrency 1."""
+
+    @property
+    def oom(self) -> bool:
+        return self.memory_gib > MEMORY_GIB
+
+    @property
+    def feasible(self) -> bool:
+        return not self.oom and self.ttft_ms < TTFT_LIMIT_MS
+
+
+def truth(seqs: int, tokens: int, spec_tokens: int) -> Truth:
+    """The landscape's ground truth (smooth, with interactions)."""
+    i, j, h = math.log2(seqs / 32), math.log2(tokens / 2048), spec_tokens / 2
+    throughput = (
+        900
+        * (1 + 0.24 * i - 0.05 * i * i)
+        * (1 + 0.16 * j - 0.035 * j * j)
+        * (1 + 0.16 * h - 0.05 * h * h - 0.035 * h * i)
+    )
+    memory = 38 + 7.5 * i * (1 + 0.35 * j) + 5 * h * (1 + 0.5 * i)
+    ttft = 70 + 0.0105 * tokens * (1 + 0.12 * h) + 9 * i
+    return Truth(throughput, memory, ttft)
+
+
+def _key(params: Mapping[str, Any]) -> tuple[int, int, int]:
+    return (
+        int(params["max-num-seqs"]),
+        int(params["max-num-batched-tokens"]),
+        int(params["num-speculative-tokens"]),
+    )
+
+
+TRUTH = {key: truth(*key) for key in itertools.product(SEQS, TOKENS, SPEC_TOKENS)}
+BEST = max(t.throughput for t in TRUTH.values() if t.feasible)
+NEAR_BEST = {k for k, t in TRUTH.items() if t.feasible and t.throughput >= (1 - NEAR) * BEST}
+
+
+def sweep_spec(strategy: str, seed: int, **search: Any) -> SweepSpec:
+    return SweepSpec.model_validate(
+        {
+            "name": "landscape",
+            "server": {"engine": "sim"},
+            "params": {
+                "grid": {
+                    "max-num-seqs": SEQS,
+                    "max-num-batched-tokens": TOKENS,
+                    "num-speculative-tokens": SPEC_TOKENS,
+                }
+            },
+            "workloads": [{"name": "chat", "concurrency": [1, 8, 32]}],
+            "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 8},
+            "constraints": [f"chat.c1.ttft_p99_ms < {TTFT_LIMIT_MS:g}"],
+            "search": {"strategy": strategy, "seed": seed, **search},
+        }
+    )
+
+
+def _level(label: str, t: Truth, rng: random.Random) -> LevelResult:
+    scale = {"c1": 0.25, "c8": 1.0, "c32": 1.6}[label]
+    latency = {"c1": 1.0, "c8": 1.4, "c32": 2.5}[label]
+    metrics = {
+        "output_throughput": t.throughput * scale * (1 + rng.gauss(0, THROUGHPUT_NOISE)),
+        "ttft_p99_ms": t.ttft_ms * latency * (1 + rng.gauss(0, LATENCY_NOISE)),
+        "error_rate": 0.0,
+    }
+    return LevelResult(workload="chat", level=label, repeat=0, metrics=metrics)
+
+
+def run_trial(
+    search: Search, seq: int, config: ServerConfig, clock: float, rng: random.Random
+) -> tuple[TrialRecord, list[LevelResult], float]:
+    """One trial as a slot would run it: (record, results, seconds it held the GPUs)."""
+    t = TRUTH[_key(config.params)]
+    seconds = STOP_RELEASE_S
+    results: list[LevelResult] = []
+    outcome, failure, evidence = Outcome.OK, None, None
+    if t.oom:
+        seconds += OOM_AFTER_S
+        outcome, failure = Outcome.FAILED, FailureClass.START_CRASH
+        evidence = Evidence(message="CUDA out of memory while loading", reason="oom")
+    else:
+        seconds += LOAD_S
+        policy = search.prune_policy()
+        for index, (label, bench_s) in enumerate(LEVELS):
+            results.append(_level(label, t, rng))
+            seconds += bench_s
+            if index == len(LEVELS) - 1:
+                break
+            reason = prune_reason(policy, results)
+            if reason is not None:
+                outcome, evidence = Outcome.PRUNED, Evidence(message=reason)
+                break
+    record = TrialRecord(
+        id=seq,
+        sweep_id=1,
+        seq=seq,
+        fingerprint=config.fingerprint,
+        params=dict(config.params),
+        outcome=outcome,
+        failure_class=failure,
+        evidence=evidence,
+        attempts=1,
+        started_at=clock,
+        finished_at=clock + seconds,
+        gpus=tuple(range(GPUS)),
+    )
+    return record, results, seconds
+
+
+@dataclass(frozen=True)
+class Reach:
+    strategy: str
+    seed: int
+    restarts: int | None
+    """Trials launched until a near-best one finished ok (None: never)."""
+    gpu_hours: float | None
+    trials_run: int
+    pruned: int
+    failed: int
+    seconds: float
+    """Wall time of the search's own calls (ask, tell, prune decisions)."""
+
+
+def run_search(strategy: str, seed: int, **search: Any) -> Reach:
+    spec = sweep_spec(strategy, seed, **search)
+    engine = Search.create(spec, [])
+    rng = random.Random(f"noise:{seed}")
+    clock = gpu_seconds = own = 0.0
+    pruned = failed = 0
+    for seq in itertools.count(1):
+        started = time.perf_counter()
+        config = engine.ask()
+        own += time.perf_counter() - started
+        if config is None:
+            break
+        record, results, seconds = run_trial(engine, seq, config, clock, rng)
+        clock += seconds
+        gpu_seconds += seconds * GPUS
+        started = time.perf_counter()
+        engine.tell(record, results)
+        own += time.perf_counter() - started
+        pruned += record.outcome is Outcome.PRUNED
+        failed += record.outcome is Outcome.FAILED
+        if record.outcome is Outcome.OK and _key(config.params) in NEAR_BEST:
+            return Reach(strategy, seed, seq, gpu_seconds / 3600, seq, pruned, failed, own)
+    return Reach(strategy, seed, None, None, seq - 1, pruned, failed, own)
+
+
+def grid_cost() -> float:
+    """GPU-hours of the whole grid run as a grid sweep runs it (no pruning)."""
+    total = 0.0
+    for t in TRUTH.values():
+        if t.oom:
+            total += STOP_RELEASE_S + OOM_AFTER_S
+        else:
+            total += STOP_RELEASE_S + LOAD_S + sum(s for _, s in LEVELS)
+    return total * GPUS / 3600
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile (nearest rank, as a p90 of 10 runs is the 9th)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summarize(reaches: Sequence[Reach], full: float) -> dict[str, Any]:
+    hours = [r.gpu_hours if r.gpu_hours is not None else math.inf for r in reaches]
+    restarts = [r.restarts if r.restarts is not None else math.inf for r in reaches]
+    return {
+        "runs": len(reaches),
+        "never": sum(r.restarts is None for r in reaches),
+        "restarts_median": statistics.median(restarts),
+        "restarts_p90": _pct(restarts, 0.9),
+        "gpu_hours_median": statistics.median(hours),
+        "gpu_hours_p90": _pct(hours, 0.9),
+        "share_of_grid_median": statistics.median(hours) / full,
+        "share_of_grid_p90": _pct(hours, 0.9) / full,
+        "search_seconds_per_trial": sum(r.seconds for r in reaches)
+        / max(1, sum(r.trials_run for r in reaches)),
+    }
+
+
+def _queue(capacity: float, slo_multiple: float) -> Any:
+    mu = capacity / (1 - 1 / slo_multiple)
+
+    def score(load: float) -> float:
+        rho = load / mu
+        return 20 + 10 * rho if rho >= 1 else 1 / (1 - rho) / slo_multiple
+
+    return score
+
+
+def _power(capacity: float, flat_until: float, exponent: float) -> Any:
+    return lambda load: max(flat_until**exponent, (load / capacity) ** exponent)
+
+
+def _step(capacity: float) -> Any:
+    return lambda load: 0.6 if load <= capacity else 1.8
+
+
+def capacity_runs(count: int, seed: int = 0) -> dict[str, Any]:
+    """Levels and error of the capacity search on ``count`` random curves per case."""
+    rng = random.Random(seed)
+    out: dict[str, Any] = {}
+    for vary, low, high in (("rate", 0.5, 64.0), ("concurrency", 1.0, 256.0)):
+        spec = CapacitySpec(slo={"ttft_ms": 500}, vary=vary, low=low, high=high)
+        for shape in ("queue", "power", "step"):
+            for noise in (0.0, 0.03):
+                levels, errors = [], []
+                for _ in range(count):
+                    capacity = math.exp(rng.uniform(math.log(low * 1.3), math.log(high / 1.3)))
+                    if vary == "concurrency":
+                        capacity = math.floor(capacity) + 0.5  # the truth: its floor
+                    if shape == "queue":
+                        curve = _queue(capacity, rng.uniform(1.5, 20))
+                    elif shape == "power":
+                        curve = _power(capacity, rng.uniform(0.2, 0.9), rng.uniform(0.7, 3))
+                    else:
+                        curve = _step(capacity)
+                    probes: list[Probe] = []
+                    while (load := next_load(spec, probes)) is not None:
+                        probes.append(Probe(load, curve(load) * (1 + rng.gauss(0, noise))))
+                    truth = math.floor(capacity) if vary == "concurrency" else capacity
+                    found = estimate(spec, probes).capacity
+                    levels.append(len(probes))
+                    errors.append(abs(found - truth) / truth)
+                out[f"{vary}/{shape}/noise {noise:.0%}"] = {
+                    "curves": count,
+                    "within_5pct_in_8_levels": sum(
+                        1 for n, e in zip(levels, errors, strict=True) if n <= 8 and e <= 0.05
+                    )
+                    / count,
+                    "levels_mean": statistics.mean(levels),
+                    "levels_max": max(levels),
+                    "error_median": statistics.median(errors),
+                    "error_max": max(errors),
+                }
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--strategies", default="grid,random,tpe")
+    parser.add_argument("--curves", type=int, default=200, help="capacity curves per case")
+    args = parser.parse_args(argv)
+    full = grid_cost()
+    out: dict[str, Any] = {
+        "landscape": {
+            "configs": len(TRUTH),
+            "oom": sum(t.oom for t in TRUTH.values()),
+            "constraint_violations": sum(not t.oom and not t.feasible for t in TRUTH.values()),
+            "best_throughput": round(BEST, 1),
+            "near_best": len(NEAR_BEST),
+            "grid_gpu_hours": round(full, 2),
+        },
+        "search": {},
+    }
+    for strategy in args.strategies.split(","):
+        seeds = [0] if strategy == "grid" else list(range(args.seeds))
+        reaches = [run_search(strategy, seed) for seed in seeds]
+        out["search"][strategy] = {
+            "summary": summarize(reaches, full),
+            "runs": [asdict(r) for r in reaches],
+        }
+    out["capacity"] = capacity_runs(args.curves)
+    if args.json:
+        json.dump(out, sys.stdout, indent=2, default=str)
+        print()
+        return 0
+    land = out["landscape"]
+    print(
+        f"landscape: {land['configs']} configs, {land['oom']} OOM, "
+        f"{land['constraint_violations']} violate the constraint, {land['near_best']} within "
+        f"{NEAR:.0%} of the best ({land['best_throughput']} tok/s); whole grid "
+        f"{land['grid_gpu_hours']} GPU-h"
+    )
+    print(
+        f"{'strategy':<8} {'runs':>4} {'restarts p50':>12} {'p90':>5} "
+        f"{'GPU-h p50':>10} {'p90':>6} {'% grid p50':>10} {'p90':>6}"
+    )
+    for strategy, data in out["search"].items():
+        s = data["summary"]
+        print(
+            f"{strategy:<8} {s['runs']:>4} {s['restarts_median']:>12} {s['restarts_p90']:>5} "
+            f"{s['gpu_hours_median']:>10.1f} {s['gpu_hours_p90']:>6.1f} "
+            f"{s['share_of_grid_median']:>10.0%} {s['share_of_grid_p90']:>6.0%}"
+        )
+    print()
+    print(
+        f"{'capacity case':<32} {'within 5% in <=8':>16} {'levels mean':>11} {'max':>4} "
+        f"{'error p50':>9} {'max':>6}"
+    )
+    for case, c in out["capacity"].items():
+        print(
+            f"{case:<32} {c['within_5pct_in_8_levels']:>16.0%} {c['levels_mean']:>11.1f} "
+            f"{c['levels_max']:>4} {c['error_median']:>9.1%} {c['error_max']:>6.1%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
