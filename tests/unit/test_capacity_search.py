@@ -12,8 +12,10 @@ import pytest
 
 from servesweep.bench.capacity import CAPACITY_LEVEL, capacity_result, error_checked
 from servesweep.bench.capacity_search import Probe, estimate, next_load, slo_score
+from servesweep.errors import ConfigError
+from servesweep.metrics_catalog import CAPACITY_METRICS
 from servesweep.models import LevelResult, RequestSample
-from servesweep.spec.constraints import CAPACITY_METRICS
+from servesweep.spec import SweepSpec, parse_metric_ref, validate_ref
 from servesweep.spec.schema import WorkloadSpec
 from servesweep.spec.schema_search import CapacitySpec
 
@@ -170,3 +172,31 @@ def test_only_levels_within_the_slo_and_the_lowest_may_fail_with_errors() -> Non
     assert [r.level for r in checked] == ["r4", "r8"]
     plain = WorkloadSpec(name="plain", concurrency=[1, 8])
     assert error_checked(plain, levels) == levels
+
+
+def test_references_accept_the_capacity_catalog_on_capacity_workloads_only() -> None:
+    spec = SweepSpec.model_validate(
+        {
+            "name": "t",
+            "server": {"engine": "sim"},
+            "workloads": [
+                {"name": "chat", "concurrency": [1, 8]},
+                {
+                    "name": "cap",
+                    "capacity": {"slo": {"tpot_ms": 50}, "vary": "rate", "low": 1, "high": 8},
+                },
+            ],
+        }
+    )
+
+    def accepted(text: str) -> bool:
+        try:
+            validate_ref(parse_metric_ref(text), spec)
+        except ConfigError:
+            return False
+        return True
+
+    assert all(accepted(f"cap.{name}") for name in CAPACITY_METRICS)
+    assert not any(accepted(f"chat.c1.{name}") for name in CAPACITY_METRICS)
+    assert not any(accepted(f"cap.{name}") for name in ("output_throughput", "pass_rate"))
+    assert not accepted("cap.r2.capacity")

@@ -6,7 +6,7 @@ It returns one :class:`~servesweep.models.LevelResult` per level it measured (la
 ``c12`` or ``r3.75`` like any level; ``info["capacity"]`` holds its load, SLO score
 and attainment) and a last one, level
 :data:`CAPACITY_LEVEL`, whose metrics are the capacity metrics of the catalog
-(``servesweep.spec.constraints.CAPACITY_METRICS``): ``capacity`` (req/s or
+(:data:`servesweep.metrics_catalog.CAPACITY_METRICS`): ``capacity`` (req/s or
 concurrency), ``capacity_levels``, ``capacity_attainment`` and
 ``capacity_output_throughput``; its ``info`` lists the levels tried and says whether
 the capacity is bounded by the range (``below_low``, ``at_least_high``) or by
@@ -22,9 +22,16 @@ from typing import Any
 
 from servesweep.bench.capacity_search import Probe, estimate, next_load, slo_score
 from servesweep.bench.target import Target
+from servesweep.metrics_catalog import (
+    CAPACITY,
+    CAPACITY_ATTAINMENT,
+    CAPACITY_LEVELS,
+    CAPACITY_METRICS,
+    CAPACITY_OUTPUT_THROUGHPUT,
+    OUTPUT_THROUGHPUT,
+)
 from servesweep.models import LevelResult
 from servesweep.servers.gpu.base import GpuProbe
-from servesweep.spec.constraints import CAPACITY_METRICS
 from servesweep.spec.schema import WorkloadSpec
 
 __all__ = [
@@ -58,11 +65,11 @@ def capacity_result(workload: WorkloadSpec, levels: Sequence[LevelResult]) -> Le
     found = estimate(spec, probes)
     at_capacity = next((r for r, p in zip(levels, probes, strict=True) if found.probe is p), None)
     metrics = {
-        "capacity": found.capacity,
-        "capacity_levels": float(len(levels)),
-        "capacity_attainment": found.probe.attainment if found.probe is not None else 0.0,
-        "capacity_output_throughput": (
-            at_capacity.metrics.get("output_throughput", 0.0) if at_capacity else 0.0
+        CAPACITY.name: found.capacity,
+        CAPACITY_LEVELS.name: float(len(levels)),
+        CAPACITY_ATTAINMENT.name: found.probe.attainment if found.probe is not None else 0.0,
+        CAPACITY_OUTPUT_THROUGHPUT.name: (
+            at_capacity.metrics.get(OUTPUT_THROUGHPUT.name, 0.0) if at_capacity else 0.0
         ),
     }
     assert set(metrics) == CAPACITY_METRICS
@@ -175,5 +182,5 @@ async def run_capacity(
     summary = capacity_result(workload, measured)
     if on_progress is not None:
         unit = "req/s" if spec.vary == "rate" else "concurrent requests"
-        on_progress(f"{workload.name} capacity: {summary.metrics['capacity']:g} {unit}")
+        on_progress(f"{workload.name} capacity: {summary.metrics[CAPACITY.name]:g} {unit}")
     return [*measured, summary]
