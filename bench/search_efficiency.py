@@ -29,7 +29,7 @@ without noise and with 3 % noise on every level's score (a p99 measured from a f
 hundred requests). Ranges: rates 0.5-64 req/s, concurrency 1-256; tolerance 5 %,
 at most 8 levels.
 
-Run:  .venv/bin/python bench/search_efficiency.py [--seeds 30] [--json]
+Run:  .venv/bin/python bench/search_efficiency.py [--seeds 100] [--startup 2,4,8] [--json]
 """
 
 from __future__ import annotations
@@ -318,9 +318,14 @@ def capacity_runs(count: int, seed: int = 0) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--strategies", default="grid,random,tpe")
+    parser.add_argument(
+        "--startup",
+        default="",
+        help="also run tpe with these startup_trials, e.g. 2,4,8,10 (rows tpe/s=N)",
+    )
     parser.add_argument("--curves", type=int, default=200, help="capacity curves per case")
     args = parser.parse_args(argv)
     full = grid_cost()
@@ -335,10 +340,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "search": {},
     }
-    for strategy in args.strategies.split(","):
+    runs: list[tuple[str, str, dict[str, Any]]] = [
+        (s, s, {}) for s in args.strategies.split(",") if s
+    ]
+    runs += [
+        (f"tpe/s={n}", "tpe", {"startup_trials": int(n)}) for n in args.startup.split(",") if n
+    ]
+    for label, strategy, settings in runs:
         seeds = [0] if strategy == "grid" else list(range(args.seeds))
-        reaches = [run_search(strategy, seed) for seed in seeds]
-        out["search"][strategy] = {
+        reaches = [run_search(strategy, seed, **settings) for seed in seeds]
+        out["search"][label] = {
             "summary": summarize(reaches, full),
             "runs": [asdict(r) for r in reaches],
         }
