@@ -13,6 +13,7 @@ import servesweep.spec as spec_pkg
 from servesweep.errors import ConfigError
 from servesweep.spec import (
     LoadedSweep,
+    build_plan,
     expand_configs,
     load_sweep,
     load_sweep_text,
@@ -309,7 +310,10 @@ def test_every_complete_example_in_the_docs_loads() -> None:
     assert len(complete) >= 2
     for block in complete:
         loaded = load_sweep_text(block, name="docs/sweep-file.md")
-        assert expand_configs(loaded.spec)
+        if loaded.spec.search.samples:
+            assert build_plan(loaded.spec).search is not None
+        else:
+            assert expand_configs(loaded.spec)
 
 
 def test_doc_fragments_load_inside_a_sweep() -> None:
@@ -318,7 +322,10 @@ def test_doc_fragments_load_inside_a_sweep() -> None:
     fragments = [b for b in _doc_yaml_blocks() if not b.startswith("name:")]
     for block in fragments:
         if block.startswith("params:"):
-            load_sweep_text(head + block + wl)
+            search = "search: {strategy: tpe, trials: 10}\n" if "low:" in block else ""
+            load_sweep_text(head + block + wl + search)
+        elif block.startswith(("search:", "workloads:")):
+            load_sweep_text(head + block + ("" if block.startswith("workloads:") else wl))
         elif block.startswith("constraints:"):
             text = (
                 head
@@ -331,6 +338,9 @@ def test_doc_fragments_load_inside_a_sweep() -> None:
             load_sweep_text(text)
         elif block.startswith("x-chat:"):
             load_sweep_text(head + block)
+        elif block.startswith("objective:\n"):  # a list of objectives
+            wl32 = "workloads: [{name: chat, concurrency: [1, 8, 32]}]\n"
+            load_sweep_text(head + wl32 + block)
         elif block.startswith("objective:"):
             for line in block.splitlines():
                 load_sweep_text(head + wl + line + "\n")
