@@ -135,6 +135,7 @@ def test_every_format_renders_an_empty_sweep() -> None:
     empty = sweep_data([], {})
     for fmt in FORMATS:
         assert render(empty, fmt)
+    assert render(empty, "md") == render(empty, "markdown")
     with pytest.raises(ConfigError, match="unknown report format"):
         render(empty, "pdf")
 

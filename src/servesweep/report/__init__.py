@@ -69,6 +69,7 @@ def render(
     chooses the columns of ``table`` and ``markdown`` (params and metric names);
     ``reload_s`` makes an ``html`` report of a running sweep reload itself.
     """
+    fmt = {"md": "markdown"}.get(fmt, fmt)
     if fmt == "table":
         return render_table(data, color=color, width=width, columns=columns)
     if fmt == "markdown":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from servesweep.models import Outcome
@@ -73,8 +73,6 @@ class Chart:
     height: int = 360
     note: str = ""
     """One paragraph under the chart: how to read it, what it leaves out."""
-    section: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         assert self.tooltip in TOOLTIPS, self.tooltip
