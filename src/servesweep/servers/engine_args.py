@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from servesweep.errors import ConfigError
 from servesweep.spec.schema import ServerSpec
+from servesweep.spec.templates import COMMAND_PLACEHOLDERS, LAUNCH_PLACEHOLDERS, PLACEHOLDER
 
 __all__ = [
     "BoolStyle",
@@ -162,9 +163,9 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
-_PLACEHOLDER = re.compile(r"(?<![$\{])\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_.-]+)?)\}(?!\})")
+_PLACEHOLDER = PLACEHOLDER
 _SHELL_SYNTAX = re.compile(r"[|&;<>()`$\n]|\bexec\b")
-_TEMPLATE_NAMES = ("args", "port", "host", "model", "gpus")
+_TEMPLATE_NAMES = COMMAND_PLACEHOLDERS
 
 
 def render_template(
@@ -174,12 +175,15 @@ def render_template(
     *,
     args: Sequence[str] | None = None,
     model: str | None = None,
+    context: Mapping[str, str] | None = None,
 ) -> list[str]:
     """argv from a ``server.command`` template (the ``generic`` engine).
 
     Placeholders: ``{args}`` (every flag param not used by a ``{param.NAME}``,
     as ``--name value``), ``{port}``, ``{host}``, ``{model}``, ``{gpus}`` (comma
-    list) and ``{param.NAME}`` (one param's value, dash/underscore-blind). Every
+    list), ``{param.NAME}`` (one param's value, dash/underscore-blind), and from
+    ``context`` (known when a trial starts) ``{trial}``, ``{log}``, ``{pid_file}``
+    (:data:`servesweep.spec.templates.LAUNCH_PLACEHOLDERS`). Every
     substituted value is shell-quoted, so values with spaces or quotes stay one
     argument. ``${VAR}`` is left for the shell. A template with shell syntax
     (pipes, ``&&``, redirections, ``$VAR``) runs under ``/bin/sh -c``; otherwise
@@ -210,8 +214,18 @@ def render_template(
                 key="server.command",
             )
     model = spec.model if model is None else model
-    if "model" in _names(template) and not model:
+    names = _names(template)
+    if "model" in names and not model:
         raise ConfigError("the command template uses {model} but server.model is not set")
+    for name in LAUNCH_PLACEHOLDERS:
+        if name in names:
+            if not (context and context.get(name)):
+                raise ConfigError(
+                    f"the command template uses {{{name}}}, which has no value here "
+                    "(it is known when a trial starts)",
+                    key="server.command",
+                )
+            values[name] = shlex.quote(context[name])
     rest = {k: v for k, v in params.items() if k not in used}
     values["args"] = " ".join(
         shlex.quote(a) for a in (args if args is not None else flag_args(rest))

@@ -260,7 +260,9 @@ def _llama_server_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]
 # --- generic and sim -------------------------------------------------------------------
 
 
-def _generic_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
+def _generic_argv(
+    spec: ServerSpec, params: Mapping[str, Any], context: Mapping[str, str] | None = None
+) -> list[str]:
     if not spec.command:
         raise ConfigError(
             "engine 'generic' needs server.command, a command template such as "
@@ -268,7 +270,7 @@ def _generic_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
             key="server.command",
         )
     model = expand_model(spec.model) if spec.model else None
-    return render_template(spec.command, spec, params, model=model)
+    return render_template(spec.command, spec, params, model=model, context=context)
 
 
 def _sim_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
@@ -418,18 +420,30 @@ def get_preset(name: str) -> EnginePreset:
         ) from None
 
 
-def build_launch(spec: ServerSpec, params: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+def build_launch(
+    spec: ServerSpec,
+    params: Mapping[str, Any],
+    *,
+    trial: str | None = None,
+    log: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """The full argv and the extra environment of one trial's instance.
 
     Params: the preset's ``default_args`` < ``server.args`` < the trial's params
     (dash/underscore-blind). Environment, later wins: the preset's ``default_env``,
     ``CUDA_VISIBLE_DEVICES`` from ``server.gpus``, what the engine needs from the
-    spec, ``server.env``, then ``env.NAME`` params.
+    spec, ``server.env``, then ``env.NAME`` params. ``trial`` (its key) and ``log``
+    (its server log) fill the generic template's ``{trial}``, ``{log}`` and
+    ``{pid_file}`` (``server.commands.pid_file`` rendered for this trial).
     """
     preset = get_preset(spec.engine)
     merged = merged_params_over(merged_params_over(preset.default_args, spec.args), params)
     flags, env_params = split_env_params(merged)
-    argv = preset.build_argv(spec, flags)
+    if preset.build_argv is _generic_argv:
+        context = _launch_context(spec, trial, log)
+        argv = _generic_argv(spec, flags, context)
+    else:
+        argv = preset.build_argv(spec, flags)
     env: dict[str, str] = dict(preset.default_env)
     if spec.gpus and preset.uses_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
@@ -438,6 +452,16 @@ def build_launch(spec: ServerSpec, params: Mapping[str, Any]) -> tuple[list[str]
     env.update(spec.env)
     env.update(env_params)
     return argv, env
+
+
+def _launch_context(spec: ServerSpec, trial: str | None, log: str | None) -> dict[str, str]:
+    context = {"trial": trial or "", "log": log or ""}
+    if spec.commands is not None and spec.commands.pid_file:
+        pid_file = spec.commands.pid_file
+        for name, value in (*context.items(), ("port", str(spec.port)), ("host", spec.host)):
+            pid_file = pid_file.replace(f"{{{name}}}", value)
+        context["pid_file"] = pid_file
+    return context
 
 
 def merged_params_over(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,17 +3,21 @@
 The schema checks each value; these check how values relate: duplicate workload
 names and levels, the params expansion (empty lists, zips, exclusions, ``when``),
 that the plan (or a sampling search's space) is not empty, the search settings, the
-objectives and the constraints. Errors carry the key (``params.when.0``,
+objectives and the constraints, the placeholders of the command templates
+(:mod:`servesweep.spec.templates`). Errors carry the key (``params.when.0``,
 ``constraints.1``); :func:`servesweep.spec.load.load_sweep` adds the file and line.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from servesweep.errors import ConfigError
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.expand import Expansion, expand_params
 from servesweep.spec.schema import SweepSpec
-from servesweep.spec.space import build_space
+from servesweep.spec.space import ZIP_DIMENSION, SearchSpace, build_space
+from servesweep.spec.templates import check_templates
 
 __all__ = ["check_spec"]
 
@@ -51,7 +55,18 @@ def _empty_plan_message(expansion: Expansion) -> str:
     )
 
 
-def _check_space(spec: SweepSpec) -> None:
+def _space_params(space: SearchSpace) -> list[dict[str, Any]]:
+    """The params a sampled configuration sets (values do not matter), and each point's."""
+    sampled: dict[str, Any] = {}
+    for dim in space.dimensions:
+        if dim.name == ZIP_DIMENSION:
+            sampled.update({k: None for row in dim.choices for k in row})
+        else:
+            sampled[dim.name] = None
+    return [sampled, *(dict(p.params) for p in space.points)]
+
+
+def _check_space(spec: SweepSpec) -> SearchSpace:
     """A sampling search: its space, and that it can finish."""
     search = spec.search
     space = build_space(spec.params)
@@ -69,6 +84,7 @@ def _check_space(spec: SweepSpec) -> None:
             "configurations: give 'trials' or 'budget'",
             key="search",
         )
+    return space
 
 
 def _check_strategy(spec: SweepSpec) -> None:
@@ -82,13 +98,16 @@ def _check_strategy(spec: SweepSpec) -> None:
 
 def check_spec(spec: SweepSpec) -> None:
     """Run every cross-field check (ConfigError with the key of the first problem)."""
+    configs: list[dict[str, Any]]
     if spec.search.samples:
-        _check_space(spec)
+        configs = _space_params(_check_space(spec))
     else:
         expansion = expand_params(spec.params)
         if not expansion.configs:
             raise ConfigError(_empty_plan_message(expansion), key="params")
+        configs = [dict(config.params) for config in expansion.configs]
     _check_workloads(spec)
     _check_strategy(spec)
     resolve_objectives(spec)
     validate_constraints(spec)
+    check_templates(spec, configs)

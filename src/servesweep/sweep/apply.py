@@ -123,13 +123,12 @@ def apply_config(
                     "verified that it generates",
                     runner.current.trial_id,
                 )
-            argv, env = build_launch(spec.server, chosen)
-            env = {**slot.instance_env, **env}
             log_path = slot.log_root / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            instance = lifecycle.start(
-                argv, env, log_path, f"{spec.name}-{trial.id}", config.fingerprint
-            )
+            key = f"{spec.name}-{trial.id}"
+            argv, env = build_launch(spec.server, chosen, trial=key, log=str(log_path))
+            env = {**slot.instance_env, **env}
+            instance = lifecycle.start(argv, env, log_path, key, config.fingerprint)
             db.set_instance(trial.id, instance, launch_command=lifecycle.launch_command(argv, env))
             info = lifecycle.wait_ready(instance)
         except TrialFailed as failure:

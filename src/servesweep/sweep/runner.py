@@ -270,12 +270,11 @@ class TrialRunner:
             return info.model
 
         self.stop_current(trial)
-        argv, env = build_launch(self.server, trial.params)
+        key = f"{self.sweep_name}-{trial.id}"
+        argv, env = build_launch(self.server, trial.params, trial=key, log=str(log_path))
         env = {**self._instance_env, **env}
         self._enter(trial, Phase.START)
-        instance = self.lifecycle.start(
-            argv, env, log_path, f"{self.sweep_name}-{trial.id}", trial.fingerprint
-        )
+        instance = self.lifecycle.start(argv, env, log_path, key, trial.fingerprint)
         self.current = CurrentInstance(trial.id, instance)
         launch = self.lifecycle.launch_command(argv, env)
         self.store.set_instance(trial.id, instance, launch_command=launch)
