@@ -9,7 +9,7 @@ import pytest
 
 from servesweep.errors import ConfigError
 from servesweep.servers.engines import build_launch
-from servesweep.spec import load_sweep
+from servesweep.spec import load_sweep, load_sweep_text
 
 HEAD = """\
 name: tpl
@@ -115,3 +115,16 @@ def test_shell_braces_in_the_launchers_commands_are_left_alone(tmp_path: Path) -
         "status: 'kill -0 $(cat {pid_file})', pid_file: '/run/{trial}.pid'}\n"
     )
     load_sweep(_write(tmp_path, lines))
+
+
+def test_a_sampling_search_checks_its_params_too(tmp_path: Path) -> None:
+    text = (
+        "name: s\n"
+        "server: {engine: generic, command: 'srv --s {param.seqs} --t {param.tokns}'}\n"
+        "workloads:\n  - {name: chat, concurrency: [1]}\n"
+        "params:\n  grid:\n    seqs: [16, 32]\n    tokens: {low: 1024, high: 8192}\n"
+        "search: {strategy: tpe, trials: 4}\n"
+    )
+    with pytest.raises(ConfigError, match=r"sweep:2: server.command: .*\{param.tokns\}"):
+        load_sweep_text(text, "sweep")
+    load_sweep_text(text.replace("tokns", "tokens"), "sweep")
