@@ -74,16 +74,19 @@ def write_sweep(
 
 
 def run_cli(
-    *args: str, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1"}
+    """``servesweep ARGS`` in this environment (or ``env``), without colours."""
     return subprocess.run(
         [*SERVESWEEP, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env=env,
+        env={**(os.environ if env is None else env), "NO_COLOR": "1"},
         check=False,
     )
 

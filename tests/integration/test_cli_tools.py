@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from tests.integration.sweep_helpers import (
     background_run,
     kill_tagged,
@@ -182,3 +184,46 @@ def test_bench_a_running_server_without_a_sweep_file(tmp_path: Path) -> None:
         bad = run_cli("bench", "--url", url, "--concurrency", "one")
         assert bad.returncode == 2
         assert "not a comma-separated list" in bad.stderr
+
+
+def _nvidia_driver_here() -> bool:
+    from servesweep.errors import GpuProbeError
+    from servesweep.servers.gpu.nvml import NvmlProbe
+
+    try:
+        NvmlProbe().snapshot([])
+    except GpuProbeError:
+        return False
+    return True
+
+
+def test_named_gpus_that_no_backend_sees_are_an_error_not_free(tmp_path: Path) -> None:
+    if _nvidia_driver_here():
+        pytest.skip("an NVIDIA driver answers here: GPUs are visible")
+    env_free = {k: v for k, v in os.environ.items() if k != "SERVESWEEP_FAKE_GPUS"}
+    done = run_cli("wait-gpus", "--gpus", "0-7", "--timeout", "5s", env=env_free)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "free" not in done.stdout
+    [line] = done.stderr.strip().splitlines()
+    assert "GPUs 0-7 are named, but no GPU backend can see them" in line, line
+    # a sweep with server.gpus and the automatic backend refuses to start a server
+    sweep = write_sweep(
+        tmp_path,
+        name="nogpu",
+        server_extra={"fake_gpu_dir": None, "fake_gpus": None, "gpu_backend": "auto"},
+    )
+    run = run_cli("run", str(sweep), "--quiet", env=env_free)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert "GPUs 0,1 are named, but no GPU backend can see them" in run.stderr, run.stderr
+    assert "gpu_backend: none" in run.stderr
+    assert not list(tmp_path.glob("runs/**/server.log")), "a server was started"
+    # the same sweep with gpu_backend: none runs without GPU checks
+    sweep = write_sweep(
+        tmp_path,
+        name="nogpu",
+        args={"mem-per-gpu": None},
+        grid={"budget": [2]},
+        server_extra={"fake_gpu_dir": None, "fake_gpus": None, "gpu_backend": "none"},
+    )
+    ok = run_cli("run", str(sweep), "--quiet", "--fresh", env=env_free, timeout=300)
+    assert ok.returncode == 0, (ok.stdout[-2000:], ok.stderr[-2000:])

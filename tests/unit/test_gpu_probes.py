@@ -120,6 +120,27 @@ def test_nvml_no_driver(monkeypatch: pytest.MonkeyPatch, code: int, error: type)
     assert open_probe("auto").name == "none"
 
 
+def test_named_gpus_must_be_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Naming GPUs that no backend sees is an error, never a silent "no GPUs"."""
+    monkeypatch.delenv("SERVESWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(init_error=12))
+    with pytest.raises(NoGpuDriverError) as caught:
+        open_probe("auto", gpus=[0, 1, 2, 3, 6])
+    text = str(caught.value)
+    assert text.startswith("GPUs 0-3,6 are named, but no GPU backend can see them: ")
+    assert "no NVIDIA driver" in text and "gpu_backend: none" in text and "\n" not in text
+    with pytest.raises(NoGpuDriverError, match="GPUs 0 are named, but the nvml backend"):
+        open_probe("nvml", gpus=[0])
+    assert open_probe("auto").name == "none"  # no GPUs named: no GPU checks wanted
+    assert open_probe("none", gpus=[0, 1]).name == "none"  # said explicitly
+    FakeGpuDir.create(tmp_path, 2, 100 * MiB)
+    assert open_probe("auto", str(tmp_path), gpus=[0, 1]).name == "fake"
+    with pytest.raises(
+        GpuProbeError, match=r"GPUs 1,2 are named, but the fake backend: .*no GPU 2"
+    ):
+        open_probe("fake", str(tmp_path), gpus=[1, 2])
+
+
 def test_nvml_other_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(init_error=999))
     with pytest.raises(GpuProbeError, match="NVML failed to initialise") as exc:

@@ -147,7 +147,7 @@ def open_slot(loaded: LoadedSweep, store_path: Path, sweep_id: int) -> Slot:
     preset = get_preset(spec.server.engine)
     launcher = make_launcher(spec.server)
     fake_dir = fake_gpu_dir(loaded)
-    probe = open_probe(spec.server.gpu_backend, fake_dir)
+    probe = open_probe(spec.server.gpu_backend, fake_dir, gpus=spec.server.gpus)
     lifecycle = ServerLifecycle(
         spec.server, preset, launcher, probe, own_tag_prefix=f"{spec.name}-"
     )

@@ -54,9 +54,12 @@ def wait_gpus(
     fake_dir: str | None = None,
 ) -> tuple[bool, str]:
     """Wait until no process holds memory on the GPUs and used memory is within the
-    tolerance of zero; returns (free, message naming the holders if not)."""
+    tolerance of zero; returns (free, message naming the holders if not). Raises
+    ``NoGpuDriverError`` when no backend can see the GPUs (never "free" unchecked)."""
     indexes = parse_gpu_list(gpus)
-    probe = open_probe(backend, fake_dir)
+    if backend == "none":
+        raise ConfigError("--backend none checks no GPU: use auto, nvml or fake", key="--backend")
+    probe = open_probe(backend, fake_dir, gpus=indexes)
     try:
         result = wait_released(
             probe,
