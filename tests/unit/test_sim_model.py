@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.fakegpu.units import format_bytes, parse_size
 from servesweep.sim.config import parse_args
 from servesweep.sim.oracle import Oracle, OracleTask, load_tasks, oracle_correct
 from servesweep.sim.specdecode import SpecModel
 from servesweep.sim.tokenizer import chat_prompt_text, count_tokens, split_pieces, token_ids
-from servesweep.sim.units import format_bytes, parse_size
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servesweep.sim.units import parse_size
+from servesweep.fakegpu.units import parse_size
 
 __all__ = ["SimConfig", "build_parser", "parse_args"]
 

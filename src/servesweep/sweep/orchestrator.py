@@ -116,7 +116,7 @@ def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
     else:
         return None
     if server.fake_gpus is not None and not path.exists():
-        from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError
+        from servesweep.fakegpu import FakeGpuDir, FakeGpuError
 
         try:
             FakeGpuDir.create(

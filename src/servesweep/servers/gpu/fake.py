@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 
 from servesweep.errors import GpuProbeError
+from servesweep.fakegpu import FakeGpuDir, FakeGpuError
+from servesweep.fakegpu.procinfo import proc_cmdline, proc_name
 from servesweep.models import GpuHolder, GpuState
-from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError
-from servesweep.sim.fakegpu.procinfo import proc_cmdline, proc_name
 
 __all__ = ["FakeGpuProbe"]
 

@@ -9,8 +9,8 @@ import sys
 import time
 from types import FrameType
 
-from servesweep.sim.fakegpu.store import FakeGpuDir, FakeGpuError, FakeOutOfMemory
-from servesweep.sim.units import format_bytes, parse_size
+from servesweep.fakegpu.store import FakeGpuDir, FakeGpuError, FakeOutOfMemory
+from servesweep.fakegpu.units import format_bytes, parse_size
 
 
 def _size(text: str) -> int:

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.sim.fakegpu.procinfo import own_start_time, read_stat
-from servesweep.sim.units import format_bytes
+from servesweep.fakegpu.procinfo import own_start_time, read_stat
+from servesweep.fakegpu.units import format_bytes
 
 __all__ = [
     "HEARTBEAT_S",
