@@ -5,7 +5,10 @@ accumulated sleeps), so lateness does not add up over a stream: the first token
 is due ``ttft_ms (+ prompt_tokens / prefill_tok_s)`` after admission, every later
 chunk one decode step after the previous deadline. A decode step lasts
 ``step_ms * spec.step_factor * (1 + batch_slowdown * (running - 1))`` and emits
-``1 + accepted`` tokens in one chunk.
+``1 + accepted`` tokens in one chunk. With ``on_trace`` set, every finished
+generation reports its :class:`Trace`: when each chunk was due and when it was
+really emitted (loop time, i.e. ``time.monotonic()``), the ground truth clients are
+checked against.
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ import hashlib
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servesweep.sim.config import SimConfig
 from servesweep.sim.oracle import Oracle
 from servesweep.sim.specdecode import SpecModel
 from servesweep.sim.tokenizer import count_tokens, split_pieces
 
-__all__ = ["MAX_MODEL_LEN", "Engine", "Plan"]
+__all__ = ["MAX_MODEL_LEN", "Engine", "Plan", "Trace"]
 
 MAX_MODEL_LEN = 4096
 _SPIN_STREAMS = 2
@@ -58,9 +61,40 @@ class Plan:
     oracle_task: str | None = None
 
 
+@dataclass
+class Trace:
+    """When one generation's chunks were due and emitted (``time.monotonic()`` seconds)."""
+
+    index: int
+    arrival: float
+    """When the handler started: TTFT counts from here (or from ``admitted``)."""
+    admitted: float
+    """When it got a slot (``--max-num-seqs``): equal to ``arrival`` unless it queued."""
+    due: list[float] = field(default_factory=list)
+    emitted: list[float] = field(default_factory=list)
+    """When the sim started to write each chunk (never before it was due)."""
+    written: list[float] = field(default_factory=list)
+    """When the write of each chunk returned: the bytes were with the kernel."""
+    tokens: list[int] = field(default_factory=list)
+
+    def fields(self) -> dict[str, object]:
+        """JSON-ready, microsecond resolution."""
+        return {
+            "index": self.index,
+            "arrival": round(self.arrival, 6),
+            "admitted": round(self.admitted, 6),
+            "due": [round(t, 6) for t in self.due],
+            "emitted": [round(t, 6) for t in self.emitted],
+            "written": [round(t, 6) for t in self.written],
+            "tokens": self.tokens,
+        }
+
+
 class Engine:
     def __init__(self, cfg: SimConfig, oracle: Oracle) -> None:
         self.cfg = cfg
+        self.on_trace: Callable[[Trace], None] | None = None
+        """Called with each finished generation's timing (the truth file's lines)."""
         self.spec = SpecModel(cfg.budget, cfg.topk, cfg.window)
         self.oracle = oracle
         rng = random.Random(cfg.seed)
@@ -149,8 +183,9 @@ class Engine:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
-        if queued:
-            arrival = loop.time()
+        admitted = loop.time() if queued else arrival
+        trace = None if self.on_trace is None else Trace(plan.index, arrival, admitted)
+        arrival = admitted
         self.running += 1
         rng = random.Random(f"{self.cfg.seed}:spec:{plan.index}")
         try:
@@ -160,7 +195,13 @@ class Engine:
                 return
             deadline = arrival + self.first_token_seconds(plan.prompt_tokens)
             await self._sleep_until(loop, deadline)
+            if trace is not None:
+                trace.due.append(deadline)
+                trace.emitted.append(loop.time())
+                trace.tokens.append(1)
             await emit(pieces[:1])
+            if trace is not None:
+                trace.written.append(loop.time())
             self.generation_tokens_total += 1
             sent = 1
             while sent < len(pieces):
@@ -172,10 +213,18 @@ class Engine:
                     self.accepted_tokens_total += accepted
                 chunk = pieces[sent : sent + 1 + accepted]
                 await self._sleep_until(loop, deadline)
+                if trace is not None:
+                    trace.due.append(deadline)
+                    trace.emitted.append(loop.time())
+                    trace.tokens.append(len(chunk))
                 await emit(chunk)
+                if trace is not None:
+                    trace.written.append(loop.time())
                 sent += len(chunk)
                 self.generation_tokens_total += len(chunk)
             self.finished[plan.finish_reason] += 1
+            if trace is not None and self.on_trace is not None:
+                self.on_trace(trace)
         finally:
             self.running -= 1
             self._slots.release()

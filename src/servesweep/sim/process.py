@@ -72,6 +72,8 @@ class SimProcess:
         self.pid = os.getpid()
         self.instance = f"{self.pid}-{time.time_ns()}"
         self.engine = Engine(cfg, Oracle.from_files(cfg.oracle, cfg.seed, cfg.correct_rate))
+        if cfg.truth:
+            self.engine.on_trace = lambda trace: self.truth("generation", **trace.fields())
         self.server = SimServer(self.engine, self.instance, on_generation=self._on_generation)
         self.runner: web.AppRunner | None = None
         self.holder: Holder | None = None

@@ -1,7 +1,9 @@
 """The simulated engine's OpenAI-compatible HTTP API (aiohttp).
 
 Every response carries ``x-sim-instance: PID-STARTNS`` and generations carry it as
-``system_fingerprint``, so a client can tell which process answered.
+``system_fingerprint``, so a client can tell which process answered; a generation
+also carries ``x-sim-request: INDEX``, its index in the truth file's ``generation``
+lines.
 """
 
 from __future__ import annotations
@@ -214,7 +216,7 @@ class SimServer:
             "choices": [choice],
             "usage": _usage(plan.prompt_tokens, len(pieces)),
         }
-        return web.json_response(result, dumps=_dumps)
+        return web.json_response(result, dumps=_dumps, headers={"x-sim-request": str(plan.index)})
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], plan: Plan, chat: bool, arrival: float
@@ -225,7 +227,11 @@ class SimServer:
             bool(options.get("continuous_usage_stats")) if isinstance(options, dict) else False
         )
         resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-sim-request": str(plan.index),
+            }
         )
         await resp.prepare(request)
         head = {
