@@ -1,5 +1,6 @@
-"""The hostile corpus: candidate programs that attack the host, each run in the
-sandbox, reported as a failure, and the host checked unaffected afterwards."""
+"""The hostile corpus: candidate programs that attack the host or cheat, each run in
+the sandbox, reported as a failure (never a pass), and the host checked
+unaffected afterwards."""
 
 from __future__ import annotations
 
@@ -18,14 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.bench.evals import Sandbox, SandboxLimits, SandboxResult, procscan
+from servesweep.bench.evals import Sandbox, SandboxLimits, SandboxResult, leftovers, procscan
+from servesweep.bench.evals.cgroups import find_hierarchies
 from servesweep.errors import SandboxError
 
 HOSTILE = Path(__file__).parent / "hostile"
 CHECK = "def check(candidate):\n    assert candidate() == 'escaped'\n"
 TIMEOUT_S = 3.0
-SLOW = {"memory_bomb_forked": 20.0}
-"""Programs that need more wall clock to reach their limit on a loaded machine."""
+"""For the programs that must end by the wall clock."""
+LIMIT_TIMEOUT_S = 60.0
+"""For the others: they end at a limit of their own, which a loaded machine may
+take seconds to reach; the wall clock must not come first."""
+NEEDS_CGROUP = {"memfd_hoard", "tmpfs_namespace"}
+"""Memory held outside processes: only a memory cgroup bounds it."""
 
 EXPECTED = {
     "background_process": {"fail"},
@@ -38,12 +44,33 @@ EXPECTED = {
     "gigantic_output": {"resource_limit"},
     "infinite_loop": {"timeout"},
     "kill_parent": {"fail"},
+    "memfd_hoard": {"resource_limit"},
     "memory_bomb": {"resource_limit"},
     "memory_bomb_forked": {"resource_limit"},
     "raise_privileges": {"fail"},
     "read_secret": {"fail"},
     "sleep_past_timeout": {"timeout"},
+    "tmpfs_namespace": {"resource_limit"},
     "write_outside": {"fail"},
+}
+CHEATS = {
+    # Each of these was scored `pass` when the tests ran in the candidate's process.
+    "cheat_call_reporter_via_gc": {"fail"},
+    "cheat_call_reporter_via_inspect": {"fail"},
+    "cheat_eq_class_entry_point": {"fail"},
+    "cheat_eq_everything": {"fail"},
+    "cheat_eq_str_subclass": {"fail"},
+    "cheat_forge_from_frames": {"fail"},
+    "cheat_patch_compile": {"fail"},
+    "cheat_patch_exec": {"fail"},
+    "cheat_patch_json": {"fail"},
+    "cheat_patch_os_module": {"fail"},
+    "cheat_read_tests_from_frames": {"fail"},
+    # And these were not, and must stay so.
+    "cheat_exit_before_tests": {"crash"},
+    "cheat_exit_during_call": {"crash"},
+    "cheat_print_verdict": {"fail"},
+    "cheat_read_tests_from_files": {"fail"},
 }
 
 
@@ -100,11 +127,10 @@ def _processes_with(text: str) -> list[int]:
     return found
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
+def _bwrap(timeout_s: float) -> Iterator[Sandbox]:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    box = Sandbox(SandboxLimits(timeout_s=TIMEOUT_S), backend="bwrap")
+    box = Sandbox(SandboxLimits(timeout_s=timeout_s), backend="bwrap")
     try:
         asyncio.run(box.start())
     except SandboxError as exc:
@@ -112,6 +138,23 @@ def sandbox() -> Iterator[Sandbox]:
         pytest.skip(f"bwrap cannot make namespaces here: {exc}")
     yield box
     box.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    yield from _bwrap(LIMIT_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def short_sandbox() -> Iterator[Sandbox]:
+    yield from _bwrap(TIMEOUT_S)
+
+
+def _run_cgroups() -> list[Path]:
+    """This process's run cgroups (none may be left after a run)."""
+    hierarchies, _ = find_hierarchies()
+    mine = leftovers.owner_prefix()
+    return [p for h in hierarchies if h.base.is_dir() for p in h.base.glob(f"{mine}*")]
 
 
 @pytest.fixture
@@ -204,39 +247,53 @@ def _assert_host_unaffected(host: Host, result: SandboxResult) -> None:
     assert _processes_with(host.marker) == [], "a process outlived the run"
     if result.uid is not None:
         assert procscan.pids_of_uid(result.uid) == [], "a process of the run's uid is left"
+    assert _run_cgroups() == [], "a cgroup of the run is left"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_hostile_program_is_contained(name: str, sandbox: Sandbox, host: Host) -> None:
+def test_hostile_program_is_contained(
+    name: str, sandbox: Sandbox, short_sandbox: Sandbox, host: Host
+) -> None:
     program = _program(name, host)
-    timeout = SLOW.get(name, TIMEOUT_S)
-    box = (
-        sandbox if name not in SLOW else Sandbox(SandboxLimits(timeout_s=timeout), backend="bwrap")
-    )
+    box = short_sandbox if EXPECTED[name] == {"timeout"} else sandbox
+    if name in NEEDS_CGROUP and box.memory_limit == "watch":
+        pytest.skip(f"no memory cgroup here ({box.warnings}): {name} would hold its memory")
     started = time.monotonic()
-    try:
-        result = asyncio.run(box.run(program, CHECK, "attack"))
-    finally:
-        if box is not sandbox:
-            box.close()
+    result = asyncio.run(box.run(program, CHECK, "attack"))
     elapsed = time.monotonic() - started
     assert result.status != "pass"
     assert result.status in EXPECTED[name], (result.status, result.message, result.stderr[-500:])
-    assert elapsed < timeout + 5, f"the run took {elapsed:.1f} s"
+    assert elapsed < box.limits.timeout_s + 5, f"the run took {elapsed:.1f} s"
+    _assert_host_unaffected(host, result)
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_cheat_is_not_scored_pass(name: str, sandbox: Sandbox, host: Host) -> None:
+    """The expected value is a secret of this test: a program that gives a wrong
+    answer must not pass by patching, frame walking, forging or lying about
+    equality (the tests and the verdict are in another process)."""
+    expected = secrets.token_hex(8)
+    check = f"def check(candidate):\n    assert candidate() == {expected!r}\n"
+    started = time.monotonic()
+    result = asyncio.run(sandbox.run(_program(name, host), check, "attack"))
+    elapsed = time.monotonic() - started
+    assert result.status in CHEATS[name], (result.status, result.message, result.stderr[-500:])
+    assert elapsed < sandbox.limits.timeout_s + 5, f"the run took {elapsed:.1f} s"
     _assert_host_unaffected(host, result)
 
 
 def test_corpus_is_complete() -> None:
     on_disk = {p.stem for p in HOSTILE.glob("*.py")}
-    assert on_disk == set(EXPECTED)
-    assert len(on_disk) >= 12
+    assert on_disk == set(EXPECTED) | set(CHEATS)
+    assert not set(EXPECTED) & set(CHEATS)
+    assert len(EXPECTED) >= 18 and len(CHEATS) >= 15
 
 
 @pytest.mark.parametrize("name", ["connect_loopback", "read_secret", "write_outside"])
 def test_checks_notice_an_attack_without_isolation(name: str, host: Host) -> None:
     """The same attacks, run with isolation off (backend 'none'), do reach the host
     and the checks above notice: they are not checks that cannot fail."""
-    box = Sandbox(SandboxLimits(timeout_s=TIMEOUT_S), backend="none", allow_no_netns=True)
+    box = Sandbox(SandboxLimits(timeout_s=LIMIT_TIMEOUT_S), backend="none", allow_no_netns=True)
     try:
         result = asyncio.run(box.run(_program(name, host), CHECK, "attack"))
     finally:
@@ -252,7 +309,7 @@ UNSHARE_SUBSET = ["background_process", "connect_loopback", "fork_bomb", "kill_p
 def unshare_sandbox() -> Iterator[Sandbox]:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("the unshare backend needs root and util-linux unshare")
-    box = Sandbox(SandboxLimits(timeout_s=TIMEOUT_S), backend="unshare")
+    box = Sandbox(SandboxLimits(timeout_s=LIMIT_TIMEOUT_S), backend="unshare")
     try:
         asyncio.run(box.start())
     except SandboxError as exc:

@@ -1,4 +1,4 @@
-"""The sandbox's decisions without running anything: refusal, command line, verdicts."""
+"""The sandbox's decisions without running anything: refusal, command line, statuses."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.bench.evals import procscan, sandbox
-from servesweep.bench.evals.execution import Outcome, judge, read_verdict
+from servesweep.bench.evals import commands, procscan, sandbox
+from servesweep.bench.evals.commands import Commands
+from servesweep.bench.evals.outcome import Ended, Outcome, decide, parse_verdict
 from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.errors import SandboxError
 
@@ -29,6 +30,7 @@ def test_backend_none_is_refused_without_the_opt_out() -> None:
 def test_no_namespace_tool_means_refusal_with_advice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox.shutil, "which", lambda *a, **k: None)
     monkeypatch.setattr(sandbox, "_PROBED", {})
+    monkeypatch.setattr(Sandbox, "_prepare", lambda self: None)
     box = Sandbox()
     try:
         with pytest.raises(SandboxError) as err:
@@ -40,93 +42,108 @@ def test_no_namespace_tool_means_refusal_with_advice(monkeypatch: pytest.MonkeyP
     assert "apt-get install bubblewrap" in text and "allow_no_netns" in text
 
 
-def test_bwrap_command_isolates_network_processes_and_files() -> None:
-    box = Sandbox(LIMITS)
-    try:
-        argv, env, workdir = box._command("bwrap", Path("/tmp/run-x"), 1_950_000_000)
-    finally:
-        box.close()
-    assert argv[0] == "bwrap"
+def test_bwrap_command_isolates_network_processes_files_and_namespaces(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(commands, "bwrap_can_disable_userns", lambda: True)
+    root = os.geteuid() == 0
+    uid = 1_950_000_000 if root else None
+    launch = Commands(LIMITS, None, root).launch("bwrap", "candidate", tmp_path, uid, {}, (7, 8))
+    argv = launch.argv
+    assert argv[0] == "bwrap" and launch.pass_fds == (7, 8)
     for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session"):
         assert flag in argv
-    assert "--clearenv" in argv and env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    # Its own user namespace, in which it cannot make another (no private mounts).
+    assert "--unshare-user" in argv and "--disable-userns" in argv
+    assert "--clearenv" in argv and launch.env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
     assert "/" not in binds and "--bind" not in argv, "nothing of the host is writable"
-    assert "/tmp/run-x" in binds and "/usr" in binds
+    assert str(tmp_path / "candidate") in binds and "/usr" in binds
     assert not any(
         b.startswith(("/home", "/work", "/etc/")) and b != "/etc/ld.so.cache" for b in binds
     )
     assert argv[argv.index("--size") + 1] == str(LIMITS.tmpfs_bytes)
-    assert workdir == "/tmp"
+    # The sandbox's root and /dev, owned by the program in its namespace, are read-only.
+    remounts = [argv[i + 1] for i, a in enumerate(argv) if a == "--remount-ro"]
+    assert sorted(remounts) == ["/", "/dev"]
+    assert argv.index("--remount-ro") > argv.index("--tmpfs")
     if os.geteuid() == 0:
-        assert "--cap-drop" in argv
+        # bwrap itself runs as the fresh uid: no capability is ever held by the run.
+        assert launch.user == uid and "--cap-add" not in argv
+        assert (tmp_path / "candidate").stat().st_uid == uid, "only its own uid reads it"
 
 
-def _outcome(rc: int | None, **kw: bool) -> Outcome:
-    return Outcome(rc, b"out", b"line1\nTraceback: boom\n", **kw)
+def _outcome(
+    rc: int | None = 0,
+    verdict: dict[str, str] | None = None,
+    *,
+    judge_rc: int | None = 0,
+    on_its_own: bool = True,
+    **flags: object,
+) -> Outcome:
+    candidate = Ended(rc, b"out", b"line1\nTraceback: boom\n", on_its_own)
+    judge = Ended(judge_rc, b"", b"judge trouble\n", True)
+    return Outcome(candidate, judge, verdict, 0.5, **flags)  # type: ignore[arg-type]
+
+
+PASS = {"status": "pass", "message": ""}
+
+
+def gone(why: str = "it ended before answering") -> dict[str, str]:
+    return {"status": "gone", "message": why}
 
 
 @pytest.mark.parametrize(
-    ("outcome", "verdict", "status", "words"),
+    ("outcome", "status", "words"),
     [
-        (_outcome(0), {"status": "pass", "message": ""}, "pass", ""),
-        (_outcome(0), {"status": "fail", "message": "AssertionError"}, "fail", "Assertion"),
-        (_outcome(1), {"status": "pass", "message": ""}, "crash", "code 1"),
-        (_outcome(0), None, "crash", "before the tests finished"),
-        (_outcome(128 + signal.SIGXCPU), None, "resource_limit", "CPU time"),
-        (_outcome(-signal.SIGXCPU), None, "resource_limit", "CPU time"),
-        (_outcome(128 + signal.SIGSEGV), None, "crash", "SIGSEGV"),
-        (_outcome(128 + signal.SIGKILL), None, "crash", "SIGKILL"),
-        (_outcome(-9, timed_out=True), None, "timeout", "5 s"),
-        (_outcome(-9, overflow=True), {"status": "pass", "message": ""}, "resource_limit", "100"),
+        (_outcome(0, PASS), "pass", ""),
+        (_outcome(0, {"status": "fail", "message": "AssertionError"}), "fail", "Assertion"),
+        # The judge's word counts, whatever the candidate's exit status.
+        (_outcome(1, PASS, on_its_own=False), "pass", ""),
+        (_outcome(0, gone()), "crash", "exited with code 0 before the tests finished"),
+        (_outcome(128 + signal.SIGXCPU, gone()), "resource_limit", "CPU time"),
+        (_outcome(-signal.SIGXCPU, gone()), "resource_limit", "CPU time"),
+        (_outcome(128 + signal.SIGXFSZ, gone()), "resource_limit", "file size"),
+        (_outcome(128 + signal.SIGSEGV, gone()), "crash", "SIGSEGV"),
+        (_outcome(None, gone("it sent x"), on_its_own=False), "crash", "stopped answering"),
+        (_outcome(-9, None, timed_out=True), "timeout", "5 s"),
+        (_outcome(-9, PASS, overflow=True), "resource_limit", "100"),
+        (_outcome(-9, PASS, memory="cgroup"), "resource_limit", "memory cgroup"),
+        (_outcome(-9, None, memory="watch"), "resource_limit", "2048 MiB (watched)"),
+        # No verdict from the judge: never a pass.
+        (_outcome(0, None), "crash", "without a verdict (exit code 0); judge trouble"),
+        (_outcome(0, PASS, judge_rc=1), "crash", "without a verdict (exit code 1)"),
+        (_outcome(0, None, judge_rc=128 + signal.SIGXCPU), "resource_limit", "CPU time"),
+        (_outcome(0, PASS, error="cannot start"), "crash", "cannot start"),
     ],
 )
-def testjudge(outcome: Outcome, verdict: dict[str, str] | None, status: str, words: str) -> None:
-    result = judge(outcome, verdict, LIMITS, 0.5)
+def test_decide(outcome: Outcome, status: str, words: str) -> None:
+    result = decide(outcome, LIMITS)
     assert result.status == status
     assert words in result.message
+    assert result.seconds == 0.5
 
 
-def test_only_a_verdict_with_the_nonce_counts() -> None:
-    r, w = os.pipe()
-    try:
-        os.write(w, b'PASS {"status": "pass", "message": ""}\n')
-        os.write(w, b'{"status": "pass", "message": ""}\n')
-        os.write(w, b'abc {"status": "fail", "message": "m"}\n')
-        os.close(w)
-        assert read_verdict(r, "abc") == {"status": "fail", "message": "m"}
-    finally:
-        os.close(r)
+def test_the_exit_code_is_reported_only_when_the_program_ended_by_itself() -> None:
+    assert decide(_outcome(3, gone()), LIMITS).exit_code == 3
+    assert decide(_outcome(-9, PASS, on_its_own=False), LIMITS).exit_code is None
 
 
-def test_forged_verdicts_only_give_none() -> None:
-    r, w = os.pipe()
-    try:
-        os.write(w, b'nonce {"status": "weird"}\nnonce not json\n')
-        os.close(w)
-        assert read_verdict(r, "nonce") is None
-    finally:
-        os.close(r)
+def test_verdicts_are_parsed_strictly() -> None:
+    assert parse_verdict(b'{"status": "fail", "message": "m"}\n') == {
+        "status": "fail",
+        "message": "m",
+    }
+    assert parse_verdict(b'{"status": "pass"}\n') == {"status": "pass", "message": ""}
+    assert parse_verdict(b'not json\n{"status": "weird"}\n[1]\n') is None
+    assert parse_verdict(b"") is None
 
 
 def test_kill_uid_refuses_root() -> None:
     with pytest.raises(ValueError, match="uid 0"):
         procscan.kill_uid(0)
-
-
-def test_a_verdict_without_message_is_read() -> None:
-    r, w = os.pipe()
-    try:
-        os.write(w, b'n {"status": "pass"}\n')
-        os.close(w)
-        assert read_verdict(r, "n") == {"status": "pass", "message": ""}
-    finally:
-        os.close(r)
-
-
-def test_memory_over_the_total_is_a_resource_limit() -> None:
-    result = judge(_outcome(-9, memory=True), None, LIMITS, 0.5)
-    assert result.status == "resource_limit" and "2048 MiB" in result.message
+    with pytest.raises(ValueError, match="uid 0"):
+        procscan.kill_uids({1_950_000_000, 0})
 
 
 def test_process_scans_see_this_process() -> None:

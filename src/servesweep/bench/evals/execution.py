@@ -1,16 +1,16 @@
-"""Run one sandboxed program to its end and judge it: output caps, the wall clock,
-the memory of its process tree, the verdict line and the exit status.
+"""Run one sandboxed check to its end: the judge and the candidate's process side
+by side, output caps, the wall clock, the memory limit, the verdict; what they
+left is an :class:`~servesweep.bench.evals.outcome.Outcome`.
 
-Synchronous on purpose (the sandbox calls it in a worker thread): it never waits
-for pipes to reach EOF, so a process that escaped and still holds a pipe cannot
-hang it.
+:func:`execute` is synchronous on purpose (the sandbox calls it in a worker
+thread): it never waits for pipes to reach EOF, so a process that escaped and
+still holds a pipe cannot hang it. It measures the run's own time, from starting
+the processes to their end (not the time queued behind other runs).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import selectors
 import signal
@@ -20,233 +20,232 @@ from dataclasses import dataclass
 from typing import Literal
 
 from servesweep.bench.evals import procscan
+from servesweep.bench.evals.cgroups import RunCgroup
+from servesweep.bench.evals.outcome import Ended, Outcome, SandboxLimits, parse_verdict
 
-__all__ = [
-    "Outcome",
-    "SandboxLimits",
-    "SandboxResult",
-    "Status",
-    "execute",
-    "judge",
-    "read_verdict",
-]
-
-Status = Literal["pass", "fail", "timeout", "crash", "resource_limit"]
+__all__ = ["Launch", "execute"]
 
 _VERDICT_MAX = 65536
-_MEMORY_CHECK_S = 0.1
+_CHECK_S = 0.1
+_GRACE_S = 1.0
+_GATE = 'read -r go && exec "$@" </dev/null'
+"""Runs as the first process of a gated launch: waits until servesweep moved it
+into its cgroups, then becomes the real command (everything it starts stays in)."""
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    timeout_s: float = 10.0
-    """Wall clock for one run, interpreter start included."""
-    memory_bytes: int = 1 << 30
-    """Address space (RLIMIT_AS)."""
-    file_size_bytes: int = 16 << 20
-    open_files: int = 64
-    processes: int = 32
-    """RLIMIT_NPROC of the run's own uid (root: a fresh uid per run)."""
-    total_memory_bytes: int = 2 << 30
-    """Resident memory of all the run's processes together (checked every 0.1 s):
-    RLIMIT_AS is per process, and a run may have ``processes`` of them."""
-    output_bytes: int = 1 << 20
-    """Per stream; more output ends the run as ``resource_limit``."""
-    tmpfs_bytes: int = 64 << 20
-    """Size of the private working directory (bwrap)."""
+@dataclass(eq=False)
+class Launch:
+    """How to start one of the two processes of a run."""
 
-    cpu_seconds: int | None = None
-    """RLIMIT_CPU; default: the timeout rounded up, plus one (a backstop)."""
-
-    @property
-    def cpu_s(self) -> int:
-        if self.cpu_seconds is not None:
-            return self.cpu_seconds
-        return math.ceil(self.timeout_s) + 1
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    pass_fds: tuple[int, ...]
+    """Closed here once the process started (servesweep keeps no copy)."""
+    user: int | None = None
+    """Start it as this uid/gid (no supplementary groups)."""
+    cgroup: RunCgroup | None = None
+    """Moved in before it runs anything (a gate, :data:`_GATE`)."""
 
 
-@dataclass(frozen=True)
-class SandboxResult:
-    status: Status
-    message: str = ""
-    seconds: float = 0.0
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int | None = None
-    uid: int | None = None
-    """The run's own uid (root only): no process of it is left after the run."""
-
-
-@dataclass
-class Outcome:
-    returncode: int | None
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool = False
-    overflow: bool = False
-    memory: bool = False
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def execute(
-    argv: list[str],
-    env: dict[str, str],
-    cwd: str,
-    nonce: str,
-    verdict_w: int,
-    limits: SandboxLimits,
-) -> Outcome:
-    """Run one program to its end, the wall-clock limit or the output cap.
-
-    Synchronous on purpose (called in a worker thread): it never waits for pipes to
-    reach EOF, so a process that escaped and still holds a pipe cannot hang it."""
-    try:
-        proc = subprocess.Popen(
+class _Proc:
+    def __init__(self, launch: Launch) -> None:
+        self.launch = launch
+        gated = launch.cgroup is not None
+        argv = ["/bin/sh", "-c", _GATE, "sh", *launch.argv] if gated else launch.argv
+        self.popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
+            env=launch.env,
+            cwd=launch.cwd,
             start_new_session=True,
-            pass_fds=(verdict_w,),
+            pass_fds=launch.pass_fds,
+            user=launch.user,
+            group=launch.user,
+            extra_groups=[] if launch.user is not None else None,
         )
-    except OSError as exc:
-        return Outcome(None, b"", f"cannot start {argv[0]}: {exc}".encode())
-    outcome = Outcome(None, b"", b"")
-    deadline = time.monotonic() + limits.timeout_s
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    buffers = {out_fd: bytearray(), err_fd: bytearray()}
+        assert self.popen.stdin and self.popen.stdout and self.popen.stderr
+        self.buffers = {
+            self.popen.stdout.fileno(): bytearray(),
+            self.popen.stderr.fileno(): bytearray(),
+        }
+        try:
+            if launch.cgroup is not None:
+                launch.cgroup.join(self.popen.pid)
+                self.popen.stdin.write(b"go\n")
+            self.popen.stdin.close()
+        except OSError:
+            self.kill()
+            self.popen.wait()
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        if self.launch.cgroup is not None:
+            self.launch.cgroup.kill()
+
+    def close(self) -> None:
+        for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if stream is not None:
+                stream.close()
+
+    def ended(self, on_its_own: bool) -> Ended:
+        assert self.popen.stdout and self.popen.stderr
+        return Ended(
+            self.popen.returncode,
+            bytes(self.buffers[self.popen.stdout.fileno()]),
+            bytes(self.buffers[self.popen.stderr.fileno()]),
+            on_its_own,
+        )
+
+
+def _close_fds(launch: Launch) -> None:
+    for fd in launch.pass_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def execute(candidate: Launch, judge: Launch, verdict_fd: int, limits: SandboxLimits) -> Outcome:
+    """Start the judge and the candidate's process, run until the judge is done
+    (its verdict descriptor reaches EOF), the wall clock, an output cap or the
+    memory limit; kill what is left. Owns the launches' ``pass_fds`` and closes
+    ``verdict_fd``."""
+    outcome = Outcome()
+    started = time.monotonic()
+    procs: dict[str, _Proc] = {}
+    pending = [judge, candidate]
     try:
-        with contextlib.suppress(OSError):
-            proc.stdin.write(nonce.encode() + b"\n")
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        with selectors.DefaultSelector() as sel:
-            for fd in buffers:
-                sel.register(fd, selectors.EVENT_READ)
-            next_check = time.monotonic() + _MEMORY_CHECK_S
-            while sel.get_map():
-                now = time.monotonic()
-                if now >= deadline:
-                    outcome.timed_out = True
-                    break
-                if now >= next_check:
-                    next_check = now + _MEMORY_CHECK_S
-                    if procscan.tree_rss(proc.pid) > limits.total_memory_bytes:
-                        outcome.memory = True
-                        break
-                wait = min(deadline, next_check) - now
-                for key, _ in sel.select(timeout=max(wait, 0.0)):
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fd)
-                        continue
-                    buf = buffers[key.fd]
-                    room = limits.output_bytes - len(buf)
-                    buf += chunk[: max(room, 0)]
-                    if len(chunk) > room:
-                        outcome.overflow = True
-                if outcome.overflow:
-                    break
-        while not (outcome.timed_out or outcome.overflow or outcome.memory):
-            # Pipes closed; the process exits right after (or hangs: same deadline).
-            left = deadline - time.monotonic()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(min(left, _MEMORY_CHECK_S), 0.0))
-            if proc.returncode is not None:
-                break
-            if procscan.tree_rss(proc.pid) > limits.total_memory_bytes:
-                outcome.memory = True
-            outcome.timed_out = time.monotonic() >= deadline
+        for name, launch in (("judge", judge), ("candidate", candidate)):
+            try:
+                procs[name] = _Proc(launch)
+            finally:
+                _close_fds(launch)
+                pending.remove(launch)
+    except OSError as exc:
+        outcome.error = f"cannot start the sandbox ({exc})"
+    if outcome.error:
+        for launch in pending:
+            _close_fds(launch)
+        for proc in procs.values():
+            proc.kill()
+            proc.popen.wait()
+            proc.close()
+        os.close(verdict_fd)
+        return outcome
+    try:
+        verdict = _watch(procs, verdict_fd, limits, started, outcome)
+        outcome.verdict = parse_verdict(bytes(verdict))
+        _finish(procs, outcome, started + limits.timeout_s)
     finally:
-        if proc.returncode is None:
-            kill_group(proc.pid)
-        outcome.returncode = proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    outcome.stdout, outcome.stderr = bytes(buffers[out_fd]), bytes(buffers[err_fd])
+        for proc in procs.values():
+            if proc.popen.returncode is None:
+                proc.kill()
+        for proc in procs.values():
+            proc.popen.wait()
+        outcome.seconds = time.monotonic() - started
+        for proc in procs.values():
+            _drain(proc, limits)
+        outcome.candidate = procs["candidate"].ended(outcome.candidate.on_its_own)
+        outcome.judge = procs["judge"].ended(True)
+        for proc in procs.values():
+            proc.close()
+        os.close(verdict_fd)
+    if not outcome.memory and any(
+        p.launch.cgroup and p.launch.cgroup.memory_hit() for p in procs.values()
+    ):
+        outcome.memory = "cgroup"
     return outcome
 
 
-def read_verdict(fd: int, nonce: str) -> dict[str, str] | None:
-    os.set_blocking(fd, False)
-    data = b""
-    with contextlib.suppress(BlockingIOError):
-        while len(data) < _VERDICT_MAX:
-            chunk = os.read(fd, 4096)
-            if not chunk:
+def _memory_over(procs: dict[str, _Proc], limits: SandboxLimits) -> Literal["", "cgroup", "watch"]:
+    groups = [p.launch.cgroup for p in procs.values() if p.launch.cgroup is not None]
+    if groups:
+        return "cgroup" if any(g.memory_hit() for g in groups) else ""
+    total = sum(procscan.tree_rss(p.pid) for p in procs.values())
+    return "watch" if total > limits.total_memory_bytes else ""
+
+
+def _watch(
+    procs: dict[str, _Proc],
+    verdict_fd: int,
+    limits: SandboxLimits,
+    started: float,
+    outcome: Outcome,
+) -> bytearray:
+    """Read output and the verdict until the judge is done or a limit ends the run."""
+    verdict = bytearray()
+    deadline = started + limits.timeout_s
+    os.set_blocking(verdict_fd, False)
+    with selectors.DefaultSelector() as sel:
+        sel.register(verdict_fd, selectors.EVENT_READ, None)
+        for proc in procs.values():
+            for fd in proc.buffers:
+                sel.register(fd, selectors.EVENT_READ, proc)
+        next_check = started + _CHECK_S
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                outcome.timed_out = True
+                return verdict
+            if now >= next_check:
+                next_check = now + _CHECK_S
+                outcome.memory = _memory_over(procs, limits)
+                if outcome.memory:
+                    return verdict
+            for key, _ in sel.select(timeout=max(min(deadline, next_check) - now, 0.0)):
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if key.data is None:
+                    if not chunk:
+                        return verdict  # the judge's tree is gone: its verdict is complete
+                    verdict += chunk[: max(_VERDICT_MAX - len(verdict), 0)]
+                    continue
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                if _keep(key.data, key.fd, chunk, limits):
+                    outcome.overflow = True
+                    return verdict
+
+
+def _keep(proc: _Proc, fd: int, chunk: bytes, limits: SandboxLimits) -> bool:
+    """Add output within the cap; True when there was more than the cap."""
+    buf = proc.buffers[fd]
+    room = limits.output_bytes - len(buf)
+    buf += chunk[: max(room, 0)]
+    return len(chunk) > room
+
+
+def _finish(procs: dict[str, _Proc], outcome: Outcome, deadline: float) -> None:
+    """After the verdict: let both end on their own for a moment (the candidate's
+    process ends when the judge's requests reach EOF; when it is said to be gone,
+    its exit status says why). Ending in order leaves no orphan for init to reap."""
+    if outcome.timed_out or outcome.overflow or outcome.memory:
+        return
+    for proc in (procs["judge"], procs["candidate"]):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=max(min(_GRACE_S, deadline - time.monotonic()), 0))
+    outcome.candidate.on_its_own = procs["candidate"].popen.poll() is not None
+
+
+def _drain(proc: _Proc, limits: SandboxLimits) -> None:
+    """Output still in the pipes after the end (never waits for EOF)."""
+    for fd in proc.buffers:
+        os.set_blocking(fd, False)
+        for _ in range(64):
+            try:
+                chunk = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
                 break
-            data += chunk
-    for line in data.decode("utf-8", "replace").splitlines():
-        if line.startswith(nonce + " "):
-            with contextlib.suppress(ValueError):
-                verdict = json.loads(line[len(nonce) + 1 :])
-                if isinstance(verdict, dict) and verdict.get("status") in {
-                    "pass",
-                    "fail",
-                    "crash",
-                    "resource_limit",
-                }:
-                    return {
-                        "status": str(verdict["status"]),
-                        "message": str(verdict.get("message", "")),
-                    }
-    return None
-
-
-def _signal_of(returncode: int | None) -> int | None:
-    """Signal that ended the program: negative codes (direct child) or 128+N (bwrap,
-    unshare and shells report a child's death this way)."""
-    if returncode is None:
-        return None
-    if returncode < 0:
-        return -returncode
-    if 128 < returncode < 128 + 65:
-        return returncode - 128
-    return None
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def judge(
-    outcome: Outcome, verdict: dict[str, str] | None, limits: SandboxLimits, seconds: float
-) -> SandboxResult:
-    out = outcome.stdout.decode("utf-8", "replace")
-    err = outcome.stderr.decode("utf-8", "replace")
-
-    def result(status: Status, message: str) -> SandboxResult:
-        return SandboxResult(status, message, seconds, out, err, outcome.returncode)
-
-    if outcome.overflow:
-        return result("resource_limit", f"output over {limits.output_bytes} bytes")
-    if outcome.memory:
-        mib = limits.total_memory_bytes >> 20
-        return result("resource_limit", f"memory of all its processes over {mib} MiB")
-    if outcome.timed_out:
-        return result("timeout", f"no result within {limits.timeout_s:g} s (wall clock)")
-    if verdict is not None and (outcome.returncode == 0 or verdict["status"] != "pass"):
-        status: Status = verdict["status"]  # type: ignore[assignment]
-        return result(status, verdict["message"])
-    sig = _signal_of(outcome.returncode)
-    tail = (err.strip().splitlines() or [""])[-1][:300]
-    if sig == signal.SIGXCPU:
-        return result("resource_limit", f"CPU time limit ({limits.cpu_s} s)")
-    if sig == signal.SIGXFSZ:
-        return result("resource_limit", f"file size limit ({limits.file_size_bytes} bytes)")
-    if sig is not None:
-        return result("crash", f"killed by {_signal_name(sig)}; {tail}".rstrip("; "))
-    return result(
-        "crash",
-        f"exited with code {outcome.returncode} before the tests finished; {tail}".rstrip("; "),
-    )
+            if not chunk or _keep(proc, fd, chunk, limits):
+                break

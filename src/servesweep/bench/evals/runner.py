@@ -97,13 +97,15 @@ async def _one(
     spec: EvalSpec,
     asking: asyncio.Semaphore,
 ) -> EvalTaskResult:
-    started = time.monotonic()
     path, body = build_request(task, workload, spec, target)
     async with asking:
+        started = time.monotonic()
         answer, error = await _ask(session, target, path, body, workload.endpoint)
+        asked = time.monotonic() - started
 
-    def done(status: str, message: str = "") -> EvalTaskResult:
-        return EvalTaskResult(task.task_id, sample, status, message, time.monotonic() - started)
+    def done(status: str, message: str = "", checked: float = 0.0) -> EvalTaskResult:
+        """``seconds``: its own request and sandbox run, not time queued behind others."""
+        return EvalTaskResult(task.task_id, sample, status, message, asked + checked)
 
     if answer is None:
         return done("error", error)
@@ -115,8 +117,8 @@ async def _one(
     program = extract_program(answer, task.prompt, task.entry_point)
     if program is None:
         return done("no_answer", "no code in the answer")
-    result = await sandbox.run(program, task.test, task.entry_point)
-    return done(result.status, result.message)
+    result = await sandbox.run(program, task.test, task.entry_point, prompt=task.prompt)
+    return done(result.status, result.message, result.seconds)
 
 
 async def run_eval_workload(
@@ -188,11 +190,8 @@ def _summarize(
             f"{errors} of {total} eval requests failed (first: {first[:200]}); they count "
             "as not passed — check the server log"
         )
-    if sandbox.backend == "none":
-        warnings.append(
-            "generated code ran WITHOUT network isolation (eval.allow_no_netns: true); "
-            "install bubblewrap to isolate it"
-        )
+    if sandbox.backend is not None:
+        warnings.extend(sandbox.warnings)
     return LevelResult(
         workload=name,
         level="eval",
@@ -212,6 +211,15 @@ def _summarize(
             "tasks": len(per_task),
             "samples": spec.samples,
             "sandbox": sandbox.backend or "not used",
+            **(
+                {
+                    "sandbox_memory_limit": sandbox.memory_limit,
+                    "sandbox_nested_userns": "allowed" if sandbox.nested_userns else "blocked",
+                    "sandbox_python": sandbox.python,
+                }
+                if sandbox.backend is not None
+                else {}
+            ),
         },
         started_at=started_at,
         duration_s=seconds,

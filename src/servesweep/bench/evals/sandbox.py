@@ -1,20 +1,32 @@
-"""The sandbox for model-generated code.
+"""The sandbox for model-generated code, and the judge that checks it.
 
-A candidate program and its hidden tests run only in a fresh interpreter in a
-separate process (:mod:`servesweep.bench.evals.harness`) with:
+One check is two processes, each a fresh interpreter in a sandbox of its own
+(:mod:`servesweep.bench.evals.sandboxed_candidate`, ``sandboxed_judge``):
+
+* the candidate's process loads the answer's program and answers calls;
+* the judge runs the hidden tests; the tests' calls of the answer's functions go
+  to the candidate's process and come back as plain data (:mod:`wire`). The tests,
+  the expected values and the verdict never enter the candidate's process, so no
+  patching, frame walking or ``__eq__`` trick there can change the verdict.
+
+Each process gets:
 
 * no network: a new network namespace (bubblewrap ``bwrap --unshare-net``, else
   util-linux ``unshare --net``). Where neither works the sandbox refuses with
   :class:`SandboxError` unless ``allow_no_netns`` is set;
 * its own PID namespace, so every process it starts dies with it;
-* with bwrap, a read-only view of only ``/usr`` and the interpreter, a private
-  size-limited tmpfs as working directory and ``HOME``, nothing else of the host;
+* with bwrap: a user namespace in which it cannot make further user namespaces
+  (``--disable-userns``, so no private mounts), a read-only view of only ``/usr``
+  and the interpreter, a private size-limited tmpfs as working directory and
+  ``HOME``, nothing else of the host;
 * a scrubbed environment (``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` only);
-* when servesweep runs as root, a fresh unprivileged uid/gid per run (so the
-  process limit counts only this run's processes, and the uid owns nothing);
+* when servesweep runs as root, a fresh unprivileged uid/gid per process and run,
+  from its first instruction with bwrap;
+* a memory and a pids cgroup of its own where the machine allows it
+  (:mod:`cgroups`; else the resident memory is watched);
 * rlimits on CPU time, address space, file size, open files, processes, no core;
-* a wall-clock timeout that kills the whole process group, and after every run
-  every process left with the run's uid;
+* a wall-clock timeout that kills both, and after every run every process left
+  with the run's uids or in its cgroups;
 * stdout/stderr captured up to a cap (more is a ``resource_limit``).
 
 The result of one run is a :class:`SandboxResult` with ``status`` ``pass``,
@@ -25,66 +37,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import secrets
 import shutil
-import sys
 import tempfile
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from servesweep.bench.evals import procscan
-from servesweep.bench.evals.execution import (
-    SandboxLimits,
-    SandboxResult,
-    execute,
-    judge,
-    read_verdict,
-)
+from servesweep.bench.evals import leftovers, procscan
+from servesweep.bench.evals.cgroups import Cgroups, RunCgroup
+from servesweep.bench.evals.commands import Backend, Commands, Role, bwrap_can_disable_userns
+from servesweep.bench.evals.execution import Launch, execute
+from servesweep.bench.evals.outcome import SandboxLimits, SandboxResult, decide
 from servesweep.errors import SandboxError
 
 __all__ = ["Backend", "Sandbox", "SandboxLimits", "SandboxResult"]
 
-Backend = Literal["bwrap", "unshare", "none"]
-
-_SANDBOX_DIR = "/sandbox"
-_WORK_DIR = "/tmp"
 _UID_RANGE = (1_900_000_000, 2_000_000_000)
+_SANDBOX_PIDS = 4
+"""Processes of the sandbox itself in a run's pids cgroup (bwrap, its init)."""
 _PROBE_CANDIDATE = "import socket\n\ndef interfaces():\n    return socket.if_nameindex()\n"
 _PROBE_TEST = "def check(candidate):\n    assert [n for _, n in candidate()] == ['lo']\n"
 _PROBED: dict[tuple[Backend, int, str], str | None] = {}
 """Per (backend, euid, interpreter): None when it works, else why not."""
-
-
-def _interpreter(python: str | None) -> tuple[str, str]:
-    """The interpreter for generated code and its prefix (the folder to expose).
-    Default: this interpreter's base (not a venv's): only the stdlib is needed."""
-    if python is not None:
-        exe = os.path.realpath(shutil.which(python) or python)
-        prefix = os.path.dirname(os.path.dirname(exe))
-        return exe, "/usr" if prefix.startswith("/usr") else prefix
-    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    return exe, os.path.realpath(sys.base_prefix)
-
-
-def _world_readable(path: str) -> bool:
-    """Whether any user may reach ``path`` (x on every parent folder, r on it)."""
-    try:
-        target = Path(path).resolve()
-        for parent in target.parents:
-            if not parent.stat().st_mode & 0o001:
-                return False
-        return bool(target.stat().st_mode & 0o004)
-    except OSError:
-        return False
-
-
-def _harness_source() -> str:
-    return (resources.files("servesweep.bench.evals") / "harness.py").read_text(encoding="utf-8")
 
 
 class Sandbox:
@@ -109,25 +86,81 @@ class Sandbox:
         self.allow_no_netns = allow_no_netns
         self.requested = backend
         self._backend: Backend | None = None
-        self._harness = _harness_source()
-        self._python, self._prefix = _interpreter(python)
         self._root = os.geteuid() == 0
+        self._commands = Commands(self.limits, python, self._root)
         self._executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="sandbox")
+        self._cgroups: Cgroups | None = None
+        self._cgroups_why = ""
+        self._prepared = False
+        self._preparing = threading.Lock()
+        self._stuck: list[RunCgroup] = []
 
     def close(self) -> None:
         """Let the worker threads go (runs in flight finish first)."""
         self._executor.shutdown(wait=True)
+        for group in self._stuck:
+            group.remove(deadline_s=1.0)
 
     @property
     def backend(self) -> Backend | None:
         """The backend in use once :meth:`start` succeeded."""
         return self._backend
 
+    @property
+    def python(self) -> str:
+        """The interpreter generated code runs with."""
+        return self._commands.python
+
+    @property
+    def memory_limit(self) -> str:
+        """How the memory limit holds once started: ``cgroup v1``/``cgroup v2``
+        (the kernel's) or ``watch`` (resident memory, checked every 0.1 s)."""
+        return self._cgroups.description if self._cgroups else "watch"
+
+    @property
+    def nested_userns(self) -> bool:
+        """Whether generated code may make user namespaces (and so private mounts)."""
+        return not (self._backend == "bwrap" and bwrap_can_disable_userns())
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What this sandbox cannot enforce here, with advice (once started)."""
+        found = []
+        if self._backend == "none":
+            found.append(
+                "generated code ran WITHOUT network isolation (eval.allow_no_netns: true); "
+                "install bubblewrap to isolate it"
+            )
+        if self._prepared and self._cgroups is None:
+            found.append(
+                f"the eval sandbox's memory limit is only watched ({self._cgroups_why}): "
+                "memory held in files (tmpfs, memfd) is not counted; run servesweep as root "
+                "on a machine with memory cgroups for a kernel-enforced limit"
+            )
+        if self._backend is not None and self.nested_userns:
+            found.append(
+                "generated code may create user namespaces here (needs bubblewrap >= 0.8 "
+                "with --disable-userns)"
+            )
+        return tuple(found)
+
+    def _prepare(self) -> None:
+        """Once: remove what killed runs left, find the cgroups."""
+        with self._preparing:
+            if self._prepared:
+                return
+            leftovers.clean_folders(tempfile.gettempdir())
+            self._cgroups, self._cgroups_why = Cgroups.detect()
+            if self._cgroups is not None:
+                self._cgroups.clean_dead()
+            self._prepared = True
+
     async def start(self) -> Backend:
         """Find a backend that really isolates the network here (probed once per
         process; two concurrent first calls may both probe, which is harmless)."""
         if self._backend is not None:
             return self._backend
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._prepare)
         order: list[Backend]
         if self.requested == "auto":
             order = ["bwrap", "unshare"]
@@ -142,7 +175,7 @@ class Sandbox:
             order = [self.requested]
         reasons = []
         for backend in order:
-            key = (backend, os.geteuid(), self._python)
+            key = (backend, os.geteuid(), self._commands.python)
             if key not in _PROBED:
                 _PROBED[key] = await self._probe(backend)
             reason = _PROBED[key]
@@ -164,124 +197,96 @@ class Sandbox:
             return f"{tool} is not installed"
         if backend == "unshare" and not self._root:
             return "needs root (use bwrap, which works unprivileged)"
-        test = _PROBE_TEST if backend != "none" else "def check(candidate):\n    pass\n"
-        result = await self._run(backend, _PROBE_CANDIDATE, test, "interfaces")
+        test = _PROBE_TEST if backend != "none" else "def check(candidate):\n    candidate()\n"
+        result = await self._run(backend, _PROBE_CANDIDATE, test, "interfaces", "")
         if result.status == "pass":
             return None
         detail = (result.stderr.strip().splitlines() or [result.message])[-1]
         return f"{result.status}: {detail}"[:300]
 
-    async def run(self, candidate: str, test: str, entry_point: str) -> SandboxResult:
-        """Run ``candidate``, then ``test`` (which defines ``check(candidate)``), then
-        ``check(<entry_point>)``; never raises for anything the program does."""
+    async def run(
+        self, candidate: str, test: str, entry_point: str, *, prompt: str = ""
+    ) -> SandboxResult:
+        """Check ``candidate`` against ``test`` (code defining ``check(candidate)``,
+        called with the answer's ``entry_point``). ``prompt``, when it is Python,
+        gives the tests the task's own helpers and imports. Never raises for
+        anything the program does."""
         backend = self._backend or await self.start()
-        return await self._run(backend, candidate, test, entry_point)
+        return await self._run(backend, candidate, test, entry_point, prompt)
 
     async def _run(
-        self, backend: Backend, candidate: str, test: str, entry_point: str
+        self, backend: Backend, candidate: str, test: str, entry_point: str, prompt: str
     ) -> SandboxResult:
-        started = time.monotonic()
-        uid = secrets.SystemRandom().randrange(*_UID_RANGE) if self._root else None
-        rundir = Path(tempfile.mkdtemp(prefix="servesweep-eval-"))
-        verdict_r, verdict_w = os.pipe()
+        job = {"program": candidate, "test": test, "entry_point": entry_point, "prompt": prompt}
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._run_blocking, backend, job
+        )
+
+    def _run_blocking(self, backend: Backend, job: dict[str, str]) -> SandboxResult:
+        """One run in a worker thread, from the run folder to its cleanup."""
+        fresh = secrets.SystemRandom().sample(range(*_UID_RANGE), 2) if self._root else [None] * 2
+        uids: dict[Role, int | None] = {"candidate": fresh[0], "judge": fresh[1]}
+        rundir = Path(tempfile.mkdtemp(prefix=leftovers.owner_prefix()))
+        groups: list[RunCgroup] = []
+        fds: list[int] = []
         try:
-            argv, env, workdir = self._command(backend, rundir, uid)
-            job = {
-                "candidate": candidate,
-                "test": test,
-                "entry_point": entry_point,
-                "uid": uid,
-                "gid": uid,
-                "workdir": workdir,
-                "verdict_fd": verdict_w,
-                "limits": {
-                    "cpu_s": self.limits.cpu_s,
-                    "memory_bytes": self.limits.memory_bytes,
-                    "file_size_bytes": self.limits.file_size_bytes,
-                    "open_files": self.limits.open_files,
-                    "processes": self.limits.processes,
-                },
-            }
-            (rundir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-            (rundir / "harness.py").write_text(self._harness, encoding="utf-8")
-            nonce = secrets.token_hex(16)
-            outcome = await asyncio.get_running_loop().run_in_executor(
-                self._executor, execute, argv, env, str(rundir), nonce, verdict_w, self.limits
-            )
-            os.close(verdict_w)
-            verdict_w = -1
-            verdict = read_verdict(verdict_r, nonce)
-        finally:
-            if verdict_w >= 0:
-                os.close(verdict_w)
-            os.close(verdict_r)
-            if uid is not None:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, procscan.kill_uid, uid
-                )
-            shutil.rmtree(rundir, ignore_errors=True)
-        judged = judge(outcome, verdict, self.limits, time.monotonic() - started)
-        return dataclasses.replace(judged, uid=uid)
-
-    def _command(
-        self, backend: Backend, rundir: Path, uid: int | None
-    ) -> tuple[list[str], dict[str, str], str]:
-        py = [self._python, "-I", "-S", "-B"]
-        base_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-        if backend == "bwrap":
-            argv = ["bwrap", *self._bwrap_args(rundir, uid is not None)]
-            argv += ["--", *py, f"{_SANDBOX_DIR}/harness.py", f"{_SANDBOX_DIR}/job.json"]
-            return argv, base_env, _WORK_DIR
-        work = rundir / "work"
-        work.mkdir()
-        if uid is not None:
+            requests_r, requests_w = os.pipe()
+            fds += [requests_r, requests_w]
+            replies_r, replies_w = os.pipe()
+            fds += [replies_r, replies_w]
+            verdict_r, verdict_w = os.pipe()
+            fds += [verdict_r, verdict_w]
             os.chmod(rundir, 0o711)
-            os.chown(work, uid, uid)
-            if not _world_readable(self._python) or not _world_readable(self._prefix):
-                # Without bwrap's private view, the unprivileged uid must reach the
-                # interpreter itself (a pyenv under /root is out of its reach).
-                system = shutil.which("python3", path="/usr/bin:/bin")
-                if system and _world_readable(system):
-                    py[0] = system
-        env = {**base_env, "HOME": str(work), "TMPDIR": str(work)}
-        argv = [*py, str(rundir / "harness.py"), str(rundir / "job.json")]
-        if backend == "unshare":
-            argv = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
-        return argv, env, str(work)
+            candidate_job = {
+                "program": job["program"],
+                "requests_fd": requests_r,
+                "replies_fd": replies_w,
+            }
+            judge_job = {
+                "test": job["test"],
+                "prompt": job["prompt"],
+                "entry_point": job["entry_point"],
+                "requests_fd": requests_w,
+                "replies_fd": replies_r,
+                "verdict_fd": verdict_w,
+            }
+            launches: dict[Role, Launch] = {}
+            plan: tuple[tuple[Role, dict[str, Any], tuple[int, ...]], ...] = (
+                ("candidate", candidate_job, (requests_r, replies_w)),
+                ("judge", judge_job, (requests_w, replies_r, verdict_w)),
+            )
+            for role, role_job, keep in plan:
+                group = self._cgroup(rundir.name, role)
+                if group is not None:
+                    groups.append(group)
+                launches[role] = self._commands.launch(
+                    backend, role, rundir, uids[role], role_job, keep
+                )
+                launches[role].cgroup = group
+            fds = []  # execute owns them now
+            outcome = execute(launches["candidate"], launches["judge"], verdict_r, self.limits)
+        except OSError as exc:
+            raise SandboxError(f"cannot set up a sandbox run in {rundir}: {exc}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+            self._cleanup(groups, uids, rundir)
+        return dataclasses.replace(decide(outcome, self.limits), uid=uids["candidate"])
 
-    def _bwrap_args(self, rundir: Path, as_root: bool) -> list[str]:
-        args = [
-            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-            "--hostname", "sandbox", "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
-            "--setenv", "HOME", _WORK_DIR, "--setenv", "TMPDIR", _WORK_DIR,
-            "--ro-bind", "/usr", "/usr",
-        ]  # fmt: skip
-        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
-            if os.path.islink(top):
-                args += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                args += ["--ro-bind", top, top]
-        args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-        # The interpreter outside /usr (pyenv, conda...): bind it with traversable
-        # parents (bwrap would copy a 0700 /root, unreadable after the uid drop).
-        made: set[str] = set()
-        for path in (self._prefix, os.path.dirname(self._python)):
-            if any(path == m or path.startswith(m + "/") for m in ("/usr", *made)):
-                continue
-            parent = Path(path).parent
-            for up in reversed([parent, *parent.parents]):
-                if str(up) != "/" and str(up) not in made:
-                    args += ["--perms", "0755", "--dir", str(up)]
-                    made.add(str(up))
-            args += ["--ro-bind", path, path]
-            made.add(path)
-        args += [
-            "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", _WORK_DIR,
-            "--ro-bind", str(rundir), _SANDBOX_DIR, "--chdir", _WORK_DIR,
-        ]  # fmt: skip
-        if as_root:
-            args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        return args
+    def _cgroup(self, name: str, role: Role) -> RunCgroup | None:
+        if self._cgroups is None:
+            return None
+        return self._cgroups.create(
+            f"{name}-{role}",
+            self.limits.total_memory_bytes,
+            self.limits.processes + _SANDBOX_PIDS,
+        )
+
+    def _cleanup(self, groups: list[RunCgroup], uids: dict[Role, int | None], rundir: Path) -> None:
+        for group in groups:
+            group.kill()
+        procscan.kill_uids({uid for uid in uids.values() if uid is not None})
+        for group in groups:
+            if not group.remove():
+                self._stuck.append(group)
+        shutil.rmtree(rundir, ignore_errors=True)
