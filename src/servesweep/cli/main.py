@@ -596,7 +596,10 @@ def wait_gpus(
 def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str | None) -> None:
     """GPUs, their holders, the port owner, the unit, and whether generation works.
 
-    With SWEEP_FILE: the sweep's GPUs, port, unit and engine; without: the GPUs."""
+    With SWEEP_FILE: the sweep's GPUs, port, unit and engine, and whether the engine can
+    start at all (its program, its Python, the model path, the unit or image, the flags
+    against the engine's own parser): each problem is one line on stderr, exit code 1.
+    Without: the GPUs."""
     from servesweep.sweep.tools import doctor as do_doctor
     from servesweep.sweep.tools import format_doctor
 
@@ -604,6 +607,10 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
     click.echo(
         json.dumps(report_data, indent=2, default=str) if as_json else format_doctor(report_data)
     )
+    for problem in report_data.get("problems", []):
+        click.echo(f"doctor: {problem}", err=True)
+    if report_data.get("problems"):
+        raise _Exit(EXIT_FAILED)
 
 
 # -- bench, sim -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.errors import ServesweepError
@@ -16,6 +17,7 @@ from servesweep.models import GpuHolder, ProcessInfo
 from servesweep.servers import ports, procs
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.preflight import preflight
 from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model, http_call
 from servesweep.servers.release import describe_holder
 from servesweep.spec.schema import ServerSpec
@@ -154,8 +156,12 @@ def _engine(spec: ServerSpec) -> dict[str, Any]:
     return out
 
 
-def diagnose(spec: ServerSpec | None, probe: GpuProbe) -> dict[str, Any]:
-    """Facts about the GPUs, the server's port, its systemd unit and its endpoints."""
+def diagnose(
+    spec: ServerSpec | None, probe: GpuProbe, configs: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Facts about the GPUs, the server's port, its systemd unit and its endpoints;
+    with a spec, ``problems`` (one line each) that would make the sweep of ``configs``
+    (the trials' params) fail at once (:func:`servesweep.servers.preflight.preflight`)."""
     report: dict[str, Any] = {
         "gpus": _gpus(probe, list(spec.gpus) if spec and spec.gpus else None),
         "servesweep_processes": [
@@ -165,6 +171,12 @@ def diagnose(spec: ServerSpec | None, probe: GpuProbe) -> dict[str, Any]:
     }
     if spec is None:
         return report
+    checked = preflight(spec, configs)
+    report["problems"] = checked.problems
+    if checked.notes:
+        report["notes"] = checked.notes
+    if checked.engine:
+        report["installed_engine"] = checked.engine
     listeners = ports.listeners(spec.host, spec.port)
     report["port"] = {
         "host": spec.host,

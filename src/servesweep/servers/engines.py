@@ -36,6 +36,7 @@ from servesweep.servers.engine_args import (
     render_template,
     split_env_params,
 )
+from servesweep.servers.engine_check import VERSION_TIMEOUT, locate, program_version, run_probe
 from servesweep.servers.engine_patterns import (
     COMMON_FATAL,
     LLAMA_SERVER_FATAL,
@@ -53,11 +54,13 @@ __all__ = [
     "EnginePreset",
     "FatalPattern",
     "build_launch",
+    "engine_version",
     "expand_model",
     "flag_args",
     "get_preset",
     "launch_command_text",
     "merged_params",
+    "program_of",
     "split_env_params",
 ]
 
@@ -100,10 +103,28 @@ class EnginePreset:
     spec_params: tuple[str, ...] = ()
     """The speculative-decoding params of this engine (documentation and hints)."""
     description: str = ""
+    program: tuple[str, ...] = ()
+    """The default program (``server.executable`` replaces it): what precedes the flags."""
+    dist: str | None = None
+    """The Python distribution whose version is the engine's version (None: a native
+    program that answers ``--version``, or no program of its own)."""
+    module: str | None = None
+    """The module that must be importable in the engine's Python."""
+    parser: str | None = None
+    """The engine's argument parser the flag check can build
+    (:data:`servesweep.servers.engine_probe.PARSERS`); None: no cheap check."""
 
 
 def _program(spec: ServerSpec, default: Sequence[str]) -> list[str]:
     return list(spec.executable) if spec.executable else list(default)
+
+
+_VLLM_PROGRAM = ("vllm", "serve")
+_SGLANG_PROGRAM = (sys.executable, "-m", "sglang.launch_server")
+_TRTLLM_PROGRAM = ("trtllm-serve",)
+_LLAMACPP_PY_PROGRAM = (sys.executable, "-m", "llama_cpp.server")
+_LLAMA_SERVER_PROGRAM = ("llama-server",)
+_SIM_PROGRAM = (sys.executable, "-m", "servesweep.sim")
 
 
 def _need_model(spec: ServerSpec) -> str:
@@ -154,7 +175,7 @@ def _dotted_roots(params: Mapping[str, Any]) -> set[str]:
 
 
 def _vllm_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = [*_program(spec, ["vllm", "serve"]), _need_model(spec)]
+    argv = [*_program(spec, _VLLM_PROGRAM), _need_model(spec)]
     argv += ["--host", spec.host, "--port", str(spec.port)]
     # Every vLLM config flag (--speculative-config, --compilation-config, ...) takes
     # JSON; dotted params build it. Booleans are BooleanOptionalAction: --x / --no-x.
@@ -166,7 +187,7 @@ def _vllm_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
 
 
 def _sglang_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = _program(spec, [sys.executable, "-m", "sglang.launch_server"])
+    argv = _program(spec, _SGLANG_PROGRAM)
     argv += ["--model-path", _need_model(spec), "--host", spec.host, "--port", str(spec.port)]
     # SGLang booleans are store_true: False is the default and is omitted.
     return argv + _flags(params, "flag")
@@ -178,7 +199,7 @@ _TRTLLM_OPTIONS = ("extra_llm_api_options", "config")
 
 
 def _trtllm_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = [*_program(spec, ["trtllm-serve"]), _need_model(spec)]
+    argv = [*_program(spec, _TRTLLM_PROGRAM), _need_model(spec)]
     argv += ["--host", spec.host, "--port", str(spec.port)]
     flags = dict(params)
     path: str | None = None
@@ -223,7 +244,7 @@ def _write_llm_api_options(options: Mapping[str, Any]) -> Path:
 
 
 def _llamacpp_py_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = _program(spec, [sys.executable, "-m", "llama_cpp.server"])
+    argv = _program(spec, _LLAMACPP_PY_PROGRAM)
     argv += ["--model", _need_model(spec), "--host", spec.host, "--port", str(spec.port)]
     # llama_cpp.server builds argparse from pydantic settings: --snake_case names,
     # booleans take a value (--flag true/false), lists are nargs="*", dicts JSON.
@@ -252,7 +273,7 @@ LLAMA_SERVER_NEGATABLE = frozenset(
 
 
 def _llama_server_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = _program(spec, ["llama-server"])
+    argv = _program(spec, _LLAMA_SERVER_PROGRAM)
     argv += ["-m", _need_model(spec), "--host", spec.host, "--port", str(spec.port)]
     return argv + _flags(params, "negate", negatable=LLAMA_SERVER_NEGATABLE)
 
@@ -274,7 +295,7 @@ def _generic_argv(
 
 
 def _sim_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = _program(spec, [sys.executable, "-m", "servesweep.sim"])
+    argv = _program(spec, _SIM_PROGRAM)
     argv += ["--host", spec.host, "--port", str(spec.port)]
     if spec.model:
         argv += ["--model", expand_model(spec.model)]
@@ -306,6 +327,10 @@ PRESETS: dict[str, EnginePreset] = {
             "speculative_config.prompt_lookup_min",
         ),
         description="vllm serve MODEL (OpenAI server, Prometheus /metrics)",
+        program=_VLLM_PROGRAM,
+        dist="vllm",
+        module="vllm",
+        parser="vllm",
     ),
     "sglang": EnginePreset(
         name="sglang",
@@ -334,6 +359,10 @@ PRESETS: dict[str, EnginePreset] = {
             "speculative_ddtree_budget",
         ),
         description="python -m sglang.launch_server --model-path MODEL (/health_generate)",
+        program=_SGLANG_PROGRAM,
+        dist="sglang",
+        module="sglang.launch_server",
+        parser="sglang",
     ),
     "trtllm": EnginePreset(
         name="trtllm",
@@ -347,6 +376,9 @@ PRESETS: dict[str, EnginePreset] = {
             "extra_llm_api_options.speculative_config.speculative_model_dir",
         ),
         description="trtllm-serve MODEL (extra LLM API options as a YAML file)",
+        program=_TRTLLM_PROGRAM,
+        dist="tensorrt_llm",
+        module="tensorrt_llm",
     ),
     "llamacpp": EnginePreset(
         name="llamacpp",
@@ -362,6 +394,10 @@ PRESETS: dict[str, EnginePreset] = {
         launch_env=_llamacpp_py_env,
         spec_params=("draft_model", "draft_model_num_pred_tokens"),
         description="python -m llama_cpp.server --model MODEL (llama-cpp-python)",
+        program=_LLAMACPP_PY_PROGRAM,
+        dist="llama_cpp_python",
+        module="llama_cpp.server",
+        parser="llamacpp",
     ),
     "llama-server": EnginePreset(
         name="llama-server",
@@ -385,6 +421,7 @@ PRESETS: dict[str, EnginePreset] = {
             "spec_type",
         ),
         description="llama-server -m MODEL (upstream llama.cpp; /health, /metrics)",
+        program=_LLAMA_SERVER_PROGRAM,
     ),
     "generic": EnginePreset(
         name="generic",
@@ -406,6 +443,9 @@ PRESETS: dict[str, EnginePreset] = {
         },
         tokenize_path="/tokenize",
         description="the simulated engine (python -m servesweep.sim)",
+        program=_SIM_PROGRAM,
+        dist="servesweep",
+        module="servesweep.sim",
     ),
 }
 
@@ -470,3 +510,30 @@ def merged_params_over(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[
     out = {k: v for k, v in base.items() if k.replace("_", "-") not in top_norm}
     out.update(top)
     return out
+
+
+def program_of(server: ServerSpec) -> list[str]:
+    """The program part of the engine's command line (before the flags):
+    ``server.executable``, else the preset's default."""
+    return _program(server, get_preset(server.engine).program)
+
+
+def engine_version(server: ServerSpec, timeout: float = VERSION_TIMEOUT) -> str | None:
+    """The installed engine's version as ``NAME VERSION`` (``sglang 0.5.23``,
+    ``llama-server 7301 (a1b2c3d)``), asked of the program the sweep would run
+    (``server.executable`` or the preset's), within ``timeout`` seconds. None when it
+    cannot be told from here: inside a Docker image, a generic command, a program
+    that is not installed, no answer in time."""
+    if server.launcher == "docker" or server.engine == "generic":
+        return None
+    preset = get_preset(server.engine)
+    found = locate(program_of(server), preset.module)
+    if found.path is None:
+        return None
+    if found.python is not None and preset.dist:
+        version = run_probe(found.python, {"dist": preset.dist}, timeout).data.get("version")
+        return f"{preset.dist} {version}" if isinstance(version, str) else None
+    if found.python is None and preset.dist is None:
+        version = program_version(found.path, timeout)
+        return f"{Path(found.path).name} {version}" if version else None
+    return None

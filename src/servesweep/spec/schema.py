@@ -9,6 +9,7 @@ accept ``30``, ``"30s"``, ``"5m"``, ``"1h30m"``, ``"250ms"``; sizes accept ``102
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
@@ -175,8 +176,23 @@ class ServerSpec(_Frozen):
     fake_gpus: FakeGpusSpec | None = None
     api_key_env: str | None = None
     """Name of an environment variable holding the API key; the key is never stored."""
+    env_passthrough: list[str] = Field(default_factory=list)
+    """Names of variables (``HF_TOKEN``) the server gets from servesweep's environment
+    at launch: the values are never written to the sweep file, the results database,
+    logs or drop-ins (docs/launchers.md says how each launcher passes them)."""
     log_dir: str | None = None
     """Where per-trial server logs go; default ``runs/`` beside the results database."""
+
+    @field_validator("env_passthrough")
+    @classmethod
+    def _env_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(
+                    f"env_passthrough takes variable names only, not {name!r} "
+                    "(the value comes from the environment servesweep runs in)"
+                )
+        return value
 
     @field_validator("gpus")
     @classmethod

@@ -24,7 +24,7 @@ from typing import Any
 from servesweep import __version__
 from servesweep.errors import ConfigError, Interrupted, StoreError, TrialFailed
 from servesweep.models import InstanceRecord, Outcome
-from servesweep.servers.engines import EnginePreset, get_preset
+from servesweep.servers.engines import EnginePreset, engine_version, get_preset
 from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
@@ -183,6 +183,7 @@ def _environment(probe: GpuProbe, server: ServerSpec) -> dict[str, Any]:
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "engine": server.engine,
+        "engine_version": engine_version(server),
         "launcher": server.launcher,
         "gpu_backend": probe.name,
     }

@@ -86,19 +86,22 @@ def doctor(
     from servesweep.servers.doctor import diagnose
 
     spec = None
+    configs: list[dict[str, Any]] = []
     if sweep_file is not None:
+        from servesweep.spec.expand import expand_configs
         from servesweep.spec.load import load_sweep
         from servesweep.sweep.orchestrator import fake_gpu_dir
 
         loaded = load_sweep(sweep_file)
         spec = loaded.spec.server
+        configs = [dict(c.params) for c in expand_configs(loaded.spec)]
         if backend == "auto":
             backend = spec.gpu_backend
         # the sweep's fake GPUs, as `run` sees them (relative to the sweep file)
         fake_dir = fake_dir or fake_gpu_dir(loaded)
     probe = open_probe(backend, fake_dir)
     try:
-        return diagnose(spec, probe)
+        return diagnose(spec, probe, configs)
     finally:
         probe.close()
 
