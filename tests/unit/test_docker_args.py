@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from servesweep.servers import procs
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest
 from servesweep.servers.launchers.docker import (
@@ -84,3 +86,19 @@ def test_exit_status_from_state() -> None:
     assert _exit_status({"ExitCode": 143}) == ExitStatus(exit_code=143, signal=15)
     assert _exit_status({"ExitCode": 1, "OOMKilled": True}) == ExitStatus(exit_code=1, signal=9)
     assert _exit_status({}) == ExitStatus()
+
+
+def test_env_passthrough_goes_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    monkeypatch.delenv("HF_HOME", raising=False)
+    spec = ServerSpec(
+        engine="sim",
+        launcher="docker",
+        docker={"image": "img:1"},
+        env_passthrough=["HF_TOKEN", "HF_HOME"],
+    )
+    argv = DockerLauncher(spec).run_argv(_request(()), "n", "t")
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
+    assert "HF_TOKEN" in envs, "docker takes the value from its own environment"
+    assert "HF_HOME" not in envs, "an unset name is not passed"
+    assert not any("hf_secret_value" in a for a in argv)

@@ -1,10 +1,12 @@
 """The docker launcher: each trial is one container.
 
 ``docker run -d --name <prefix>-<trial_key> --network host [--gpus "device=0,1"]
---label servesweep.* -e KEY=VALUE ... <run_args> IMAGE <argv>``. Only the trial's
-own environment goes in (not servesweep's), plus the instance tag
-``SERVESWEEP_INSTANCE``. With ``--gpus``, the container sees its GPUs numbered from
-0, so a ``CUDA_VISIBLE_DEVICES`` naming host indexes is left out.
+--label servesweep.* -e KEY=VALUE ... -e NAME ... <run_args> IMAGE <argv>``. Only the
+trial's own environment goes in (not servesweep's), plus the instance tag
+``SERVESWEEP_INSTANCE`` and, by name only, ``server.env_passthrough`` (docker takes
+their values from its client's environment, so they are not on the command line).
+With ``--gpus``, the container sees its GPUs numbered from 0, so a
+``CUDA_VISIBLE_DEVICES`` naming host indexes is left out.
 
 Identity: the container id, and its main process as the host sees it
 (``State.Pid``). ``pids``: the main process's tree (``docker top`` when it is not
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import shlex
 import time
@@ -124,6 +127,10 @@ class DockerLauncher:
         env.update(extra_env)
         for key, value in sorted(env.items()):
             argv += ["-e", f"{key}={value}"]
+        # Secrets by name only: docker copies the value from its client's environment.
+        for key in self.spec.env_passthrough:
+            if key not in env and os.environ.get(key) is not None:
+                argv += ["-e", key]
         argv += [*self.dk.run_args, self.dk.image, *request.argv]
         return argv
 

@@ -5,7 +5,9 @@ servesweep never edits the unit file. The trial's command goes into a drop-in,
 ``ExecStart=`` and adds ``Environment=`` lines; in ``envfile`` mode it leaves
 the unit's own ``ExecStart=`` (which uses ``$SERVESWEEP_ARGS``) and sets
 ``SERVESWEEP_ARGS`` and ``SERVESWEEP_PROGRAM`` with ``Environment=`` lines. Then
-``daemon-reload``, ``reset-failed`` and ``start --no-block``.
+``daemon-reload``, ``reset-failed`` and ``start --no-block``. Secrets named in
+``server.env_passthrough`` go through the manager's environment instead (see
+``_import_secrets``), never into the drop-in.
 
 Identity: systemd's ``InvocationID`` (new for every start), the unit's
 ``ControlGroup`` and the main PID. ``pids`` reads every process of the unit's cgroup
@@ -201,8 +203,13 @@ class SystemdLauncher:
         # Clears a failed state and the start rate limit (StartLimitBurst).
         self.systemctl("reset-failed", self.unit, check=False)
         started_at = time.time()
-        self.systemctl("start", "--no-block", self.unit)
-        props = self._wait_started(before, started_at)
+        passed = self._import_secrets()
+        try:
+            self.systemctl("start", "--no-block", self.unit)
+            props = self._wait_started(before, started_at)
+        finally:
+            if passed:
+                self.systemctl("unset-environment", *passed, check=False)
         self._warnings = unit_warnings(self.unit, props)
         invocation = props["InvocationID"]
         cgroup = props.get("ControlGroup") or f"/system.slice/{self.unit}"
@@ -233,6 +240,17 @@ class SystemdLauncher:
     def launch_command(self, request: LaunchRequest) -> str:
         """The command the drop-in makes the unit run, with its environment."""
         return launch_command_text(request.argv, request.env)
+
+    def _import_secrets(self) -> list[str]:
+        """``server.env_passthrough``: ``systemctl import-environment NAME...`` copies the
+        values from systemctl's own environment (servesweep's) into the manager's
+        environment block, which every process the manager starts inherits. They are
+        unset again as soon as the unit's main process runs: the values never appear on
+        a command line or in the drop-in. Units started meanwhile inherit them too."""
+        names = [n for n in self.spec.env_passthrough if os.environ.get(n) is not None]
+        if names:
+            self.systemctl("import-environment", *names)
+        return names
 
     def current(self, port: int | None = None) -> InstanceRecord | None:
         """The unit's running invocation as an instance record (None when it is not
