@@ -24,8 +24,12 @@ _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def counter_names(counters: Mapping[str, str]) -> list[str]:
-    """The Prometheus names to read for ``Target.spec_decode_counters``."""
-    return [v for k, v in counters.items() if k in ("accepted", "drafts", "draft_tokens", _GAUGE)]
+    """The Prometheus names to read for ``Target.spec_decode_counters`` (``emitted``
+    too when the engine counts no accepted tokens: SGLang)."""
+    wanted: tuple[str, ...] = ("accepted", "drafts", "draft_tokens", _GAUGE)
+    if "accepted" not in counters:
+        wanted += ("emitted",)
+    return [v for k, v in counters.items() if k in wanted]
 
 
 _GAUGE = "accept_length"
@@ -67,6 +71,16 @@ def acceptance_from_counters(
     acc_name = counters.get("accepted")
     drafts_name = counters.get("drafts")
     gauge = counters.get(_GAUGE)
+    emitted_name = counters.get("emitted")
+    if not acc_name and drafts_name and emitted_name and drafts_name in after:
+        # SGLang counts verify calls and generated tokens of finished requests, not
+        # accepted tokens: its own acceptance length is tokens / verify calls
+        # (meta_info spec_accept_length), the prefill's token included.
+        drafts = after[drafts_name] - before.get(drafts_name, 0.0)
+        emitted = after.get(emitted_name, 0.0) - before.get(emitted_name, 0.0)
+        seen = {"drafts": drafts, "emitted_tokens": emitted, "definition": "tokens/verify"}
+        if drafts > 0 and emitted > 0:
+            return emitted / drafts, {**seen, "source": "engine_counters"}
     if not acc_name or not drafts_name:
         if gauge and gauge in after and after[gauge] > 0:
             return after[gauge], {"source": "engine_gauge", "gauge": gauge}
