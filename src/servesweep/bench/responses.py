@@ -164,10 +164,11 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
             break
         carries = False
         answer = False
+        closing = False
         if choices:
             choice = choices[0]
             if choice.get("finish_reason"):
-                finished = True
+                finished = closing = True
             delta = choice.get("delta")
             if delta is not None:
                 if delta.get("content"):
@@ -194,7 +195,10 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
                 problem = str(exc)
             else:
                 usage = u
-                if choices and ct is not None:
+                # usage on the closing chunk only (llama-server) is the answer's
+                # usage, not continuous stats: that chunk carries no token itself
+                final_only = closing and not answer and not continuous
+                if choices and ct is not None and not final_only:
                     continuous = True
                     new_tokens = ct - last_ct
                     last_ct = ct
