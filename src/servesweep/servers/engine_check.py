@@ -92,13 +92,18 @@ def locate(argv: Sequence[str], module: str | None) -> EngineProgram:
 
 
 def run_probe(
-    python: Sequence[str], request: Mapping[str, Any], timeout: float = PROBE_TIMEOUT
+    python: Sequence[str],
+    request: Mapping[str, Any],
+    timeout: float = PROBE_TIMEOUT,
+    env: Mapping[str, str] | None = None,
 ) -> ProbeAnswer:
-    """Run :mod:`engine_probe` with ``python``; its JSON answer (the last line)."""
+    """Run :mod:`engine_probe` with ``python`` (``env`` added to this environment);
+    its JSON answer (the last line)."""
     script = str(Path(engine_probe.__file__).resolve())
     try:
         done = subprocess.run(
             [*python, "-I", script],
+            env={**os.environ, **env} if env else None,
             input=json.dumps(dict(request)),
             capture_output=True,
             text=True,

@@ -42,7 +42,10 @@ def _vllm_parser() -> argparse.ArgumentParser:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older releases
         from vllm.utils import FlexibleArgumentParser
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # before vLLM moved it (0.1x)
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
 
     parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     if not any(a.dest == "model_tag" for a in parser._actions):
