@@ -535,5 +535,5 @@ def engine_version(server: ServerSpec, timeout: float = VERSION_TIMEOUT) -> str 
         return f"{preset.dist} {version}" if isinstance(version, str) else None
     if found.python is None and preset.dist is None:
         version = program_version(found.path, timeout)
-        return f"{Path(found.path).name} {version}" if version else None
+        return f"{preset.name} {version}" if version else None
     return None
