@@ -15,6 +15,8 @@
 #                            (default: 0.3.36, the version the project pins)
 #   LLAMA_SERVER_SOURCE      build this llama.cpp tree instead (no download)
 #   LLAMA_SERVER_CUDA_ARCH   CUDA architectures (e.g. 90); unset: CPU only
+#   LLAMA_SERVER_CMAKE_ARGS  more cmake flags, e.g. a portable static build:
+#                            "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DCMAKE_EXE_LINKER_FLAGS=-static"
 #   LLAMA_SERVER_CACHE       cache folder (default: ~/.cache/servesweep/llama-server)
 #   CMAKE_BUILD_PARALLEL_LEVEL   compile jobs (default: 2)
 #   PYTHON                   the Python whose pip fetches the sdist (default: python3)
@@ -28,6 +30,7 @@ set -euo pipefail
 VERSION="${LLAMA_SERVER_VERSION:-0.3.36}"
 SOURCE="${LLAMA_SERVER_SOURCE:-}"
 CUDA_ARCH="${LLAMA_SERVER_CUDA_ARCH:-}"
+EXTRA="${LLAMA_SERVER_CMAKE_ARGS:-}"
 CACHE="${LLAMA_SERVER_CACHE:-$HOME/.cache/servesweep/llama-server}"
 JOBS="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 PYTHON="${PYTHON:-python3}"
@@ -43,6 +46,7 @@ if [ -n "$CUDA_ARCH" ]; then
 else
     variant="cpu$cpu_flags"
 fi
+[ -n "$EXTRA" ] && variant="$variant-x$(printf %s "$EXTRA" | md5sum | cut -c1-6)"
 label="$VERSION"
 [ -n "$SOURCE" ] && label="src-$(basename "$(cd "$SOURCE" && pwd)")"
 key="$label-$variant"
@@ -105,6 +109,8 @@ command -v ninja >/dev/null 2>&1 && flags+=(-G Ninja)
 if [ -n "$CUDA_ARCH" ]; then
     flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
 fi
+# shellcheck disable=SC2206  # split on purpose: several flags in one variable
+[ -n "$EXTRA" ] && flags+=($EXTRA)
 
 say "building llama-server ($key, $JOBS jobs): a few minutes"
 t0=$(date +%s)
