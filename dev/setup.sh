@@ -49,3 +49,5 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 ./dev/install-llamacpp.sh .venv/bin/python >&2
+# llama.cpp's own server for the llama-server tests: built once per machine, then cached.
+./dev/install-llama-server.sh >/dev/null
