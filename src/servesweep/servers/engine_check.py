@@ -29,8 +29,8 @@ __all__ = [
     "run_probe",
 ]
 
-PROBE_TIMEOUT = 60.0
-"""Building vLLM's parser imports torch: seconds, sometimes tens of them."""
+PROBE_TIMEOUT = 180.0
+"""Building vLLM's or SGLang's parser imports torch: seconds, on a busy machine minutes."""
 VERSION_TIMEOUT = 10.0
 
 _SHEBANG = re.compile(rb"^#!\s*(\S+)(?:[ \t]+(\S+))?")
