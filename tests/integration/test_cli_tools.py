@@ -137,7 +137,7 @@ def test_doctor_reports_gpus_holders_and_port(tmp_path: Path) -> None:
 
 
 def test_status_while_a_sweep_runs(tmp_path: Path) -> None:
-    sweep_file = write_sweep(tmp_path, name="status", args={"load-time": 2})
+    sweep_file = write_sweep(tmp_path, name="status", args={"load-time": 10})
     events = tmp_path / "events.jsonl"
     try:
         with background_run(sweep_file, events=events) as proc:

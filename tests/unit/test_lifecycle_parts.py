@@ -14,7 +14,7 @@ from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import FailureClass, GpuHolder, GpuState
 from servesweep.servers import http_probe, ports, procs
 from servesweep.servers.launchers.command import render
-from servesweep.servers.lifecycle import sweep_tag_prefix
+from servesweep.servers.ownership import OwnerKind, Ownership, owner_env
 from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model
 from servesweep.servers.release import wait_released
 
@@ -42,11 +42,38 @@ def test_command_templates_fill_placeholders_and_leave_shell_braces() -> None:
         render("{param.topk}", {}, argv)
 
 
-def test_sweep_tag_prefix() -> None:
-    assert sweep_tag_prefix("my-sweep-12") == "my-sweep-"
-    assert sweep_tag_prefix("solo") == "solo-"
+def test_instance_tags_are_unique_and_safe() -> None:
     tag = procs.new_instance_tag("my sweep-3")
     assert tag.startswith("my_sweep-3-") and " " not in tag
+    assert procs.new_instance_tag("my sweep-3") != tag
+
+
+def test_ownership_of_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only this slot's instances and a dead run's of the same database may be killed;
+    a sibling slot's and another database's (a concurrent sweep, even of the same
+    name) never, unless the kill-own policy says any servesweep instance."""
+    envs = {
+        1: {procs.TAG_ENV: "q-1-aa", **owner_env("db1", "run1", 0, "/a/s.db")},
+        2: {procs.TAG_ENV: "q-2-bb", **owner_env("db1", "run1", 1, "/a/s.db")},
+        3: {procs.TAG_ENV: "q-3-cc", **owner_env("db1", "run0", 0, "/a/s.db")},
+        4: {procs.TAG_ENV: "q-1-dd", **owner_env("db2", "run9", 0, "/b/s.db")},
+        5: {"PATH": "/usr/bin"},
+        6: {procs.TAG_ENV: "old-style-tag"},
+    }
+    monkeypatch.setattr(procs, "environ_of", lambda pid: envs.get(pid))
+    own = Ownership("db1", "run1", 0)
+    kinds = {pid: own.owner(pid).kind for pid in envs}
+    assert kinds == {
+        1: OwnerKind.MINE,
+        2: OwnerKind.SIBLING,
+        3: OwnerKind.LEFTOVER,
+        4: OwnerKind.OTHER_RUN,
+        5: OwnerKind.FOREIGN,
+        6: OwnerKind.OTHER_RUN,
+    }
+    assert [pid for pid in envs if own.may_kill(pid)] == [1, 3]
+    assert [pid for pid in envs if own.may_kill(pid, kill_any_servesweep=True)] == [1, 3, 4, 6]
+    assert "/b/s.db" in own.owner(4).describe()
 
 
 def test_generation_answers_count_tokens() -> None:

@@ -1,24 +1,51 @@
 """Live progress for ``servesweep run``: an Observer that draws on the terminal.
 
-On a TTY it keeps one status line (trial, phase, time in phase, ETA, the last
-line of the server log while it loads) and prints a line per finished trial.
-Elsewhere (a pipe, CI) it prints one plain line per state change. ``NO_COLOR``
-is respected by the console the CLI passes in.
+On a TTY it keeps one status line per running trial — its slot (machine, slot, GPUs),
+the trial, its phase and time in phase, and the last line of the server log while it
+loads — under a header with the sweep's progress and ETA, and prints a line per
+finished trial. Elsewhere (a pipe, CI) it prints one plain line per state change.
+``NO_COLOR`` is respected by the console the CLI passes in.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
 from servesweep.spec.plan import format_duration
+from servesweep.sweep.events import (
+    Event,
+    PhaseEntered,
+    Progress,
+    SweepStarted,
+    SweepWarning,
+    TrialFinished,
+    TrialStarted,
+    WorkloadDone,
+)
 
 __all__ = ["ProgressDisplay"]
+
+
+@dataclass
+class _Running:
+    trial: int
+    params: str
+    where: str
+    started: float = field(default_factory=time.monotonic)
+    phase: str = ""
+    phase_started: float = field(default_factory=time.monotonic)
+    line: str = ""
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
 
 
 class ProgressDisplay:
@@ -36,25 +63,35 @@ class ProgressDisplay:
         self.live_mode = console.is_terminal and not quiet
         self._live: Live | None = None
         self._total = 0
-        self._index = 0
-        self._trial: int | None = None
-        self._params = ""
-        self._phase = ""
-        self._phase_started = time.monotonic()
-        self._line = ""
+        self._started = 0
+        self._finished = 0
+        self._slots = 1
+        self._running: dict[int, _Running] = {}
         self._trial_times: list[float] = []
-        self._trial_started = time.monotonic()
         self._history = dict(history or {})
+        self._lock = threading.Lock()
 
     # -- Observer -------------------------------------------------------------------
 
-    def event(self, kind: str, data: Mapping[str, Any]) -> None:
-        if self.quiet and kind != "warning":
+    def event(self, event: Event) -> None:
+        if self.quiet and not isinstance(event, SweepWarning):
             return
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(data)
-        self._refresh()
+        with self._lock:
+            if isinstance(event, SweepStarted):
+                self._on_sweep_started(event)
+            elif isinstance(event, TrialStarted):
+                self._on_trial_started(event)
+            elif isinstance(event, PhaseEntered):
+                self._on_phase(event)
+            elif isinstance(event, Progress):
+                self._on_progress(event)
+            elif isinstance(event, WorkloadDone):
+                self._on_workload_done(event)
+            elif isinstance(event, TrialFinished):
+                self._on_trial_finished(event)
+            elif isinstance(event, SweepWarning):
+                self._on_warning(event)
+            self._refresh()
 
     def close(self) -> None:
         if self._live is not None:
@@ -69,97 +106,112 @@ class ProgressDisplay:
         else:
             self.console.print(text, soft_wrap=True, highlight=False, markup=False)
 
-    def _on_sweep_started(self, data: Mapping[str, Any]) -> None:
-        self._total = int(data["todo"])
-        done = int(data["done"])
+    def _on_sweep_started(self, event: SweepStarted) -> None:
+        self._total = event.todo
+        self._slots = max(1, event.slots)
+        slots = f", up to {event.slots} at once" if event.slots > 1 else ""
         self._print(
-            f"sweep {data['name']}: {data['trials']} trials, {done} already done, "
-            f"{self._total} to run (results: {data['store']})"
+            f"sweep {event.name}: {event.trials} trials, {event.done} already done, "
+            f"{self._total} to run{slots} (results: {event.store})"
         )
         if self.live_mode and self._total:
             self._live = Live(Text(""), console=self.console, refresh_per_second=8, transient=True)
             self._live.start()
 
-    def _on_trial_started(self, data: Mapping[str, Any]) -> None:
-        self._index += 1
-        self._trial = int(data["trial"])
-        params = data.get("params") or {}
-        self._params = " ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"
-        self._trial_started = time.monotonic()
-        self._line = ""
+    def _on_trial_started(self, event: TrialStarted) -> None:
+        self._started += 1
+        params = " ".join(f"{k}={v}" for k, v in event.params.items()) or "(defaults)"
+        gpus = ",".join(str(g) for g in event.gpus)
+        where = f"slot {event.slot}" + (f" gpus {gpus}" if gpus else "")
+        if self._slots == 1:
+            where = ""
+        self._running[event.trial] = _Running(event.trial, params, where)
         if not self.live_mode:
-            self._print(f"[{self._index}/{self._total}] trial {self._trial}: {self._params}")
+            at = f" on {where}" if where else ""
+            self._print(f"[{self._started}/{self._total}] trial {event.trial}{at}: {params}")
 
-    def _on_phase(self, data: Mapping[str, Any]) -> None:
-        self._phase = str(data["phase"])
-        self._phase_started = time.monotonic()
+    def _on_phase(self, event: PhaseEntered) -> None:
+        running = self._running.get(event.trial)
+        if running is not None:
+            running.phase = event.phase.value
+            running.phase_started = time.monotonic()
         if not self.live_mode:
-            self._print(f"  trial {data['trial']}: {self._phase}")
+            self._print(f"  trial {event.trial}: {event.phase.value}")
 
-    def _on_progress(self, data: Mapping[str, Any]) -> None:
-        line = data.get("line") or data.get("message")
-        if line:
-            self._line = str(line)
+    def _on_progress(self, event: Progress) -> None:
+        running = self._running.get(event.trial)
+        if running is not None and event.line:
+            running.line = event.line
 
-    def _on_workload_done(self, data: Mapping[str, Any]) -> None:
-        levels = data.get("levels") or {}
+    def _on_workload_done(self, event: WorkloadDone) -> None:
         parts = []
-        for level, metrics in levels.items():
-            bits = [f"{k}={v:.4g}" for k, v in metrics.items()]
+        for level, metrics in event.levels.items():
+            bits = [f"{k}={_number(v)}" for k, v in metrics.items()]
             parts.append(f"{level}: {', '.join(bits)}")
-        self._print(f"  trial {data['trial']} {data['workload']}: " + "; ".join(parts))
+        self._print(f"  trial {event.trial} {event.workload}: " + "; ".join(parts))
 
-    def _on_trial_finished(self, data: Mapping[str, Any]) -> None:
-        self._trial_times.append(time.monotonic() - self._trial_started)
-        outcome = data["outcome"]
+    def _on_trial_finished(self, event: TrialFinished) -> None:
+        running = self._running.pop(event.trial, None)
+        if running is not None:
+            self._trial_times.append(time.monotonic() - running.started)
+        self._finished += 1
+        outcome = event.outcome.value
         style = "green" if outcome == "ok" else "red"
-        text = Text(f"trial {data['trial']} ")
+        text = Text(f"trial {event.trial} ")
         text.append(outcome, style=style)
-        if data.get("failure_class"):
-            text.append(f" {data['failure_class']}", style=style)
-        if data.get("message"):
-            text.append(f": {data['message']}")
-        seconds = data.get("phase_seconds") or {}
-        if seconds:
+        if event.failure_class is not None:
+            text.append(f" {event.failure_class.value}", style=style)
+        if event.evidence is not None:
+            text.append(f": {event.evidence.summary()}")
+        if event.phase_seconds:
             text.append(
-                "  (" + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()) + ")", style="dim"
+                "  ("
+                + ", ".join(f"{k} {_number(v)}s" for k, v in event.phase_seconds.items())
+                + ")",
+                style="dim",
             )
         self._print(text)
-        self._phase = ""
 
-    def _on_warning(self, data: Mapping[str, Any]) -> None:
-        text = Text(f"warning: {data['message']}", style="yellow")
+    def _on_warning(self, event: SweepWarning) -> None:
+        text = Text(f"warning: {event.message}", style="yellow")
         if self._live is not None or self.err_console is self.console:
             self._print(text)
         else:
             self.err_console.print(text, soft_wrap=True, highlight=False, markup=False)
 
-    # -- the status line ------------------------------------------------------------
+    # -- the status lines ---------------------------------------------------------------
 
     def _eta(self) -> str:
-        left = self._total - self._index + (0 if self._phase == "" else 1)
+        left = self._total - self._finished
         if self._trial_times:
             per = sum(self._trial_times) / len(self._trial_times)
         elif self._history:
             per = sum(self._history.values())
         else:
             return "?"
-        return format_duration(
-            max(
-                0.0,
-                per * max(0, left - 1) + max(0.0, per - (time.monotonic() - self._trial_started)),
-            )
-        )
+        slots = max(1, min(self._slots, left))
+        elapsed = max((time.monotonic() - r.started for r in self._running.values()), default=0.0)
+        return format_duration(max(0.0, per * left / slots - min(elapsed, per)))
 
     def _refresh(self) -> None:
-        if self._live is None or self._trial is None:
+        if self._live is None or not self._running:
             return
-        elapsed = time.monotonic() - self._phase_started
-        text = Text()
-        text.append(f"[{self._index}/{self._total}] trial {self._trial} ", style="bold")
-        text.append(f"{self._params}  ")
-        text.append(f"{self._phase or 'starting'} {elapsed:.1f}s", style="cyan")
-        text.append(f"  ETA {self._eta()}", style="dim")
-        if self._line and self._phase in ("load", "ready", "bench"):
-            text.append(f"\n  {self._line[-150:]}", style="dim")
-        self._live.update(text)
+        now = time.monotonic()
+        header = Text()
+        header.append(f"[{self._finished}/{self._total} done] ", style="bold")
+        header.append(f"{len(self._running)} running", style="cyan")
+        header.append(f"  ETA {self._eta()}", style="dim")
+        lines: list[Text] = [header]
+        for running in sorted(self._running.values(), key=lambda r: r.where):
+            text = Text("  ")
+            if running.where:
+                text.append(f"{running.where}  ", style="dim")
+            text.append(f"trial {running.trial} ", style="bold")
+            text.append(f"{running.params}  ")
+            text.append(
+                f"{running.phase or 'starting'} {now - running.phase_started:.1f}s", style="cyan"
+            )
+            lines.append(text)
+            if running.line and running.phase in ("load", "ready", "bench"):
+                lines.append(Text(f"    {running.line[-150:]}", style="dim"))
+        self._live.update(Group(*lines))

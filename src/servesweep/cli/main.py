@@ -79,6 +79,18 @@ def cli() -> None:
 @click.option("--fail-fast", is_flag=True, help="Stop the sweep at the first failed trial.")
 @click.option("--keep-running", is_flag=True, help="Leave the last server running at the end.")
 @click.option("--trial", "only", type=int, multiple=True, help="Run only this trial id.")
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many trials at once on a machine (default: as many as fit in the "
+    "GPU pool; see server.gpus_per_trial).",
+)
+@click.option(
+    "--keep-results",
+    is_flag=True,
+    help="Keep results measured before the sweep file changed what a trial measures.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
 @click.option(
     "--events",
@@ -94,6 +106,8 @@ def run(
     fail_fast: bool,
     keep_running: bool,
     only: tuple[int, ...],
+    slots: int | None,
+    keep_results: bool,
     quiet: bool,
     events: str | None,
 ) -> None:
@@ -129,6 +143,8 @@ def run(
         fail_fast=fail_fast,
         keep_running=keep_running,
         only=only,
+        keep_results=keep_results,
+        slots=slots,
     )
     _install_signal_handlers()
     try:
@@ -220,57 +236,14 @@ def status(target: str | None, as_json: bool) -> None:
     """Where a sweep stands (works while another process runs it).
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
-    import time
-
-    from servesweep.store import open_store
+    from servesweep.sweep.status import format_status, sweep_status
 
     path, name = _resolve_store(target)
-    with open_store(path, readonly=True) as store:
-        sweep = store.latest_sweep(name)
-        if sweep is None:
-            raise ConfigError(f"no sweep{' named ' + repr(name) if name else ''} in {path}")
-        trials = store.trials(sweep.id, in_plan_only=True)
-    now = time.time()
-    rows: list[dict[str, Any]] = []
-    for t in trials:
-        in_phase = None
-        if t.outcome.value == "running" and t.phase is not None:
-            started = t.phase_started.get(t.phase.value)
-            in_phase = None if started is None else round(now - started, 1)
-        rows.append(
-            {
-                "trial": t.id,
-                "params": dict(t.params),
-                "outcome": t.outcome.value,
-                "phase": t.phase.value if t.phase else None,
-                "seconds_in_phase": in_phase,
-                "failure_class": t.failure_class.value if t.failure_class else None,
-                "message": t.evidence.summary() if t.evidence else None,
-                "attempts": t.attempts,
-            }
-        )
+    result = sweep_status(path, name)
     if as_json:
-        click.echo(
-            json.dumps(
-                {"sweep": sweep.name, "id": sweep.id, "store": str(path), "trials": rows}, indent=2
-            )
-        )
+        click.echo(json.dumps(result, indent=2))
         return
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
-    click.echo(
-        f"sweep {sweep.name} (#{sweep.id}) in {path}: "
-        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    )
-    for row in rows:
-        params = " ".join(f"{k}={v}" for k, v in row["params"].items()) or "(defaults)"
-        line = f"  {row['trial']:>4}  {row['outcome']:<11} {params}"
-        if row["outcome"] == "running":
-            line += f"  [{row['phase']} {row['seconds_in_phase']}s]"
-        if row["failure_class"]:
-            line += f"  {row['failure_class']}: {row['message']}"
-        click.echo(line)
+    click.echo(format_status(result))
 
 
 # -- report, best, compare ------------------------------------------------------------

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from servesweep.errors import TrialFailed
@@ -18,6 +20,7 @@ from servesweep.servers import logs, ports, procs
 from servesweep.servers.engines import EnginePreset
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers.base import Launcher, LaunchRequest, StopResult
+from servesweep.servers.ownership import OwnerKind, Ownership, owner_env
 from servesweep.servers.readiness import ProgressCallback, ReadyInfo, wait_ready
 from servesweep.servers.release import (
     ReleaseResult,
@@ -27,30 +30,22 @@ from servesweep.servers.release import (
 )
 from servesweep.spec.schema import ServerSpec
 
-__all__ = ["ServerLifecycle", "sweep_tag_prefix"]
+__all__ = ["ServerLifecycle"]
 
 _LOG_CATCHUP = 5.0
 """How long a dead instance's log may take to catch up with its exit (a journal)."""
-
-
-def sweep_tag_prefix(trial_key: str) -> str:
-    """The tag prefix shared by every instance of one sweep: ``<sweep>-`` from a
-    trial key ``<sweep>-<trial id>`` (the key itself plus ``-`` otherwise)."""
-    head, sep, tail = trial_key.rpartition("-")
-    if sep and tail.isdigit() and head:
-        return f"{head}-"
-    return f"{trial_key}-"
 
 
 class ServerLifecycle:
     """The lifecycle of one server slot (one port, one set of GPUs).
 
     ``baseline`` is the used memory per GPU that ``release`` waits for; ``prepare``
-    measures it. A runner that adopts a running instance instead of calling
-    ``prepare`` should set it from the stored value (a GPU without one has baseline 0).
-    ``own_tag_prefix``: instances whose tag starts with it are servesweep's own — their
-    orphans are killed by the release gate. When None it is derived from each
-    ``start``'s trial key (``<sweep>-<trial id>`` gives ``<sweep>-``).
+    takes it (reusing a stored one when given). ``ownership`` says which processes are
+    this slot's own (see ``servers.ownership``): their orphans are killed by the
+    release gate and an orphan of ours holding the port is ended before a start;
+    everything else is never signalled (but under the ``kill-own`` policy). Every
+    instance ``start`` launches carries this ownership in its environment. Without
+    one, the lifecycle makes its own (a private run: what it starts is its own).
     """
 
     def __init__(
@@ -60,24 +55,37 @@ class ServerLifecycle:
         launcher: Launcher,
         probe: GpuProbe,
         *,
-        own_tag_prefix: str | None = None,
+        ownership: Ownership | None = None,
+        store_path: str = "",
     ) -> None:
         self.spec = spec
         self.preset = preset
         self.launcher = launcher
         self.probe = probe
-        self.own_tag_prefix = own_tag_prefix
-        self._explicit_prefix = own_tag_prefix is not None
+        self.ownership = ownership or Ownership(
+            f"private-{secrets.token_hex(6)}", f"{os.getpid()}-{secrets.token_hex(3)}", 0
+        )
+        self.store_path = store_path
         self.baseline: dict[int, int] = {}
         self.foreign_holders: tuple[GpuHolder, ...] = ()
         self.cleaned: tuple[ProcessInfo, ...] = ()
+        self.baseline_source = "measured"
+        self.baseline_notes: tuple[str, ...] = ()
 
     def _uses_gpus(self, gpus: Sequence[int]) -> bool:
         return bool(gpus) and self.probe.name != "none"
 
-    def prepare(self, gpus: Sequence[int]) -> dict[int, int]:
-        """Check for foreign GPU holders (per ``server.release.foreign_holders``) and
-        measure the baseline; returns it (also kept in ``self.baseline``)."""
+    def prepare(
+        self,
+        gpus: Sequence[int],
+        *,
+        stored: Mapping[int, int] | None = None,
+        departing: Iterable[int] = (),
+    ) -> dict[int, int]:
+        """Make the GPUs idle (our own leftovers killed, foreign holders per
+        ``server.release.foreign_holders``, ``departing`` PIDs' memory back) and take
+        the baseline, or reuse ``stored`` (see ``release.prepare_gpus``); returns it
+        (also kept in ``self.baseline``)."""
         if not self._uses_gpus(gpus):
             return {}
         rel = self.spec.release
@@ -88,18 +96,27 @@ class ServerLifecycle:
             settle=rel.settle,
             timeout=self.spec.timeouts.release,
             foreign_policy=rel.foreign_holders,
-            own_tag_prefix=self.own_tag_prefix,
+            ownership=self.ownership,
+            stored=stored,
+            departing=departing,
         )
         self.baseline = dict(prepared.baseline)
         self.foreign_holders = prepared.holders
         self.cleaned = prepared.cleaned
+        self.baseline_source = prepared.source
+        self.baseline_notes = prepared.notes
         return dict(self.baseline)
 
     def stop(self, instance: InstanceRecord) -> StopResult:
         """Stop the whole instance; ``stop_failed`` naming the survivors."""
         return stop_instance(self.launcher, instance, self.spec.timeouts)
 
-    def release(self, gpus: Sequence[int], old_pids: set[int]) -> ReleaseResult:
+    def release(
+        self,
+        gpus: Sequence[int],
+        old_pids: set[int],
+        cancelled: Callable[[], bool] | None = None,
+    ) -> ReleaseResult:
         """Wait until the old instance's GPU memory is back; ``gpu_busy`` naming holders."""
         if not self._uses_gpus(gpus):
             return ReleaseResult(seconds=0.0, polls=0)
@@ -113,8 +130,14 @@ class ServerLifecycle:
             settle=rel.settle,
             timeout=self.spec.timeouts.release,
             foreign_policy=rel.foreign_holders,
-            own_tag_prefix=self.own_tag_prefix,
+            ownership=self.ownership,
+            cancelled=cancelled,
         )
+
+    def owner_env(self) -> dict[str, str]:
+        """The environment that marks an instance as this slot's (see ``ownership``)."""
+        own = self.ownership
+        return owner_env(own.store_id, own.run, int(own.slot), self.store_path)
 
     def start(
         self,
@@ -124,14 +147,16 @@ class ServerLifecycle:
         trial_key: str,
         fingerprint: str,
     ) -> InstanceRecord:
-        """Refuse a port that another program listens on (``port_in_use``), then start."""
-        if not self._explicit_prefix:
-            self.own_tag_prefix = sweep_tag_prefix(trial_key)
+        """Refuse a port that another program listens on (``port_in_use``, naming its
+        owner when a servesweep run started it), then start."""
         self._clean_own_listeners()
-        ports.check_port_free(self.spec.host, self.spec.port, ours=set())
+        try:
+            ports.check_port_free(self.spec.host, self.spec.port, ours=set())
+        except TrialFailed as failure:
+            raise self._name_port_owner(failure) from None
         request = LaunchRequest(
             argv=list(argv),
-            env=dict(env),
+            env={**env, **self.owner_env()},
             host=self.spec.host,
             port=self.spec.port,
             gpus=tuple(self.spec.gpus),
@@ -159,22 +184,55 @@ class ServerLifecycle:
     def _clean_own_listeners(self) -> None:
         """An orphan of our own earlier instance that kept the listening socket is ours
         to end; anything else on the port is reported by the port check."""
-        prefix = self.own_tag_prefix
         kill_any = self.spec.release.foreign_holders == "kill-own"
-        own = []
-        for info in ports.listeners(self.spec.host, self.spec.port):
-            tag = procs.tag_of(info.pid) if info.pid > 0 else None
-            if tag is not None and (kill_any or (prefix is not None and tag.startswith(prefix))):
-                own.append(info.pid)
+        own = [
+            info.pid
+            for info in ports.listeners(self.spec.host, self.spec.port)
+            if info.pid > 0 and self.ownership.may_kill(info.pid, kill_any_servesweep=kill_any)
+        ]
         if own:
             procs.signal_all(own, signal.SIGKILL)
             procs.wait_gone(own, self.spec.timeouts.kill)
+
+    def _name_port_owner(self, failure: TrialFailed) -> TrialFailed:
+        """``port_in_use`` that says which servesweep run listens there, when one does."""
+        notes = []
+        for info in ports.listeners(self.spec.host, self.spec.port):
+            if info.pid > 0:
+                owner = self.ownership.owner(info.pid)
+                if owner.kind is not OwnerKind.FOREIGN:
+                    notes.append(f"pid {info.pid} is {owner.describe()}")
+        if not notes:
+            return failure
+        evidence = failure.evidence
+        return TrialFailed(
+            failure.failure_class,
+            replace(
+                evidence,
+                message=f"{evidence.message}; {'; '.join(notes)}",
+                details={**evidence.details, "owners": notes},
+            ),
+        )
 
     def wait_ready(
         self, instance: InstanceRecord, on_progress: ProgressCallback | None = None
     ) -> ReadyInfo:
         """Block until the new instance generates (see ``readiness``)."""
         api_key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+        try:
+            return self._wait_ready(instance, on_progress, api_key)
+        except TrialFailed as failure:
+            if failure.failure_class is FailureClass.PORT_IN_USE:
+                # another program took the port while ours loaded: say whose it is
+                raise self._name_port_owner(failure) from None
+            raise
+
+    def _wait_ready(
+        self,
+        instance: InstanceRecord,
+        on_progress: ProgressCallback | None,
+        api_key: str | None,
+    ) -> ReadyInfo:
         return wait_ready(
             self.launcher,
             instance,

@@ -32,6 +32,7 @@ __all__ = [
     "create_time",
     "describe",
     "describe_all",
+    "environ_of",
     "group_members",
     "is_gone",
     "new_instance_tag",
@@ -44,8 +45,6 @@ __all__ = [
 
 TAG_ENV = "SERVESWEEP_INSTANCE"
 """Environment variable that marks every process of an instance started by servesweep."""
-
-_TAG_KEY = TAG_ENV.encode() + b"="
 
 
 def new_instance_tag(trial_key: str) -> str:
@@ -139,17 +138,25 @@ def group_members(pgid: int) -> set[int]:
     return out
 
 
-def tag_of(pid: int) -> str | None:
-    """The instance tag in a process's initial environment, if any (None when unreadable)."""
+def environ_of(pid: int) -> dict[str, str] | None:
+    """A process's initial environment (None when it cannot be read)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             data = fh.read()
     except OSError:
         return None
+    env: dict[str, str] = {}
     for item in data.split(b"\0"):
-        if item.startswith(_TAG_KEY):
-            return item[len(_TAG_KEY) :].decode(errors="replace")
-    return None
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def tag_of(pid: int) -> str | None:
+    """The instance tag in a process's initial environment, if any (None when unreadable)."""
+    env = environ_of(pid)
+    return None if env is None else env.get(TAG_ENV)
 
 
 def tagged(tag: str | None = None, *, prefix: str | None = None) -> dict[int, str]:

@@ -10,25 +10,32 @@ naming the holders). The gate polls adaptively — 5 ms at first, backing off to
 Holders are sorted into three kinds:
 
 * the old instance (a PID of ``old_pids``): waited for; killed if still alive;
-* servesweep's own (a live process whose environment carries an instance tag,
-  ``SERVESWEEP_INSTANCE``, starting with ``own_tag_prefix``; ``""`` means any tag,
-  None means none): an orphan of one of our earlier instances, killed and reported
-  in ``cleaned``;
-* foreign (anything else alive): handled by ``foreign_policy`` — ``wait`` (until the
-  timeout), ``fail`` (``gpu_busy`` at once), ``kill-own`` (kill holders tagged by any
-  servesweep run, ``gpu_busy`` at once for others). A foreign holder blocks only
-  while used memory is over the tolerance and it holds more than the tolerance
-  itself: small resident processes present at baseline time do not.
+* servesweep's own (``ownership``, see ``servers.ownership``: an orphan of this slot's
+  instances, or of an instance an earlier, dead run of the same results database
+  left): killed and reported in ``cleaned``;
+* foreign (anything else alive, a concurrent servesweep run's instance included):
+  handled by ``foreign_policy`` — ``wait`` (until the timeout), ``fail`` (``gpu_busy``
+  at once), ``kill-own`` (kill holders that any servesweep run started, reported in
+  ``cleaned`` with their owner; ``gpu_busy`` at once for others). A foreign holder
+  blocks only while used memory is over the tolerance and it holds more than the
+  tolerance itself: small resident processes present at baseline time do not.
+  ``gpu_busy`` names each holder and, for a servesweep instance, its owner.
+
+The baseline (what "released" means) is taken by :func:`prepare_gpus` only on idle
+GPUs: after servesweep's own leftovers are gone, no holder but small residents is
+listed, and the memory is stable; a baseline stored by an earlier run of the same
+sweep on the same machine is reused (lowered when the GPUs now use less), never
+replaced by a higher measurement.
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from servesweep.errors import GpuProbeError, TrialFailed
+from servesweep.errors import GpuProbeError, Interrupted, TrialFailed
 from servesweep.models import (
     Evidence,
     FailureClass,
@@ -40,6 +47,7 @@ from servesweep.models import (
 from servesweep.servers import procs
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers.base import Launcher, StopResult
+from servesweep.servers.ownership import OwnerKind, Ownership
 from servesweep.spec.schema import Timeouts
 
 __all__ = [
@@ -81,6 +89,10 @@ class Prepared:
     cleaned: tuple[ProcessInfo, ...] = ()
     """servesweep's own leftover instances that were killed."""
     waited_s: float = 0.0
+    source: str = "measured"
+    """``measured`` on idle GPUs, or ``stored`` (an earlier run's, maybe lowered)."""
+    notes: tuple[str, ...] = ()
+    """What a user should know about the baseline (a higher reading refused...)."""
 
 
 def measure_baseline(probe: GpuProbe, gpus: Sequence[int]) -> dict[int, int]:
@@ -149,17 +161,35 @@ def check_foreign_holders(probe: GpuProbe, gpus: Sequence[int]) -> list[GpuHolde
     return [h for h in holders if not procs.is_gone(h.pid)]
 
 
-def _is_own(pid: int, prefix: str | None) -> bool:
-    if prefix is None:
+def _ours_to_kill(pid: int, ownership: Ownership | None, foreign_policy: str) -> bool:
+    if ownership is None:
         return False
-    tag = procs.tag_of(pid)
-    return tag is not None and tag.startswith(prefix)
+    return ownership.may_kill(pid, kill_any_servesweep=foreign_policy == "kill-own")
 
 
-def _kill(pid: int) -> ProcessInfo:
+def _kill(pid: int, ownership: Ownership | None = None) -> ProcessInfo:
     info = procs.describe(pid)
+    if ownership is not None:
+        owner = ownership.owner(pid)
+        if owner.kind is OwnerKind.OTHER_RUN:
+            # the kill-own policy: say whose instance this was
+            info = ProcessInfo(
+                info.pid, info.state, info.wchan, f"{info.cmdline} [{owner.describe()}]", info.name
+            )
     procs.signal_all(procs.tree(pid) or {pid}, signal.SIGKILL)
     return info
+
+
+def _owner_notes(holders: Sequence[GpuHolder], ownership: Ownership | None) -> str:
+    """`` — pid 12: a servesweep instance of another sweep (...)`` for servesweep holders."""
+    if ownership is None:
+        return ""
+    notes = []
+    for h in holders:
+        owner = ownership.owner(h.pid)
+        if owner.kind is not OwnerKind.FOREIGN:
+            notes.append(f"pid {h.pid} is {owner.describe()}")
+    return ("; " + "; ".join(notes)) if notes else ""
 
 
 def _busy(
@@ -169,6 +199,7 @@ def _busy(
     tolerance: int,
     elapsed: float,
     reason: str,
+    ownership: Ownership | None = None,
 ) -> TrialFailed:
     holders = tuple(_merge_holders(states))
     over = {
@@ -178,6 +209,7 @@ def _busy(
     }
     names = "; ".join(h.describe() + (f" {h.cmdline[:80]!r}" if h.cmdline else "") for h in holders)
     text = message + (f"; holders: {names}" if names else "; no process is listed as holder")
+    text += _owner_notes(holders, ownership)
     return TrialFailed(
         FailureClass.GPU_BUSY,
         Evidence(
@@ -200,9 +232,13 @@ def wait_released(
     settle: float,
     timeout: float,
     foreign_policy: str,
-    own_tag_prefix: str | None = None,
+    ownership: Ownership | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> ReleaseResult:
-    """Wait until the old instance's GPU memory is back (see the module docstring)."""
+    """Wait until the old instance's GPU memory is back (see the module docstring).
+
+    ``cancelled``: polled between reads; when it returns True the wait stops with
+    ``Interrupted`` (the sweep is being stopped)."""
     if foreign_policy not in FOREIGN_POLICIES:
         raise ValueError(f"foreign_policy must be one of {FOREIGN_POLICIES}: {foreign_policy!r}")
     gpu_list = list(gpus)
@@ -239,23 +275,22 @@ def wait_released(
                         cleaned[pid] = _kill(pid)
                 elif gone:
                     blocking = True  # an exited process whose memory is being released
-                elif _is_own(pid, own_tag_prefix) or (
-                    foreign_policy == "kill-own" and _is_own(pid, "")
-                ):
+                elif _ours_to_kill(pid, ownership, foreign_policy):
                     blocking = True
-                    cleaned[pid] = _kill(pid)
+                    cleaned[pid] = _kill(pid, ownership)
                 elif holder.used_bytes > tolerance:
                     foreign.append(holder)
         mem_ok = all(s.used_bytes <= baseline.get(s.index, 0) + tolerance for s in states)
         if foreign and not mem_ok and foreign_policy != "wait":
             raise _busy(
-                f"GPU(s) {_gpu_text(gpu_list)} held by a process that is not servesweep's "
+                f"GPU(s) {_gpu_text(gpu_list)} held by a process that is not this sweep's "
                 f"(release policy {foreign_policy!r})",
                 states,
                 baseline,
                 tolerance,
                 now - t0,
                 "foreign_holder",
+                ownership,
             )
         if mem_ok and not blocking:
             if ok_since is None:
@@ -278,7 +313,10 @@ def wait_released(
                 tolerance,
                 now - t0,
                 "foreign_holder" if foreign else "not_released",
+                ownership,
             )
+        if cancelled is not None and cancelled():
+            raise Interrupted("stopped while waiting for GPU memory")
         time.sleep(delay)
         delay = min(delay * 1.5, _MAX_POLL)
 
@@ -295,67 +333,141 @@ def prepare_gpus(
     settle: float,
     timeout: float,
     foreign_policy: str,
-    own_tag_prefix: str | None = None,
+    ownership: Ownership | None = None,
+    stored: Mapping[int, int] | None = None,
+    departing: Iterable[int] = (),
 ) -> Prepared:
-    """Check the GPUs before the sweep and measure the baseline.
+    """Make the GPUs idle for the sweep and take the baseline the release gate waits for.
 
-    Holders that are servesweep's own (``own_tag_prefix``, or any servesweep tag under
-    ``kill-own``) are killed and their memory waited for. Other holders using more
-    than ``tolerance``: ``fail``/``kill-own`` raise ``gpu_busy`` naming them, ``wait``
-    waits up to ``timeout`` for them to exit. Smaller holders are reported and become
-    part of the baseline.
+    Holders that are servesweep's own (``ownership``: this slot's orphans, an earlier
+    dead run's instances of this database; any servesweep instance under ``kill-own``)
+    are killed. Other holders using more than ``tolerance``: ``fail``/``kill-own``
+    raise ``gpu_busy`` naming them (and their owner when servesweep started them),
+    ``wait`` waits up to ``timeout`` for them to exit. Smaller holders are reported
+    and become part of the baseline. ``departing``: PIDs of an instance servesweep
+    has just stopped (their memory is waited for like the killed ones').
+
+    The baseline is never taken while memory of those is still coming back: with a
+    ``stored`` baseline (an earlier run of this sweep on this machine) the GPUs must
+    come back to it (``gpu_busy`` after ``timeout`` otherwise), and a lower reading
+    lowers it; without one, it is measured once no departing or exited process is
+    listed and the readings are stable for ``settle`` seconds.
     """
     if foreign_policy not in FOREIGN_POLICIES:
         raise ValueError(f"foreign_policy must be one of {FOREIGN_POLICIES}: {foreign_policy!r}")
     gpu_list = list(gpus)
     t0 = time.monotonic()
     holders = check_foreign_holders(probe, gpu_list)
-    own = [
-        h
-        for h in holders
-        if _is_own(h.pid, own_tag_prefix) or (foreign_policy == "kill-own" and _is_own(h.pid, ""))
-    ]
+    own = [h for h in holders if _ours_to_kill(h.pid, ownership, foreign_policy)]
     own_pids = {h.pid for h in own}
     big = [h for h in holders if h.pid not in own_pids and h.used_bytes > tolerance]
     if big and foreign_policy != "wait":
         raise _busy(
             f"before the sweep, GPU(s) {_gpu_text(gpu_list)} are held by processes that are "
-            f"not servesweep's (release policy {foreign_policy!r}; use 'wait' to wait for them)",
+            f"not this sweep's (release policy {foreign_policy!r}; use 'wait' to wait for them)",
             probe.snapshot(gpu_list),
             {},
             tolerance,
             0.0,
             "foreign_holder",
+            ownership,
         )
-    departing = own_pids | {h.pid for h in big}
+    leaving = own_pids | {h.pid for h in big} | set(departing)
     # What the GPUs will use once those are gone (measured before anything is killed).
     estimate = {
-        s.index: s.used_bytes - sum(h.used_bytes for h in s.holders if h.pid in departing)
+        s.index: s.used_bytes - sum(h.used_bytes for h in s.holders if h.pid in leaving)
         for s in probe.snapshot(gpu_list)
     }
-    cleaned = tuple(_kill(pid) for pid in sorted(own_pids))
-    if departing:
-        _wait_exit({h.pid for h in big}, probe, gpu_list, tolerance, timeout)
-        wait_released(
-            probe,
-            gpu_list,
-            estimate,
-            old_pids=departing,
-            tolerance=tolerance,
-            settle=settle,
-            timeout=max(0.0, timeout - (time.monotonic() - t0)),
-            foreign_policy="wait",
-        )
+    cleaned = tuple(_kill(pid, ownership) for pid in sorted(own_pids))
+    _wait_exit({h.pid for h in big}, probe, gpu_list, tolerance, timeout, ownership)
+    target = dict(stored) if stored else estimate
+    notes: list[str] = []
+    if stored:
+        missing = [g for g in gpu_list if g not in stored]
+        for g in missing:
+            target[g] = estimate.get(g, 0)
+    wait_released(
+        probe,
+        gpu_list,
+        target,
+        old_pids=leaving,
+        tolerance=tolerance,
+        settle=settle,
+        timeout=max(0.0, timeout - (time.monotonic() - t0)),
+        foreign_policy="wait",
+        ownership=ownership,
+    )
+    measured = _stable_reading(
+        probe, gpu_list, tolerance, settle, timeout - (time.monotonic() - t0)
+    )
+    if stored:
+        baseline = {g: min(target[g], measured.get(g, target[g])) for g in gpu_list}
+        lowered = [g for g in gpu_list if baseline[g] < target[g]]
+        if lowered:
+            notes.append(
+                "GPU(s) " + _gpu_text(lowered) + " use less memory than when the sweep began; "
+                "the baseline follows them down"
+            )
+        source = "stored"
+    else:
+        baseline = measured
+        source = "measured"
     return Prepared(
-        baseline=measure_baseline(probe, gpu_list),
+        baseline=baseline,
         holders=tuple(holders),
         cleaned=cleaned,
         waited_s=time.monotonic() - t0,
+        source=source,
+        notes=tuple(notes),
     )
 
 
+def _stable_reading(
+    probe: GpuProbe, gpus: list[int], tolerance: int, settle: float, timeout: float
+) -> dict[int, int]:
+    """Used bytes per GPU once no exited process is listed as a holder and the readings
+    have moved less than ``tolerance`` for ``settle`` seconds (the last reading)."""
+    t0 = time.monotonic()
+    delay = _FIRST_POLL
+    first: dict[int, int] | None = None
+    since = t0
+    while True:
+        states = probe.snapshot(gpus)
+        now = time.monotonic()
+        reading = {s.index: s.used_bytes for s in states}
+        dying = any(procs.is_gone(h.pid) for s in states for h in s.holders)
+        if (
+            dying
+            or first is None
+            or any(abs(reading[g] - first.get(g, reading[g])) > tolerance for g in reading)
+        ):
+            first, since = (None if dying else reading), now
+        elif now - since >= settle:
+            return reading
+        if now - t0 >= max(timeout, settle):
+            if dying:
+                raise _busy(
+                    f"GPU(s) {_gpu_text(gpus)} still list exited processes after "
+                    f"{max(timeout, settle):g}s: their memory is not back, so no baseline "
+                    "can be taken",
+                    states,
+                    {},
+                    tolerance,
+                    now - t0,
+                    "not_released",
+                )
+            return reading
+        time.sleep(delay)
+        delay = min(delay * 1.5, _MAX_POLL)
+
+
 def _wait_exit(
-    pids: set[int], probe: GpuProbe, gpus: list[int], tolerance: int, timeout: float
+    pids: set[int],
+    probe: GpuProbe,
+    gpus: list[int],
+    tolerance: int,
+    timeout: float,
+    ownership: Ownership | None = None,
 ) -> None:
     """Wait (never kill) until foreign processes have exited."""
     t0 = time.monotonic()
@@ -363,13 +475,14 @@ def _wait_exit(
     while any(not procs.is_gone(pid) for pid in pids):
         if time.monotonic() - t0 >= timeout:
             raise _busy(
-                f"GPU(s) {_gpu_text(gpus)} still held by processes that are not servesweep's "
+                f"GPU(s) {_gpu_text(gpus)} still held by processes that are not this sweep's "
                 f"after waiting {timeout:g}s",
                 probe.snapshot(gpus),
                 {},
                 tolerance,
                 time.monotonic() - t0,
                 "foreign_holder",
+                ownership,
             )
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)

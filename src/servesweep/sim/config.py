@@ -148,6 +148,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="fake GPU directory (default env SERVESWEEP_FAKE_GPUS; neither: no GPU accounting)",
     )
     g.add_argument(
+        "--tensor-parallel-size",
+        metavar="N",
+        type=int,
+        default=None,
+        help="like a real engine: refuse to start unless exactly N GPUs are visible",
+    )
+    g.add_argument(
         "--mem-per-gpu",
         metavar="SIZE",
         type=_size,
@@ -299,6 +306,12 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:
         parser.error(f"argument --max-num-seqs: must be >= 1: {ns.max_num_seqs}")
     if not 0 <= ns.port <= 65535:
         parser.error(f"argument --port: invalid port {ns.port}")
+    tp = ns.tensor_parallel_size
+    if tp is not None and tp != len(gpus):
+        parser.error(
+            f"argument --tensor-parallel-size: {tp} needs {tp} GPUs, but {len(gpus)} are "
+            f"visible ({','.join(str(g) for g in gpus)})"
+        )
     return SimConfig(
         host=ns.host,
         port=ns.port,

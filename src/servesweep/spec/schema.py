@@ -156,7 +156,16 @@ class ServerSpec(_Frozen):
     """The model name used in requests; default: ask ``/v1/models``."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
+    """The first port: slot k of a machine listens on ``port + k`` (or ``ports[k]``)."""
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = None
+    """Explicit ports of the slots (slot k uses ``ports[k]``); their number caps the
+    slots of a machine."""
     gpus: list[int] = Field(default_factory=list)
+    """The GPU pool: trials run on disjoint subsets of it."""
+    gpus_per_trial: int | str | None = Field(default=None)
+    """GPUs one trial needs: a number, or an expression of params such as
+    ``"{param.tensor-parallel-size}"`` or ``"{param.tp} * {param.dp}"``. Default: the
+    whole pool (one trial at a time)."""
     args: dict[str, ParamValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     timeouts: Timeouts = Field(default_factory=Timeouts)
@@ -384,6 +393,9 @@ class SweepSpec(_Frozen):
     """Use :attr:`objectives` to read it (always a tuple)."""
     constraints: StrList = Field(default_factory=list)
     search: SearchSpec = Field(default_factory=SearchSpec)
+    parallel: int | None = Field(default=None, ge=1)
+    """How many trials may run at the same time on one machine (default: as many as
+    fit in the GPU pool); ``servesweep run --slots N`` overrides it."""
     store: str | None = None
     """Path of the results database; default ``servesweep.db`` beside the sweep file."""
 

@@ -103,6 +103,11 @@ class WhenExpr:
         Raises ConfigError when the config lacks a param the expression names, or
         when the expression cannot be computed for it (``'a' < 3``, division by zero).
         """
+        return bool(self.value(params, label=label))
+
+    def value(self, params: Mapping[str, Any], *, label: str = "") -> Any:
+        """The expression's value for a config (a number for arithmetic); errors as
+        :meth:`evaluate`."""
         scope = {when_name(k): v for k, v in params.items()}
         where = label or _params_label(params)
         missing = sorted(self.names - scope.keys())
@@ -112,7 +117,7 @@ class WhenExpr:
                 f"which the config {where} does not set"
             )
         try:
-            return bool(_eval(self.tree.body, scope))
+            return _eval(self.tree.body, scope)
         except (TypeError, ArithmeticError, _NotNumeric) as exc:
             raise ConfigError(
                 f"when {self.text!r} cannot be computed for the config {where}: {exc}"

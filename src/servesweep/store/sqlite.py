@@ -12,6 +12,7 @@ import json
 import sqlite3
 import statistics
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,6 +131,18 @@ class Store:
                 self._db.execute(
                     "UPDATE meta SET value=? WHERE key='schema_version'", (str(version),)
                 )
+
+    @property
+    def store_id(self) -> str:
+        """This database's own id (made when it was created): every instance a run of
+        it starts carries it, so runs of other databases never take it for theirs."""
+        rows = self._query("SELECT value FROM meta WHERE key='store_id'")
+        if rows:
+            return str(rows[0][0])
+        new = uuid.uuid4().hex[:16]
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', ?)", (new,))
+        return str(self._query("SELECT value FROM meta WHERE key='store_id'")[0][0])
 
     # -- sweeps ---------------------------------------------------------------------
 

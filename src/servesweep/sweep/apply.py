@@ -2,9 +2,10 @@
 
 The same gates as a sweep (stop the whole old instance, wait for its GPU memory,
 refuse a foreign port owner, start, wait for a real generation), without
-benchmarks. The instance is recorded in the store under the configuration's trial
-(added out of plan when the sweep never had it), so a later ``servesweep run``
-adopts it when its next trial has the same configuration instead of restarting it.
+benchmarks, on the sweep's first slot (its port, the GPUs the configuration needs).
+The instance is recorded in the store under the configuration's trial (added out of
+plan when the sweep never had it), so a later ``servesweep run`` adopts it when a
+pending trial has exactly its launch, and otherwise says that it stops it.
 """
 
 from __future__ import annotations
@@ -19,18 +20,27 @@ import yaml
 
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import FailureClass, ServerConfig
-from servesweep.servers.engines import build_launch
 from servesweep.spec.load import load_sweep
+from servesweep.spec.slots import gpu_need, slot_port
 from servesweep.store import Store, open_store
-from servesweep.sweep.events import NullObserver, Observer
+from servesweep.sweep.channel import StoreWriter
+from servesweep.sweep.events import Event, NullObserver, Observer
+from servesweep.sweep.node import Leftover, prepare_node
 from servesweep.sweep.orchestrator import (
-    open_slot,
+    new_run_id,
     open_sweep,
-    prepare_slot,
     store_path_for,
+    sweep_context,
     sweep_lock,
 )
-from servesweep.sweep.runner import TrialRunner
+from servesweep.sweep.slot import (
+    CurrentInstance,
+    Placement,
+    SlotWorker,
+    TrialOrder,
+    launch_for,
+    this_node,
+)
 
 __all__ = ["ApplyResult", "apply_config", "parse_sets"]
 
@@ -77,6 +87,16 @@ def _chosen_params(
     return dict(result.winner.trial.params)
 
 
+class _Direct:
+    """A channel that applies events at once (apply runs in one thread)."""
+
+    def __init__(self, writer: StoreWriter) -> None:
+        self._writer = writer
+
+    def send(self, event: Event) -> None:
+        self._writer.apply(event)
+
+
 def apply_config(
     sweep_file: str | Path,
     *,
@@ -89,48 +109,52 @@ def apply_config(
     observer = observer or NullObserver()
     loaded = load_sweep(sweep_file)
     spec = loaded.spec
+    need = gpu_need(spec)
     store_path = store_path_for(loaded, store)
     with sweep_lock(store_path), open_store(store_path) as db:
         sweep = open_sweep(loaded, db)
         chosen = _chosen_params(db, sweep.id, trial_id, params, best)
         config = ServerConfig.of(chosen)
         trial = db.ensure_trial(sweep.id, config)
-        slot = open_slot(loaded, store_path, sweep.id)
-        lifecycle = slot.lifecycle
-        runner = TrialRunner(
-            store=db,
-            sweep_id=sweep.id,
-            sweep_name=spec.name,
-            server=spec.server,
-            preset=slot.preset,
-            lifecycle=lifecycle,
-            probe=slot.probe,
-            workloads=(),
-            log_root=slot.log_root,
-            observer=observer,
-            instance_env=slot.instance_env,
-        )
+        context = sweep_context(loaded, db, store_path, sweep, new_run_id(), None)
+        channel = _Direct(StoreWriter(db, sweep.id, observer))
+        node = this_node()
+        gpus = tuple(spec.server.gpus[: need.of(chosen)]) if spec.server.gpus else ()
+        placement = Placement(node, 0, gpus, slot_port(spec, 0))
+        launch = launch_for(context, placement, chosen)[2]
+        leftovers = []
+        for live in db.live_instances():
+            instance = live.instance
+            if instance is None or instance.node not in ("", node):
+                continue
+            same = (
+                instance.fingerprint == launch
+                and instance.port == placement.port
+                and tuple(instance.gpus) == gpus
+            )
+            leftovers.append(Leftover(live.id, instance, adopt_for=trial.id if same else None))
         label = config.label()
+        log_path = (
+            Path(context.log_root) / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
+        )
+        order = TrialOrder(
+            trial.id, trial.seq, trial.attempts, trial.fingerprint, chosen, str(log_path)
+        )
         try:
-            # what earlier runs left on this slot is adopted (same config) or stopped
-            prepare_slot(db, sweep, runner, [trial], observer)
-            if runner.current is not None:
-                running = runner.current.instance
-                info = lifecycle.wait_ready(running)
-                return ApplyResult(
-                    True,
-                    f"already running {label} (pid {running.main_pid}, model {info.model}); "
-                    "verified that it generates",
-                    runner.current.trial_id,
-                )
-            log_path = slot.log_root / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            key = f"{spec.name}-{trial.id}"
-            argv, env = build_launch(spec.server, chosen, trial=key, log=str(log_path))
-            env = {**slot.instance_env, **env}
-            instance = lifecycle.start(argv, env, log_path, key, config.fingerprint)
-            db.set_instance(trial.id, instance, launch_command=lifecycle.launch_command(argv, env))
-            info = lifecycle.wait_ready(instance)
+            # what earlier runs left on this machine is adopted (same launch) or stopped
+            pool = Placement(node, 0, tuple(spec.server.gpus), slot_port(spec, 0))
+            prepared = prepare_node(context, pool, leftovers, None, channel)
+            current = None
+            for left in prepared.adopted:
+                current = CurrentInstance(left.trial, left.instance)
+            worker = SlotWorker(
+                context, placement, channel, current=current, baseline=prepared.baseline
+            )
+            try:
+                model, ready_s = worker.serve(order)
+                running = worker.current
+            finally:
+                worker.close()
         except TrialFailed as failure:
             return ApplyResult(
                 False,
@@ -139,12 +163,18 @@ def apply_config(
                 trial.id,
                 failure.failure_class,
             )
-        finally:
-            slot.probe.close()
+        assert running is not None
+        if current is not None and running.instance is current.instance:
+            return ApplyResult(
+                True,
+                f"already running {label} (pid {running.instance.main_pid}, model {model}); "
+                "verified that it generates",
+                trial.id,
+            )
         return ApplyResult(
             True,
-            f"running {label} on {spec.server.host}:{spec.server.port} "
-            f"(pid {instance.main_pid}, model {info.model}, ready after {info.ready_s:.1f}s); "
+            f"running {label} on {spec.server.host}:{placement.port} "
+            f"(pid {running.instance.main_pid}, model {model}, ready after {ready_s:.1f}s); "
             f"log {log_path}",
             trial.id,
         )

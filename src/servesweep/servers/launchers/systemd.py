@@ -146,13 +146,42 @@ class SystemdLauncher:
             ) from exc
         return folder / DROPIN_NAME
 
-    def restore(self) -> None:
-        """Remove servesweep's drop-in and reload: the unit runs its own ExecStart again."""
+    def restore(self, *, keep_running: bool = False, restart: bool = False) -> str:
+        """Give the unit back as it was before the sweep; returns what was done (or
+        left, and how to undo it), in one line.
+
+        Without ``keep_running``: remove servesweep's drop-in, reload, clear a
+        ``failed`` state the last trial left (``reset-failed``) and, with ``restart``
+        (the unit ran before the sweep), start it again with its own settings. With
+        ``keep_running`` the last trial's instance goes on running through the drop-in.
+        """
+        dropin = self.dropin_dir / DROPIN_NAME
+        if keep_running:
+            if not dropin.exists():
+                return ""
+            return (
+                f"{self.unit} keeps running the last trial's command from {dropin}; to give "
+                f"it back its own settings: rm {dropin} && systemctl daemon-reload && "
+                f"systemctl restart {self.unit}"
+            )
+        had_dropin = dropin.exists()
         with contextlib.suppress(FileNotFoundError):
-            (self.dropin_dir / DROPIN_NAME).unlink()
+            dropin.unlink()
         with contextlib.suppress(OSError):
             self.dropin_dir.rmdir()
         self.systemctl("daemon-reload")
+        state = self.show(("ActiveState",)).get("ActiveState", "")
+        done = []
+        if had_dropin:
+            done.append(f"removed {dropin}")
+        if state == "failed":
+            self.systemctl("reset-failed", self.unit, check=False)
+            done.append("cleared its failed state")
+        if restart:
+            self.systemctl("start", "--no-block", self.unit)
+            done.append("started it again with its own settings, as it ran before the sweep")
+        self._cached_state = None
+        return f"{self.unit}: " + "; ".join(done) if done else ""
 
     @property
     def warnings(self) -> list[str]:

@@ -1,0 +1,146 @@
+"""The one narrow interface between a slot and the driver: events, in order.
+
+A slot (``sweep.slot``) does the work of a trial on the machine that owns its GPUs
+and sends every state change as a typed event through a :class:`TrialChannel`.
+The driver owns the results database: :class:`StoreWriter` applies each event to
+it — phase changes, instance identity, results, telemetry, evidence, the outcome —
+and passes it on to the observers. Two channels implement the interface:
+
+* :class:`QueueChannel` — slots in threads of ``servesweep run``: events go straight
+  into the driver's queue; the driver's thread writes them (one writer);
+* ``sweep.ray_exec`` — slots in Ray actors on other machines: events are streamed
+  back to the driver, which puts them into the same queue.
+
+Nothing else differs between one machine and many.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from servesweep.models import Outcome
+from servesweep.store import Store
+from servesweep.sweep.events import (
+    Event,
+    Fact,
+    InstanceGone,
+    InstanceStarted,
+    LevelMeasured,
+    Observer,
+    PhaseEntered,
+    PhaseSeconds,
+    TelemetrySampled,
+    TrialFinished,
+    TrialStarted,
+)
+
+__all__ = ["QueueChannel", "StoreWriter", "TrialChannel"]
+
+
+class TrialChannel(Protocol):
+    """Where a slot sends its events; ``send`` never blocks for long and never raises."""
+
+    def send(self, event: Event) -> None: ...
+
+
+class QueueChannel:
+    """A slot's channel to a driver in the same process (a thread-safe queue)."""
+
+    def __init__(self, sink: queue.Queue[Event]) -> None:
+        self._sink = sink
+
+    def send(self, event: Event) -> None:
+        self._sink.put(event)
+
+
+class StoreWriter:
+    """Applies events to the results database (the driver's thread only) and passes
+    them on to the observer. ``finished`` is called with every final trial."""
+
+    def __init__(
+        self,
+        store: Store,
+        sweep_id: int,
+        observer: Observer,
+        on_finished: Callable[[TrialFinished], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.sweep_id = sweep_id
+        self.observer = observer
+        self._on_finished = on_finished
+        self._lock = threading.Lock()
+        self.interrupted = False
+        """After an interrupt, outcomes that arrive are not final: trials in flight
+        are marked ``interrupted`` instead."""
+
+    def apply(self, event: Event) -> None:
+        with self._lock:
+            forwarded = self._write(event)
+        if forwarded is not None:
+            self.observer.event(forwarded)
+
+    def note(self, event: Event) -> None:
+        """An event of the driver's own (not from a slot): store facts, pass on."""
+        self.apply(event)
+
+    def _write(self, event: Event) -> Event | None:
+        store = self.store
+        if isinstance(event, TrialStarted):
+            store.begin_attempt(
+                event.trial,
+                event.at or time.time(),
+                event.log_path or None,
+                node=event.node,
+                node_id=event.node_id,
+                slot=event.slot,
+                gpus=event.gpus,
+            )
+        elif isinstance(event, PhaseEntered):
+            store.enter_phase(event.trial, event.phase, event.at)
+        elif isinstance(event, PhaseSeconds):
+            store.set_phase_seconds(event.trial, event.phase, event.seconds)
+        elif isinstance(event, InstanceStarted):
+            store.set_instance(
+                event.trial,
+                event.instance,
+                launch_command=event.launch_command,
+                adopted=event.adopted,
+            )
+        elif isinstance(event, InstanceGone):
+            store.mark_instance_gone(event.trial)
+        elif isinstance(event, LevelMeasured):
+            store.add_result(event.trial, event.result)
+        elif isinstance(event, TelemetrySampled):
+            store.add_telemetry(event.points)
+        elif isinstance(event, TrialFinished):
+            if self.interrupted:
+                return None
+            store.finish_trial(
+                event.trial,
+                event.outcome,
+                event.at or time.time(),
+                failure_class=event.failure_class,
+                evidence=event.evidence,
+            )
+            done = store.trial(event.trial)
+            event = replace(event, phase_seconds=dict(done.phase_seconds))
+            if self._on_finished is not None:
+                self._on_finished(event)
+        elif isinstance(event, Fact):
+            data = event.to_json()
+            trial = data.pop("trial", None)
+            store.add_event(self.sweep_id, event.kind, data, trial)
+        return event
+
+    def mark_interrupted(self, trial_ids: list[int]) -> None:
+        """Trials still running when the sweep was stopped end ``interrupted``."""
+        with self._lock:
+            self.interrupted = True
+            for trial_id in trial_ids:
+                if self.store.trial(trial_id).outcome is Outcome.RUNNING:
+                    self.store.finish_trial(trial_id, Outcome.INTERRUPTED, time.time())

@@ -1,0 +1,565 @@
+"""The driver of one sweep run: it owns the results database and the queue of trials,
+hands trials to slots and applies what they report.
+
+One run, in order:
+
+1. every machine is made ready (``sweep.node``): leftovers of earlier runs of this
+   database adopted or stopped, the GPU baseline taken or reused;
+2. the trials to run are queued (the plan's order; a search proposes them one by one)
+   and the :class:`~servesweep.sweep.scheduler.Scheduler` packs them onto slots —
+   disjoint GPU sets, one port each — opening, reusing and tearing down slots;
+3. each slot (a thread here, a Ray actor on a cluster node) runs its trial and sends
+   typed events back; the driver's thread alone writes them to the store
+   (``StoreWriter``) and passes them to the observers;
+4. at the end every slot stops its last instance (unless ``--keep-running``) and
+   gives a systemd unit back as it was.
+
+Ctrl-C (``Interrupted``) and internal errors stop every running instance, mark the
+trials in flight ``interrupted`` and give units back before the exception goes on:
+the next run continues where this one stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from servesweep.errors import ConfigError, Interrupted, ServesweepError
+from servesweep.models import LevelResult, Outcome
+from servesweep.servers import ports as port_tools
+from servesweep.servers.ownership import OwnerKind, Ownership
+from servesweep.spec.slots import GpuNeed, gpu_need, slot_port, slot_ports
+from servesweep.store import Store, SweepRecord, TrialRecord
+from servesweep.sweep.channel import StoreWriter
+from servesweep.sweep.events import (
+    Event,
+    LeftoverAdopted,
+    Observer,
+    SlotIdle,
+    SweepStarted,
+    SweepWarning,
+    TrialFinished,
+)
+from servesweep.sweep.node import Leftover, NodePrepared
+from servesweep.sweep.scheduler import (
+    Assign,
+    Decision,
+    Job,
+    NodePool,
+    Open,
+    Scheduler,
+    SlotView,
+    Teardown,
+    distances,
+)
+from servesweep.sweep.slot import (
+    CurrentInstance,
+    Placement,
+    SweepContext,
+    TrialOrder,
+    launch_for,
+)
+
+__all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource"]
+
+_POLL_S = 0.25
+_CLOSE_TIMEOUT_S = 60.0
+
+
+class SlotHandle(Protocol):
+    """A slot as the driver drives it; every command ends with a ``SlotIdle`` event."""
+
+    placement: Placement
+    error: BaseException | None
+
+    def run(self, order: TrialOrder) -> None: ...
+    def teardown(self) -> None: ...
+    def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None: ...
+    def interrupt(self) -> None: ...
+    def restore(self, restart_units: Sequence[str] = ()) -> None: ...
+    def close(self, timeout: float = ...) -> bool: ...
+
+
+class Executor(Protocol):
+    """Where slots run: this machine (``sweep.local``) or a Ray cluster (``sweep.ray_exec``)."""
+
+    def nodes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def links(self, node: str) -> dict[tuple[int, int], int] | None: ...
+
+    def prepare(
+        self,
+        node: str,
+        pool: Placement,
+        leftovers: Sequence[Leftover],
+        stored: Mapping[int, int] | None,
+        service_slots: Sequence[int],
+    ) -> NodePrepared: ...
+
+    def open(
+        self,
+        placement: Placement,
+        *,
+        current: CurrentInstance | None,
+        baseline: Mapping[int, int],
+        cpus: Sequence[int],
+    ) -> SlotHandle: ...
+
+    def close(self) -> None: ...
+
+
+class TrialSource(Protocol):
+    """What to run: the plan's trials (grid) or a search's proposals."""
+
+    def take(self, room: int) -> list[TrialRecord]:
+        """Up to ``room`` more trials to queue now ([] when there is nothing more yet)."""
+        ...
+
+    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None: ...
+
+    def exhausted(self) -> bool: ...
+
+
+class GridSource:
+    """The plan's pending trials, in plan order."""
+
+    def __init__(self, trials: Sequence[TrialRecord]) -> None:
+        self._todo = list(trials)
+
+    def take(self, room: int) -> list[TrialRecord]:
+        out, self._todo = self._todo, []
+        return out
+
+    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
+        return None
+
+    def exhausted(self) -> bool:
+        return not self._todo
+
+
+@dataclass
+class _Slot:
+    handle: SlotHandle
+    busy: bool = True
+    trial: int | None = None
+    tearing: bool = False
+    sched_gpus: tuple[int, ...] = ()
+    """The GPUs the scheduler placed it on (a token GPU when the sweep has no pool)."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    keep_running: bool = False
+    fail_fast: bool = False
+    max_slots: int | None = None
+    """``--slots``: at most this many slots per machine (None: the sweep file's
+    ``parallel``, else as many as fit)."""
+
+
+@dataclass
+class _State:
+    jobs: list[Job] = field(default_factory=list)
+    slots: dict[tuple[str, int], _Slot] = field(default_factory=dict)
+    running: dict[int, tuple[str, int]] = field(default_factory=dict)
+    stopping: bool = False
+    ran: list[int] = field(default_factory=list)
+
+
+class Driver:
+    """One run of one sweep (see the module doc)."""
+
+    def __init__(
+        self,
+        context: SweepContext,
+        store: Store,
+        sweep: SweepRecord,
+        executor: Executor,
+        events: queue.Queue[Event],
+        observer: Observer,
+        settings: RunSettings,
+    ) -> None:
+        self.context = context
+        self.spec = context.spec
+        self.store = store
+        self.sweep = sweep
+        self.executor = executor
+        self.events = events
+        self.observer = observer
+        self.settings = settings
+        self.need: GpuNeed = gpu_need(self.spec)
+        self.writer = StoreWriter(store, sweep.id, observer, on_finished=self._finished)
+        self.state = _State()
+        self.prepared: dict[str, NodePrepared] = {}
+        self.baselines: dict[str, dict[int, int]] = {}
+        self.source: TrialSource = GridSource(())
+        self._trials: dict[int, TrialRecord] = {}
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run(self, source: TrialSource, todo_count: int, total: int, done: int) -> list[int]:
+        """Run until ``source`` is exhausted and every trial is final; returns the ids
+        of the trials this run started."""
+        self.source = source
+        self.observer.event(
+            SweepStarted(
+                sweep=self.sweep.id,
+                name=self.spec.name,
+                store=self.context.store_path,
+                trials=total,
+                todo=todo_count,
+                done=done,
+                slots=self._max_slots(),
+            )
+        )
+        try:
+            if todo_count or not source.exhausted():
+                self._queue_more()
+                if self.state.jobs:
+                    self._prepare_nodes()
+                    self._loop()
+                self._finish_slots()
+        except (KeyboardInterrupt, Interrupted):
+            self._abort()
+            raise Interrupted("interrupted; the running instances were stopped") from None
+        except BaseException:
+            # a bug or an unusable environment ends the sweep: no server left behind and
+            # no trial left "running" (the next run continues where this one stopped)
+            self._abort()
+            raise
+        finally:
+            self.executor.close()
+        return list(self.state.ran)
+
+    # -- machines -----------------------------------------------------------------------
+
+    def _max_slots(self) -> int:
+        pool = len(self.spec.server.gpus)
+        limit = self.settings.max_slots or self.spec.parallel
+        if self.need.fixed is not None:
+            fit = max(1, pool // self.need.fixed) if pool else 1
+        else:
+            fit = max(1, pool)
+        if self.spec.server.ports:
+            fit = min(fit, len(self.spec.server.ports))
+        return max(1, min(fit, limit or fit))
+
+    def _prepare_nodes(self) -> None:
+        live = [t for t in self.store.live_instances() if t.instance is not None]
+        for node, gpus in self.executor.nodes().items():
+            pool = Placement(node, 0, gpus, slot_port(self.spec, 0))
+            mine = [t for t in live if t.instance is not None and t.instance.node in ("", node)]
+            leftovers = [self._leftover(t, node) for t in mine]
+            self._check_ports(node)
+            stored = _stored_baseline(self.sweep, node)
+            prepared = self.executor.prepare(
+                node, pool, leftovers, stored, range(self._max_slots())
+            )
+            self._drain()
+            self.prepared[node] = prepared
+            self.baselines[node] = dict(prepared.baseline)
+        environment = dict(self.store.sweep(self.sweep.id).environment)
+        environment["baseline_bytes"] = {
+            node: {str(g): v for g, v in values.items()} for node, values in self.baselines.items()
+        }
+        self.store.set_environment(self.sweep.id, environment)
+        self._open_adopted()
+
+    def _leftover(self, trial: TrialRecord, node: str) -> Leftover:
+        """A recorded live instance; kept for adoption when a queued trial would run
+        exactly its launch on exactly its slot."""
+        assert trial.instance is not None
+        instance = trial.instance
+        label = _label(trial.params)
+        slot = self._slot_of_port(instance.port)
+        gpus = tuple(instance.gpus)
+        if slot is None or not set(gpus) <= set(self.spec.server.gpus):
+            return Leftover(trial.id, instance, label=label)
+        placement = Placement(node, slot, gpus, instance.port or 0)
+        for job in self.state.jobs:
+            if job.need != max(1, len(gpus)):
+                continue
+            record = self._trials[job.trial]
+            if launch_for(self.context, placement, record.params)[2] == instance.fingerprint:
+                return Leftover(trial.id, instance, adopt_for=job.trial, label=label)
+        return Leftover(trial.id, instance, label=label)
+
+    def _slot_of_port(self, port: int | None) -> int | None:
+        if port is None:
+            return None
+        for k in range(self._max_slots()):
+            if slot_port(self.spec, k) == port:
+                return k
+        return None
+
+    def _check_ports(self, node: str) -> None:
+        """Every port a slot beyond the first may use is free (or held by this database's
+        own instances); the first slot's port is checked at each start, as always."""
+        slots = self._max_slots()
+        ports = slot_ports(self.spec, slots)
+        ownership = Ownership(self.context.store_id, self.context.run, -1)
+        for k, port in enumerate(ports[1:], start=1):
+            for info in port_tools.listeners(self.spec.server.host, port):
+                if info.pid > 0 and ownership.owner(info.pid).kind in (
+                    OwnerKind.LEFTOVER,
+                    OwnerKind.MINE,
+                    OwnerKind.SIBLING,
+                ):
+                    continue
+                raise ConfigError(
+                    f"slot {k} would listen on port {port}, which is in use "
+                    f"({info.describe()}); free it, choose another server.port, list "
+                    "server.ports, or use fewer --slots",
+                    key="server.port",
+                )
+
+    def _open_adopted(self) -> None:
+        for node, prepared in self.prepared.items():
+            for left in prepared.adopted:
+                assert left.adopt_for is not None
+                instance = left.instance
+                slot = self._slot_of_port(instance.port)
+                assert slot is not None
+                placement = Placement(node, slot, tuple(instance.gpus), instance.port or 0)
+                handle = self.executor.open(
+                    placement,
+                    current=CurrentInstance(left.trial, instance),
+                    baseline=self._baseline(node, placement.gpus),
+                    cpus=self._cpus(slot),
+                )
+                self.writer.note(LeftoverAdopted(instance_of=left.trial, node=node))
+                self.state.slots[placement.key] = _Slot(
+                    handle, busy=False, sched_gpus=placement.gpus or (0,)
+                )
+                # the scheduler gives an idle slot of the right size the next trial of
+                # that size: put the adopting trial first
+                job = next(j for j in self.state.jobs if j.trial == left.adopt_for)
+                self.state.jobs.remove(job)
+                self.state.jobs.insert(0, job)
+
+    def _baseline(self, node: str, gpus: Sequence[int]) -> dict[int, int]:
+        values = self.baselines.get(node, {})
+        return {g: values[g] for g in gpus if g in values}
+
+    def _cpus(self, slot: int) -> tuple[int, ...]:
+        """Cores for slot ``slot``'s load generator when every slot can have its own
+        (one core is left to the driver); none (no pinning) otherwise."""
+        slots = self._max_slots()
+        if slots < 2 or not hasattr(os, "sched_getaffinity"):
+            return ()
+        cores = sorted(os.sched_getaffinity(0))
+        share = (len(cores) - 1) // slots
+        if share < 1:
+            return ()
+        start = 1 + slot * share
+        return tuple(cores[start : start + share])
+
+    # -- the queue ----------------------------------------------------------------------
+
+    def _queue_more(self) -> None:
+        room = max(1, self._max_slots() * max(1, len(self.executor.nodes())) - len(self.state.jobs))
+        for trial in self.source.take(room):
+            self._trials[trial.id] = trial
+            need = self.need.of(trial.params)
+            capacity = max(len(g) for g in self.executor.nodes().values()) or 1
+            if need > capacity:
+                raise ConfigError(
+                    f"trial {trial.id} ({_label(trial.params)}) needs {need} GPUs; no machine "
+                    f"offers more than {capacity}",
+                    key="server.gpus_per_trial",
+                )
+            self.state.jobs.append(Job(trial.id, need))
+
+    def _scheduler(self) -> Scheduler:
+        if not hasattr(self, "_sched"):
+            pools = []
+            for node, gpus in self.executor.nodes().items():
+                table = self.executor.links(node) if len(gpus) > 1 else None
+                link = distances(table) if table else None
+                pools.append(NodePool(node, gpus or (0,), self._max_slots(), link=link))
+            self._sched = Scheduler(pools)
+        return self._sched
+
+    def _views(self) -> list[SlotView]:
+        return [
+            SlotView(key[0], key[1], s.sched_gpus or s.handle.placement.gpus, s.busy)
+            for key, s in self.state.slots.items()
+        ]
+
+    def _loop(self) -> None:
+        state = self.state
+        while True:
+            if not state.stopping:
+                self._queue_more()
+                for decision in self._scheduler().decide(state.jobs, self._views()):
+                    self._carry_out(decision)
+            busy = any(s.busy for s in state.slots.values())
+            if not busy and (state.stopping or not state.jobs):
+                return
+            if not busy and state.jobs:
+                waiting = ", ".join(str(j.trial) for j in state.jobs)
+                raise ServesweepError(
+                    f"trials {waiting} cannot be placed on any machine (GPUs or slots); "
+                    "check server.gpus, server.gpus_per_trial and --slots"
+                )
+            self._wait_event()
+
+    def _carry_out(self, decision: Decision) -> None:
+        state = self.state
+        if isinstance(decision, Teardown):
+            slot = state.slots[(decision.node, decision.slot)]
+            slot.busy = slot.tearing = True
+            slot.handle.teardown()
+            return
+        job = next(j for j in state.jobs if j.trial == decision.trial)
+        state.jobs.remove(job)
+        if isinstance(decision, Open):
+            # a sweep without a GPU pool schedules on one token "GPU" per machine
+            gpus = decision.gpus if self.spec.server.gpus else ()
+            placement = Placement(
+                decision.node, decision.slot, gpus, slot_port(self.spec, decision.slot)
+            )
+            handle = self.executor.open(
+                placement,
+                current=None,
+                baseline=self._baseline(decision.node, gpus),
+                cpus=self._cpus(decision.slot),
+            )
+            state.slots[placement.key] = _Slot(handle, sched_gpus=decision.gpus)
+            key = placement.key
+        else:
+            assert isinstance(decision, Assign)
+            key = (decision.node, decision.slot)
+        slot = state.slots[key]
+        slot.busy, slot.trial = True, decision.trial
+        state.running[decision.trial] = key
+        state.ran.append(decision.trial)
+        slot.handle.run(self._order(decision.trial))
+
+    def _order(self, trial_id: int) -> TrialOrder:
+        trial = self.store.trial(trial_id)
+        attempt = trial.attempts + 1
+        log = Path(self.context.log_root) / f"trial-{trial.id}-attempt-{attempt}" / "server.log"
+        return TrialOrder(
+            trial=trial.id,
+            seq=trial.seq,
+            attempt=attempt,
+            fingerprint=trial.fingerprint,
+            params=dict(trial.params),
+            log_path=str(log),
+        )
+
+    def _wait_event(self) -> None:
+        try:
+            event = self.events.get(timeout=_POLL_S)
+        except queue.Empty:
+            return
+        self._handle(event)
+        self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(event)
+
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, SlotIdle):
+            self._slot_idle(event)
+            return
+        self.writer.apply(event)
+
+    def _slot_idle(self, event: SlotIdle) -> None:
+        key = (event.node, event.slot)
+        slot = self.state.slots.get(key)
+        if slot is None:
+            return
+        slot.busy = False
+        if slot.trial is not None:
+            self.state.running.pop(slot.trial, None)
+            slot.trial = None
+        if event.error is not None:
+            error = slot.handle.error
+            if isinstance(error, BaseException):
+                raise error
+            raise ServesweepError(f"slot {event.slot} on {event.node} failed: {event.error}")
+        if slot.tearing:
+            slot.handle.close()
+            del self.state.slots[key]
+
+    def _finished(self, event: TrialFinished) -> None:
+        trial = self.store.trial(event.trial)
+        if trial.outcome is Outcome.FAILED and self.settings.fail_fast:
+            self.state.stopping = True
+            self.writer.note(SweepWarning(message=f"--fail-fast: stopping after trial {trial.id}"))
+        self.source.tell(trial, self.store.results(trial.id, with_samples=False))
+
+    # -- the end ------------------------------------------------------------------------
+
+    def _restart_units(self, node: str) -> tuple[str, ...]:
+        prepared = self.prepared.get(node)
+        return prepared.restart_services if prepared else ()
+
+    def _finish_slots(self) -> None:
+        for key, slot in self.state.slots.items():
+            slot.busy = True
+            slot.handle.finish(self.settings.keep_running, self._restart_units(key[0]))
+        deadline = time.monotonic() + self._finish_timeout()
+        while any(s.busy for s in self.state.slots.values()):
+            if time.monotonic() > deadline:
+                raise ServesweepError("slots did not finish stopping their instances in time")
+            self._wait_event()
+        for slot in self.state.slots.values():
+            slot.handle.close()
+        self.state.slots.clear()
+
+    def _finish_timeout(self) -> float:
+        t = self.spec.server.timeouts
+        return t.stop + t.kill + t.release + 60.0
+
+    def _abort(self) -> None:
+        """Stop everything now: instances stopped, trials in flight ``interrupted``."""
+        state = self.state
+        state.stopping = True
+        with contextlib.suppress(BaseException):
+            self._drain()  # what slots reported before the stop is kept
+        self.writer.mark_interrupted(list(state.running))
+        self.observer.event(SweepWarning(message="stopping: stopping the running instances"))
+        for slot in list(state.slots.values()):
+            slot.handle.interrupt()
+        for slot in list(state.slots.values()):
+            slot.handle.close(timeout=_CLOSE_TIMEOUT_S)
+        with contextlib.suppress(BaseException):
+            self._drain()
+        for key, slot in list(state.slots.items()):
+            try:
+                slot.handle.restore(self._restart_units(key[0]))
+            except ServesweepError as exc:
+                self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
+        self.writer.mark_interrupted(list(state.ran))
+        state.slots.clear()
+
+
+def _stored_baseline(sweep: SweepRecord, node: str) -> dict[int, int] | None:
+    """The baseline an earlier run of this sweep took on ``node`` (None when none)."""
+    stored = sweep.environment.get("baseline_bytes")
+    if not isinstance(stored, dict) or not stored:
+        return None
+    values: Any = stored.get(node)
+    if values is None and all(str(k).isdigit() for k in stored):
+        # written by an older servesweep: one machine, the sweep's own
+        values = stored if sweep.environment.get("hostname") in (None, node) else None
+    if not isinstance(values, dict) or not values:
+        return None
+    return {int(k): int(v) for k, v in values.items()}
+
+
+def _label(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"

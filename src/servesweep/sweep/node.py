@@ -1,0 +1,238 @@
+"""Make one machine ready for a sweep run: deal with what earlier runs left, take the
+GPU baseline. Runs on the machine itself (in ``servesweep run`` for local slots, in a
+Ray task on a cluster node), before any trial starts there.
+
+* An instance an earlier (dead) run of this results database left running is adopted
+  when a pending trial has exactly its launch on exactly its slot; every other one
+  is stopped, and its GPU memory waited for.
+* A service the sweep runs through (a systemd unit) found running the user's own
+  configuration is stopped, and its memory waited for; it is started again at the
+  end of the sweep (unless ``--keep-running``).
+* The baseline — the memory the release gate waits for — is taken on idle GPUs only:
+  the stored baseline of an earlier run of this sweep on this machine is reused
+  (lowered when the GPUs now use less), and a fresh one is measured only once every
+  instance stopped here has released its memory (see ``servers.release``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from servesweep.errors import TrialFailed
+from servesweep.models import InstanceRecord
+from servesweep.servers.engines import get_preset
+from servesweep.servers.gpu import open_probe
+from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.launchers import make_launcher
+from servesweep.servers.lifecycle import ServerLifecycle
+from servesweep.servers.ownership import Ownership
+from servesweep.sweep.channel import TrialChannel
+from servesweep.sweep.events import (
+    BaselineTaken,
+    InstanceGone,
+    LeftoverStopped,
+    OrphansCleaned,
+    SweepWarning,
+)
+from servesweep.sweep.slot import Placement, SweepContext, instance_pids, slot_server
+
+__all__ = ["Leftover", "NodePrepared", "baseline_without", "prepare_node"]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """An instance the results database records as running on this machine."""
+
+    trial: int
+    instance: InstanceRecord
+    adopt_for: int | None = None
+    """The pending trial that would run exactly this launch on its slot (keep it)."""
+    label: str = ""
+    """The configuration it runs, for messages (``budget=8 topk=4``)."""
+
+
+@dataclass(frozen=True)
+class NodePrepared:
+    baseline: dict[int, int]
+    adopted: tuple[Leftover, ...] = ()
+    """Leftovers kept running for their pending trial."""
+    restart_services: tuple[str, ...] = ()
+    """Units that ran before the sweep and were stopped: start them again at the end."""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def baseline_without(probe: GpuProbe, gpus: Sequence[int], pids: set[int]) -> dict[int, int]:
+    """Used memory per GPU minus what the processes ``pids`` hold."""
+    baseline = {}
+    for state in probe.snapshot(list(gpus)):
+        held = sum(h.used_bytes for h in state.holders if h.pid in pids)
+        baseline[state.index] = max(0, state.used_bytes - held)
+    return baseline
+
+
+def prepare_node(
+    context: SweepContext,
+    pool: Placement,
+    leftovers: Sequence[Leftover],
+    stored_baseline: Mapping[int, int] | None,
+    channel: TrialChannel,
+    *,
+    service_slots: Sequence[int] = (0,),
+) -> NodePrepared:
+    """Recover and take the baseline of ``pool`` (all the GPUs of the sweep on this
+    machine, slot 0's port); see the module doc. Events go through ``channel``."""
+    server = slot_server(context.spec.server, pool)
+    probe = open_probe(server.gpu_backend, context.fake_gpu_dir, gpus=server.gpus)
+    try:
+        return _prepare(
+            context, pool, server, probe, leftovers, stored_baseline, channel, service_slots
+        )
+    finally:
+        probe.close()
+
+
+def _prepare(
+    context: SweepContext,
+    pool: Placement,
+    server: Any,
+    probe: GpuProbe,
+    leftovers: Sequence[Leftover],
+    stored_baseline: Mapping[int, int] | None,
+    channel: TrialChannel,
+    service_slots: Sequence[int],
+) -> NodePrepared:
+    def warn(message: str) -> None:
+        return channel.send(SweepWarning(message=message))
+
+    preset = get_preset(server.engine)
+    ownership = Ownership(context.store_id, context.run, pool.slot)
+    departing: set[int] = set()
+    adopted: list[Leftover] = []
+    idle_estimate: dict[int, int] = {}
+    for left in leftovers:
+        instance = left.instance
+        launcher = make_launcher(_server_of(context, instance, server))
+        if not launcher.alive(instance):
+            channel.send(InstanceGone(trial=left.trial))
+            continue
+        if left.adopt_for is not None:
+            warn(
+                f"found the instance of trial {left.trial} still running the launch of "
+                f"trial {left.adopt_for}: adopting it"
+            )
+            adopted.append(left)
+            continue
+        lifecycle = ServerLifecycle(
+            _server_of(context, instance, server), preset, launcher, probe, ownership=ownership
+        )
+        pids = instance_pids(lifecycle, instance)
+        for gpu, idle in baseline_without(probe, list(instance.gpus), pids).items():
+            idle_estimate[gpu] = min(idle, idle_estimate.get(gpu, idle))
+        what = f"trial {left.trial}" + (f" ({left.label})" if left.label else "")
+        warn(
+            f"stopping the instance of {what}, left running by an earlier run or by "
+            "`servesweep apply`: no trial to run needs exactly its launch"
+        )
+        try:
+            stop = lifecycle.stop(instance)
+        except TrialFailed as failure:
+            warn(f"cannot stop the instance of trial {left.trial}: {failure}")
+            raise
+        departing |= pids
+        channel.send(InstanceGone(trial=left.trial))
+        channel.send(
+            LeftoverStopped(
+                instance_of=left.trial,
+                signalled=tuple(stop.signalled),
+                killed=tuple(stop.killed),
+                reason="left by an earlier run of this results database",
+                node=pool.node,
+            )
+        )
+    restart: list[str] = []
+    for slot in service_slots:
+        unit, pids = _stop_running_service(context, server, slot, pool, probe, ownership, warn)
+        if unit:
+            restart.append(unit)
+            departing |= pids
+    held = {g for left in adopted for g in left.instance.gpus}
+    free = [g for g in pool.gpus if g not in held]
+    lifecycle = ServerLifecycle(
+        server,
+        preset,
+        make_launcher(server),
+        probe,
+        ownership=ownership,
+        store_path=context.store_path,
+    )
+    baseline: dict[int, int] = {}
+    if free:
+        stored = {g: v for g, v in (stored_baseline or {}).items() if g in free} or None
+        baseline.update(lifecycle.prepare(free, stored=stored, departing=departing))
+        for note in lifecycle.baseline_notes:
+            warn(note)
+        if lifecycle.cleaned:
+            cleaned = tuple(p.describe() for p in lifecycle.cleaned)
+            channel.send(OrphansCleaned(cleaned=cleaned, node=pool.node))
+            warn("cleaned orphaned servesweep processes: " + ", ".join(cleaned))
+        source = lifecycle.baseline_source
+    else:
+        source = "stored"
+    if held:
+        # adopted instances hold these GPUs: the stored baseline, or what the GPUs use
+        # beside those instances
+        pids = {p for left in adopted for p in left.instance.pids}
+        beside = baseline_without(probe, sorted(held), pids) if probe.name != "none" else {}
+        for gpu in held:
+            stored_value = (stored_baseline or {}).get(gpu)
+            baseline[gpu] = stored_value if stored_value is not None else beside.get(gpu, 0)
+    if baseline:
+        channel.send(BaselineTaken(node=pool.node, bytes_by_gpu=dict(baseline), source=source))
+    return NodePrepared(baseline=baseline, adopted=tuple(adopted), restart_services=tuple(restart))
+
+
+def _server_of(context: SweepContext, instance: InstanceRecord, pool_server: Any) -> Any:
+    """The server section as the slot of a recorded instance saw it (its port, GPUs)."""
+    if instance.port is None:
+        return pool_server
+    return pool_server.model_copy(
+        update={"port": instance.port, "gpus": list(instance.gpus) or pool_server.gpus}
+    )
+
+
+def _stop_running_service(
+    context: SweepContext,
+    server: Any,
+    slot: int,
+    pool: Placement,
+    probe: GpuProbe,
+    ownership: Ownership,
+    warn: Callable[[str], None],
+) -> tuple[str, set[int]]:
+    """A launcher that manages an existing service (systemd) may find it running the
+    user's own configuration: stop it before the first start (its memory is waited for
+    with the baseline). Returns the unit (to start again at the end) and its PIDs."""
+    slot_place = Placement(pool.node, slot, pool.gpus, pool.port + slot, pool.node_id)
+    slot_spec = slot_server(context.spec.server, slot_place)
+    if slot_spec.launcher != "systemd":
+        return "", set()
+    launcher = make_launcher(slot_spec)
+    current = getattr(launcher, "current", None)
+    if not callable(current):
+        return "", set()
+    running = current(slot_spec.port)
+    if not isinstance(running, InstanceRecord):
+        return "", set()
+    lifecycle = ServerLifecycle(
+        slot_spec, get_preset(slot_spec.engine), launcher, probe, ownership=ownership
+    )
+    pids = instance_pids(lifecycle, running)
+    unit = running.unit or ""
+    warn(
+        f"stopping the running {unit or 'service'} before the sweep "
+        "(it is started again when the sweep ends, unless --keep-running)"
+    )
+    lifecycle.stop(running)
+    return unit, pids

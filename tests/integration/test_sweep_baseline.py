@@ -1,0 +1,113 @@
+"""The incident, through resume: a sweep killed or interrupted while GPU memory is still
+coming back must not take that memory for the GPUs' idle baseline when it is run
+again (its release gate would then let the next server start into a full GPU).
+
+The simulated engine on two fake 80 GiB GPUs takes 60 GiB of each, so two instances
+never fit; memory comes back ``release-delay`` seconds after a process exits.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+
+import pytest
+from tests.integration.sweep_helpers import (
+    background_run,
+    kill_tagged,
+    report_json,
+    run_cli,
+    tagged_processes,
+    wait_for_event,
+    write_sweep,
+)
+
+_SLOW_RELEASE = {"release-delay": 2.5, "load-time": 0.4}
+
+
+def _all_ok_once(sweep_file: Path, trials: int) -> None:
+    data = report_json(sweep_file)
+    rows = data["trials"]
+    assert len(rows) == trials
+    for row in rows:
+        assert row["outcome"] == "ok", row
+        levels = sorted((r["workload"], r["level"], r["repeat"]) for r in row["results"])
+        assert levels == [("chat", "c1", 0), ("chat", "c4", 0)], row
+
+
+def test_sigkill_during_the_release_wait_then_rerun_waits_for_the_memory(tmp_path: Path) -> None:
+    sweep_file = write_sweep(
+        tmp_path, name="relkill", grid={"budget": [2, 4, 8, 16]}, args=_SLOW_RELEASE
+    )
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep_file, events=events) as proc:
+            # trial 2's release phase: trial 1's instance has exited, its memory is
+            # still held for 2.5 s
+            wait_for_event(
+                events,
+                lambda e: e["event"] == "phase" and e.get("trial") == 2 and e["phase"] == "release",
+            )
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        rerun = run_cli("run", str(sweep_file), "--quiet", timeout=240)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        _all_ok_once(sweep_file, 4)
+        assert not tagged_processes("relkill", tmp_path)
+    finally:
+        kill_tagged("relkill", tmp_path)
+
+
+def test_ctrl_c_then_immediate_rerun_waits_for_the_memory(tmp_path: Path) -> None:
+    sweep_file = write_sweep(tmp_path, name="intr", grid={"budget": [2, 4, 8]}, args=_SLOW_RELEASE)
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep_file, events=events) as proc:
+            wait_for_event(
+                events,
+                lambda e: e["event"] == "phase" and e.get("trial") == 2 and e["phase"] == "bench",
+            )
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+            assert proc.returncode == 130
+        # at once: the interrupted instance's memory is still coming back
+        rerun = run_cli("run", str(sweep_file), "--quiet", timeout=240)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        _all_ok_once(sweep_file, 3)
+        assert not tagged_processes("intr", tmp_path)
+    finally:
+        kill_tagged("intr", tmp_path)
+
+
+_PHASES = ["stop", "release", "start", "load", "ready", "bench"]
+
+
+@pytest.mark.parametrize("phase", _PHASES)
+def test_sigkill_at_any_phase_then_plain_rerun(tmp_path: Path, phase: str) -> None:
+    """SIGKILL at a random trial's ``phase``, then a plain rerun: every trial ok and
+    measured once, nothing left running."""
+    rng = random.Random(f"sigkill-{phase}")
+    trial = rng.randint(2, 4)  # trials 2..4 have a stop and a release phase
+    sweep_file = write_sweep(
+        tmp_path,
+        name=f"any-{phase}",
+        grid={"budget": [2, 4, 8, 16]},
+        args={"release-delay": 1.0, "load-time": 0.5, "shutdown-delay": 0.3},
+    )
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep_file, events=events) as proc:
+            wait_for_event(
+                events,
+                lambda e: e["event"] == "phase" and e.get("trial") == trial and e["phase"] == phase,
+                timeout=120,
+            )
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        rerun = run_cli("run", str(sweep_file), "--quiet", timeout=240)
+        assert rerun.returncode == 0, f"killed in trial {trial} {phase}: {rerun.stderr}"
+        _all_ok_once(sweep_file, 4)
+        assert not tagged_processes(f"any-{phase}", tmp_path)
+    finally:
+        kill_tagged(f"any-{phase}", tmp_path)

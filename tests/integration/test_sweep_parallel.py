@@ -1,0 +1,168 @@
+"""Parallel slots on one machine: several servers at once on disjoint GPU sets.
+
+The simulated engine on eight fake 80 GiB GPUs takes 60 GiB of each GPU it is given,
+so two instances on one GPU cannot both start (the second dies of OOM), and
+``--tensor-parallel-size N`` refuses to start unless it sees exactly N GPUs: a trial
+that gets the wrong GPUs fails, physically.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration.sweep_helpers import (
+    background_run,
+    kill_tagged,
+    report_json,
+    run_cli,
+    tagged_processes,
+    wait_for_event,
+    write_sweep,
+)
+
+from servesweep.store import open_store
+
+# 6 trials of 1 GPU, 4 of 2, 2 of 4: 12 trials, 22 GPU-trials on 8 GPUs
+_PARAMS = {
+    "grid": {"tensor-parallel-size": [1, 2, 4], "budget": [0, 1, 2, 3, 4, 5]},
+    "when": [
+        "tensor_parallel_size == 1 or (tensor_parallel_size == 2 and budget <= 3) "
+        "or (tensor_parallel_size == 4 and budget <= 1)"
+    ],
+}
+_CHAT = [{"name": "chat", "concurrency": [1], "requests": 6, "max_tokens": 16, "ignore_eos": True}]
+
+
+def _sweep(directory: Path, name: str, **extra: Any) -> Path:
+    server = {
+        "fake_gpus": {"count": 8, "memory": "80GiB"},
+        "gpus": list(range(8)),
+        "gpus_per_trial": "{param.tensor-parallel-size}",
+        "timeouts": {"stop": "5s", "release": "30s", "ready": "60s"},
+        **extra.pop("server", {}),
+    }
+    path = write_sweep(
+        directory,
+        name=name,
+        args={"load-time": 2.0, "release-delay": 0.5, **extra.pop("args", {})},
+        workloads=_CHAT,
+        server_extra=server,
+        extra={"params": extra.pop("params", _PARAMS), **extra},
+    )
+    return path
+
+
+def _busy_intervals(trials: list[dict[str, Any]]) -> list[tuple[float, float, set[int], int]]:
+    """(from the start phase to the end of the trial, GPUs, trial) of each trial."""
+    out = []
+    for t in trials:
+        begin = t["phase_started"].get("start") or t["started_at"]
+        out.append((begin, t["finished_at"], set(t["gpus"]), t["id"]))
+    return out
+
+
+def _no_shared_gpu(trials: list[dict[str, Any]]) -> None:
+    for (b1, e1, g1, t1), (b2, e2, g2, t2) in itertools.combinations(_busy_intervals(trials), 2):
+        if b1 < e2 and b2 < e1:
+            assert not g1 & g2, f"trials {t1} and {t2} ran at once on GPUs {g1 & g2}"
+
+
+def test_parallel_sweep_packs_disjoint_gpus_and_matches_sequential(tmp_path: Path) -> None:
+    par_dir, seq_dir = tmp_path / "par", tmp_path / "seq"
+    par_dir.mkdir()
+    seq_dir.mkdir()
+    par = _sweep(par_dir, "par")
+    seq = _sweep(seq_dir, "seq")
+    try:
+        t0 = time.monotonic()
+        done = run_cli("run", str(par), "--quiet", timeout=600)
+        parallel_s = time.monotonic() - t0
+        assert done.returncode == 0, done.stdout + done.stderr
+        t0 = time.monotonic()
+        done = run_cli("run", str(seq), "--quiet", "--slots", "1", timeout=900)
+        sequential_s = time.monotonic() - t0
+        assert done.returncode == 0, done.stdout + done.stderr
+
+        par_trials = report_json(par)["trials"]
+        seq_trials = report_json(seq)["trials"]
+        assert len(par_trials) == 12
+        assert all(t["outcome"] == "ok" for t in par_trials), par_trials
+        for t in par_trials:
+            assert len(t["gpus"]) == t["params"]["tensor-parallel-size"], t
+        _no_shared_gpu(par_trials)
+        with open_store(par_dir / "servesweep.db", readonly=True) as store:
+            stored = store.trials(1)
+        assert len({t.slot for t in stored}) >= 4, "trials ran in several slots at once"
+        assert {tuple(t.gpus) for t in stored} == {tuple(t["gpus"]) for t in par_trials}
+        # the same trials measure the same, within noise
+        seq_by = {str(sorted(t["params"].items())): t for t in seq_trials}
+        for t in par_trials:
+            other = seq_by[str(sorted(t["params"].items()))]
+            a = _metric(t, "tpot_median_ms")
+            b = _metric(other, "tpot_median_ms")
+            assert abs(a - b) <= max(0.3 * b, 1.5), (t["params"], a, b)
+        assert sequential_s >= 3 * parallel_s, (sequential_s, parallel_s)
+    finally:
+        kill_tagged("par", tmp_path)
+        kill_tagged("seq", tmp_path)
+
+
+def _metric(trial: dict[str, Any], name: str) -> float:
+    (level,) = [r for r in trial["results"] if r["level"] == "c1"]
+    return float(level["metrics"][name])
+
+
+def test_sigkill_during_a_parallel_run_then_rerun(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path, "pkill")
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep, events=events) as proc:
+            # several slots are busy: kill while the 2-GPU trials load
+            wait_for_event(
+                events,
+                lambda e: e["event"] == "trial_started" and len(e.get("gpus", [])) == 2,
+                timeout=180,
+            )
+            wait_for_event(events, lambda e: e["event"] == "phase" and e["phase"] == "load")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        assert tagged_processes("pkill", tmp_path), "the killed run left servers behind"
+        rerun = run_cli("run", str(sweep), "--quiet", timeout=600)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        trials = report_json(sweep)["trials"]
+        assert len(trials) == 12 and all(t["outcome"] == "ok" for t in trials)
+        for t in trials:
+            levels = [(r["workload"], r["level"], r["repeat"]) for r in t["results"]]
+            assert levels == [("chat", "c1", 0)], t
+        assert not tagged_processes("pkill", tmp_path)
+    finally:
+        kill_tagged("pkill", tmp_path)
+
+
+def test_an_oom_in_one_slot_does_not_disturb_the_others(tmp_path: Path) -> None:
+    params = {
+        "points": [
+            {"tensor-parallel-size": 1, "budget": 0},
+            {"tensor-parallel-size": 1, "budget": 1, "mem-per-gpu": "90GiB"},
+            {"tensor-parallel-size": 1, "budget": 2},
+            {"tensor-parallel-size": 1, "budget": 3},
+        ]
+    }
+    sweep = _sweep(tmp_path, "poom", params=params)
+    try:
+        done = run_cli("run", str(sweep), "--quiet", timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        trials = {t["params"]["budget"]: t for t in report_json(sweep)["trials"]}
+        assert trials[1]["outcome"] == "failed"
+        assert trials[1]["failure_class"] == "start_crash"
+        assert trials[1]["failure"]["reason"] == "oom"
+        for budget in (0, 2, 3):
+            assert trials[budget]["outcome"] == "ok", trials[budget]
+        _no_shared_gpu(list(trials.values()))
+        assert not tagged_processes("poom", tmp_path)
+    finally:
+        kill_tagged("poom", tmp_path)
