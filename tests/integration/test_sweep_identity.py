@@ -23,7 +23,7 @@ def _edit(sweep_file: Path, change: dict[str, object]) -> None:
         *path, last = dotted.split("/")
         node = spec
         for key in path:
-            node = node[key]
+            node = node[int(key)] if key.isdigit() else node[key]
         node[last] = value
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
 

@@ -48,7 +48,8 @@ def _sweep(directory: Path, name: str, **extra: Any) -> Path:
     path = write_sweep(
         directory,
         name=name,
-        args={"load-time": 2.0, "release-delay": 0.5, **extra.pop("args", {})},
+        # decode steps long enough that CPU contention on a small machine stays noise
+        args={"load-time": 2.0, "release-delay": 0.5, "step-ms": 20, **extra.pop("args", {})},
         workloads=_CHAT,
         server_extra=server,
         extra={"params": extra.pop("params", _PARAMS), **extra},
@@ -104,7 +105,7 @@ def test_parallel_sweep_packs_disjoint_gpus_and_matches_sequential(tmp_path: Pat
             other = seq_by[str(sorted(t["params"].items()))]
             a = _metric(t, "tpot_median_ms")
             b = _metric(other, "tpot_median_ms")
-            assert abs(a - b) <= max(0.3 * b, 1.5), (t["params"], a, b)
+            assert abs(a - b) <= max(0.3 * b, 3.0), (t["params"], a, b)
         assert sequential_s >= 3 * parallel_s, (sequential_s, parallel_s)
     finally:
         kill_tagged("par", tmp_path)
@@ -121,13 +122,21 @@ def test_sigkill_during_a_parallel_run_then_rerun(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     try:
         with background_run(sweep, events=events) as proc:
-            # several slots are busy: kill while the 2-GPU trials load
-            wait_for_event(
+            # several slots are busy: kill while a 2-GPU trial loads
+            started = wait_for_event(
                 events,
                 lambda e: e["event"] == "trial_started" and len(e.get("gpus", [])) == 2,
                 timeout=180,
             )
-            wait_for_event(events, lambda e: e["event"] == "phase" and e["phase"] == "load")
+            wait_for_event(
+                events,
+                lambda e: (
+                    e["event"] == "phase"
+                    and e.get("trial") == started["trial"]
+                    and e["phase"] == "load"
+                ),
+                timeout=120,
+            )
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         assert tagged_processes("pkill", tmp_path), "the killed run left servers behind"

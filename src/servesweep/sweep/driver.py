@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
-from servesweep.models import LevelResult, Outcome
+from servesweep.models import InstanceRecord, LevelResult, Outcome
 from servesweep.servers import ports as port_tools
 from servesweep.servers.ownership import OwnerKind, Ownership
 from servesweep.spec.slots import GpuNeed, gpu_need, slot_port, slot_ports
@@ -60,6 +60,7 @@ from servesweep.sweep.scheduler import (
 )
 from servesweep.sweep.slot import (
     CurrentInstance,
+    NodeInfo,
     Placement,
     SweepContext,
     TrialOrder,
@@ -89,13 +90,13 @@ class SlotHandle(Protocol):
 class Executor(Protocol):
     """Where slots run: this machine (``sweep.local``) or a Ray cluster (``sweep.ray_exec``)."""
 
-    def nodes(self) -> dict[str, tuple[int, ...]]: ...
+    def nodes(self) -> list[NodeInfo]: ...
 
-    def links(self, node: str) -> dict[tuple[int, int], int] | None: ...
+    def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None: ...
 
     def prepare(
         self,
-        node: str,
+        node: NodeInfo,
         pool: Placement,
         leftovers: Sequence[Leftover],
         stored: Mapping[int, int] | None,
@@ -199,6 +200,8 @@ class Driver:
         self.baselines: dict[str, dict[int, int]] = {}
         self.source: TrialSource = GridSource(())
         self._trials: dict[int, TrialRecord] = {}
+        self.nodes: dict[str, NodeInfo] = {n.key: n for n in executor.nodes()}
+        """The machines of this run, by key (see ``NodeInfo.key``)."""
 
     # -- the run ------------------------------------------------------------------------
 
@@ -251,18 +254,18 @@ class Driver:
 
     def _prepare_nodes(self) -> None:
         live = [t for t in self.store.live_instances() if t.instance is not None]
-        for node, gpus in self.executor.nodes().items():
-            pool = Placement(node, 0, gpus, slot_port(self.spec, 0))
-            mine = [t for t in live if t.instance is not None and t.instance.node in ("", node)]
-            leftovers = [self._leftover(t, node) for t in mine]
-            self._check_ports(node)
-            stored = _stored_baseline(self.sweep, node)
+        for key, info in self.nodes.items():
+            pool = Placement(info.name, 0, info.gpus, slot_port(self.spec, 0), info.node_id)
+            mine = [t for t in live if t.instance is not None and _on(info, t.instance)]
+            leftovers = [self._leftover(t, info) for t in mine]
+            self._check_ports(info)
+            stored = _stored_baseline(self.sweep, key)
             prepared = self.executor.prepare(
-                node, pool, leftovers, stored, range(self._max_slots())
+                info, pool, leftovers, stored, range(self._max_slots())
             )
             self._drain()
-            self.prepared[node] = prepared
-            self.baselines[node] = dict(prepared.baseline)
+            self.prepared[key] = prepared
+            self.baselines[key] = dict(prepared.baseline)
         environment = dict(self.store.sweep(self.sweep.id).environment)
         environment["baseline_bytes"] = {
             node: {str(g): v for g, v in values.items()} for node, values in self.baselines.items()
@@ -270,7 +273,7 @@ class Driver:
         self.store.set_environment(self.sweep.id, environment)
         self._open_adopted()
 
-    def _leftover(self, trial: TrialRecord, node: str) -> Leftover:
+    def _leftover(self, trial: TrialRecord, node: NodeInfo) -> Leftover:
         """A recorded live instance; kept for adoption when a queued trial would run
         exactly its launch on exactly its slot."""
         assert trial.instance is not None
@@ -280,7 +283,7 @@ class Driver:
         gpus = tuple(instance.gpus)
         if slot is None or not set(gpus) <= set(self.spec.server.gpus):
             return Leftover(trial.id, instance, label=label)
-        placement = Placement(node, slot, gpus, instance.port or 0)
+        placement = Placement(node.name, slot, gpus, instance.port or 0, node.node_id)
         for job in self.state.jobs:
             if job.need != max(1, len(gpus)):
                 continue
@@ -297,7 +300,7 @@ class Driver:
                 return k
         return None
 
-    def _check_ports(self, node: str) -> None:
+    def _check_ports(self, node: NodeInfo) -> None:
         """Every port a slot beyond the first may use is free (or held by this database's
         own instances); the first slot's port is checked at each start, as always."""
         slots = self._max_slots()
@@ -319,20 +322,23 @@ class Driver:
                 )
 
     def _open_adopted(self) -> None:
-        for node, prepared in self.prepared.items():
+        for key, prepared in self.prepared.items():
+            info = self.nodes[key]
             for left in prepared.adopted:
                 assert left.adopt_for is not None
                 instance = left.instance
                 slot = self._slot_of_port(instance.port)
                 assert slot is not None
-                placement = Placement(node, slot, tuple(instance.gpus), instance.port or 0)
+                placement = Placement(
+                    info.name, slot, tuple(instance.gpus), instance.port or 0, info.node_id
+                )
                 handle = self.executor.open(
                     placement,
                     current=CurrentInstance(left.trial, instance),
-                    baseline=self._baseline(node, placement.gpus),
+                    baseline=self._baseline(key, placement.gpus),
                     cpus=self._cpus(slot),
                 )
-                self.writer.note(LeftoverAdopted(instance_of=left.trial, node=node))
+                self.writer.note(LeftoverAdopted(instance_of=left.trial, node=info.name))
                 self.state.slots[placement.key] = _Slot(
                     handle, busy=False, sched_gpus=placement.gpus or (0,)
                 )
@@ -362,11 +368,11 @@ class Driver:
     # -- the queue ----------------------------------------------------------------------
 
     def _queue_more(self) -> None:
-        room = max(1, self._max_slots() * max(1, len(self.executor.nodes())) - len(self.state.jobs))
+        room = max(1, self._max_slots() * max(1, len(self.nodes)) - len(self.state.jobs))
         for trial in self.source.take(room):
             self._trials[trial.id] = trial
             need = self.need.of(trial.params)
-            capacity = max(len(g) for g in self.executor.nodes().values()) or 1
+            capacity = max((len(n.gpus) for n in self.nodes.values()), default=0) or 1
             if need > capacity:
                 raise ConfigError(
                     f"trial {trial.id} ({_label(trial.params)}) needs {need} GPUs; no machine "
@@ -378,10 +384,10 @@ class Driver:
     def _scheduler(self) -> Scheduler:
         if not hasattr(self, "_sched"):
             pools = []
-            for node, gpus in self.executor.nodes().items():
-                table = self.executor.links(node) if len(gpus) > 1 else None
+            for key, info in self.nodes.items():
+                table = self.executor.links(info) if len(info.gpus) > 1 else None
                 link = distances(table) if table else None
-                pools.append(NodePool(node, gpus or (0,), self._max_slots(), link=link))
+                pools.append(NodePool(key, info.gpus or (0,), self._max_slots(), link=link))
             self._sched = Scheduler(pools)
         return self._sched
 
@@ -421,8 +427,9 @@ class Driver:
         if isinstance(decision, Open):
             # a sweep without a GPU pool schedules on one token "GPU" per machine
             gpus = decision.gpus if self.spec.server.gpus else ()
+            info = self.nodes[decision.node]
             placement = Placement(
-                decision.node, decision.slot, gpus, slot_port(self.spec, decision.slot)
+                info.name, decision.slot, gpus, slot_port(self.spec, decision.slot), info.node_id
             )
             handle = self.executor.open(
                 placement,
@@ -477,7 +484,7 @@ class Driver:
         self.writer.apply(event)
 
     def _slot_idle(self, event: SlotIdle) -> None:
-        key = (event.node, event.slot)
+        key = (event.node_id or event.node, event.slot)
         slot = self.state.slots.get(key)
         if slot is None:
             return
@@ -545,6 +552,14 @@ class Driver:
                 self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
         self.writer.mark_interrupted(list(state.ran))
         state.slots.clear()
+
+
+def _on(node: NodeInfo, instance: InstanceRecord) -> bool:
+    """Whether a recorded instance runs on ``node`` (records of older servesweeps name
+    no machine: they ran here)."""
+    if instance.node_id:
+        return instance.node_id == node.node_id
+    return instance.node in ("", node.name) and not node.node_id
 
 
 def _stored_baseline(sweep: SweepRecord, node: str) -> dict[int, int] | None:

@@ -262,6 +262,7 @@ class SlotIdle(Event):
 
     kind: ClassVar[str] = "slot_idle"
     node: str = ""
+    node_id: str = ""
     slot: int = 0
     gpus: tuple[int, ...] = ()
     holding: bool = False

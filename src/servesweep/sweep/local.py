@@ -26,6 +26,7 @@ from servesweep.sweep.events import Event, SlotIdle
 from servesweep.sweep.node import Leftover, NodePrepared, prepare_node
 from servesweep.sweep.slot import (
     CurrentInstance,
+    NodeInfo,
     Placement,
     SlotWorker,
     SweepContext,
@@ -144,6 +145,7 @@ class LocalSlot:
         self._events.put(
             SlotIdle(
                 node=self.placement.node,
+                node_id=self.placement.node_id,
                 slot=self.placement.slot,
                 gpus=self.placement.gpus,
                 holding=worker is not None and worker.current is not None,
@@ -160,11 +162,11 @@ class LocalExecutor:
         self.events = events
         self.node = this_node()
 
-    def nodes(self) -> dict[str, tuple[int, ...]]:
-        """Machine name -> the GPUs of the pool there."""
-        return {self.node: tuple(self.context.spec.server.gpus)}
+    def nodes(self) -> list[NodeInfo]:
+        """This machine, with the sweep's GPU pool."""
+        return [NodeInfo(self.node, tuple(self.context.spec.server.gpus))]
 
-    def links(self, node: str) -> dict[tuple[int, int], int] | None:
+    def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
         """How the pool's GPUs are linked (None: unknown)."""
         server = self.context.spec.server
         probe = open_probe(server.gpu_backend, self.context.fake_gpu_dir)
@@ -175,7 +177,7 @@ class LocalExecutor:
 
     def prepare(
         self,
-        node: str,
+        node: NodeInfo,
         pool: Placement,
         leftovers: Sequence[Leftover],
         stored: Mapping[int, int] | None,

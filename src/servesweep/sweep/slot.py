@@ -67,6 +67,7 @@ from servesweep.sweep.events import (
 
 __all__ = [
     "CurrentInstance",
+    "NodeInfo",
     "Placement",
     "SlotWorker",
     "SweepContext",
@@ -103,6 +104,23 @@ class SweepContext:
 
 
 @dataclass(frozen=True)
+class NodeInfo:
+    """One machine a sweep runs on."""
+
+    name: str
+    """Its hostname, as records store it (``InstanceRecord.node``)."""
+    gpus: tuple[int, ...]
+    """The GPU pool there."""
+    node_id: str = ""
+    """The cluster's id of it (Ray's node id); empty on this machine alone."""
+
+    @property
+    def key(self) -> str:
+        """Unique among the machines of a run (two cluster nodes may share a hostname)."""
+        return self.node_id or self.name
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where a slot is: the machine, its slot number there, its GPUs and its port."""
 
@@ -113,8 +131,12 @@ class Placement:
     node_id: str = ""
 
     @property
+    def node_key(self) -> str:
+        return self.node_id or self.node
+
+    @property
     def key(self) -> tuple[str, int]:
-        return (self.node, self.slot)
+        return (self.node_key, self.slot)
 
 
 @dataclass(frozen=True)
@@ -279,6 +301,9 @@ class SlotWorker:
         self._cancel = threading.Event()
         self._telemetry = _Telemetry(self.lifecycle, placement.node)
         self._telemetry.start()
+        for warning in getattr(self.launcher, "warnings", None) or []:
+            # what the service's own settings imply (systemd: Type=simple, KillMode...)
+            self.warn(str(warning))
 
     # -- plumbing -------------------------------------------------------------------
 

@@ -1,0 +1,152 @@
+"""Sweeps through a real systemd (the sandbox): a unit is given back as it was.
+
+The unit runs the simulated engine on fake GPUs that live in the sandbox's scratch
+folder (visible inside and out): 60 GiB of each 80 GiB GPU per instance, memory back
+``release-delay`` seconds after a process exits.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from launcher_services import Sandbox, free_port
+from tests.integration.sweep_helpers import (
+    background_run,
+    report_json,
+    run_cli,
+    wait_for_event,
+)
+
+_UNIT = """\
+[Unit]
+Description=servesweep test: the user's own server
+[Service]
+Type=simple
+KillMode=control-group
+TimeoutStopSec=10
+Restart=no
+Environment=PYTHONUNBUFFERED=1
+Environment=SERVESWEEP_FAKE_GPUS={gpus}
+ExecStart={python} -m servesweep.sim --port {port} --gpus 0,1 --mem-per-gpu 60GiB \
+--load-time 0.3 --release-delay {release}
+"""
+
+
+def _setup(sandbox: Sandbox, tmp_path: Path, name: str, release: float = 2.0) -> tuple[Path, str]:
+    unit = f"{name}.service"
+    gpus = sandbox.scratch / f"{name}-gpus"
+    port = free_port()
+    sandbox.write_unit(
+        unit, _UNIT.format(gpus=gpus, python=sys.executable, port=port, release=release)
+    )
+    spec: dict[str, Any] = {
+        "name": name,
+        "store": "servesweep.db",
+        "server": {
+            "engine": "sim",
+            "launcher": "systemd",
+            "port": port,
+            "gpus": [0, 1],
+            "gpu_backend": "fake",
+            "fake_gpu_dir": str(gpus),
+            "fake_gpus": {"count": 2, "memory": "80GiB"},
+            "args": {
+                "mem-per-gpu": "60GiB",
+                "load-time": 0.5,
+                "release-delay": release,
+                "ttft-ms": 10,
+                "step-ms": 2,
+            },
+            "timeouts": {"stop": "10s", "release": "30s", "ready": "60s"},
+            "systemd": {
+                "unit": unit,
+                "systemctl": [sandbox.systemctl],
+                "journalctl": [sandbox.journalctl],
+                "unit_dir": str(sandbox.unit_dir),
+            },
+        },
+        "params": {"grid": {"budget": [2, 4, 8]}},
+        "workloads": [
+            {
+                "name": "chat",
+                "concurrency": [1],
+                "requests": 6,
+                "max_tokens": 16,
+                "ignore_eos": True,
+            }
+        ],
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path, unit
+
+
+def _dropin(sandbox: Sandbox, unit: str) -> Path:
+    return sandbox.unit_dir / f"{unit}.d" / "servesweep.conf"
+
+
+def test_a_running_unit_is_stopped_its_memory_waited_for_and_started_again(
+    systemd_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sweep_file, unit = _setup(systemd_sandbox, tmp_path, "sd-own")
+    try:
+        systemd_sandbox.sdctl("start", unit)
+        done = run_cli("run", str(sweep_file), "--quiet", timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = report_json(sweep_file)["trials"]
+        # the first start came only after the user's server had released its memory
+        assert [r["outcome"] for r in rows] == ["ok", "ok", "ok"], rows
+        assert "stopping the running" in done.stderr
+        assert not _dropin(systemd_sandbox, unit).exists()
+        state = systemd_sandbox.show(unit, "ActiveState", "ExecStart")
+        assert state["ActiveState"] in ("active", "activating"), state
+        assert "--budget" not in state["ExecStart"], "it runs its own command again"
+    finally:
+        systemd_sandbox.remove_unit(unit)
+
+
+def test_ctrl_c_gives_the_unit_back_and_an_immediate_rerun_waits_for_memory(
+    systemd_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sweep_file, unit = _setup(systemd_sandbox, tmp_path, "sd-intr")
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep_file, events=events) as proc:
+            wait_for_event(
+                events,
+                lambda e: e["event"] == "phase" and e.get("trial") == 2 and e["phase"] == "bench",
+                timeout=180,
+            )
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 130, out + err
+        assert not _dropin(systemd_sandbox, unit).exists(), "no trial's flags left in place"
+        assert systemd_sandbox.show(unit, "ActiveState")["ActiveState"] != "failed"
+        rerun = run_cli("run", str(sweep_file), "--quiet", timeout=300)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert all(r["outcome"] == "ok" for r in report_json(sweep_file)["trials"])
+    finally:
+        systemd_sandbox.remove_unit(unit)
+
+
+def test_a_failed_last_trial_does_not_leave_the_unit_failed(
+    systemd_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sweep_file, unit = _setup(systemd_sandbox, tmp_path, "sd-fail", release=0.3)
+    spec = yaml.safe_load(sweep_file.read_text())
+    spec["params"] = {"points": [{"budget": 2}, {"crash-at-load": True}]}
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    try:
+        done = run_cli("run", str(sweep_file), "--quiet", timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        rows = report_json(sweep_file)["trials"]
+        assert [r["failure_class"] for r in rows] == [None, "start_crash"]
+        state = systemd_sandbox.show(unit, "ActiveState")["ActiveState"]
+        assert state == "inactive", state
+        assert not _dropin(systemd_sandbox, unit).exists()
+    finally:
+        systemd_sandbox.remove_unit(unit)
