@@ -55,6 +55,21 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def leftover_env(
+    tag: str, store_db: Path, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of an instance that an earlier, dead run of the results
+    database ``store_db`` left behind (created here if needed): its instance tag and
+    owner (this database's id, a run that no longer exists, slot 0)."""
+    from servesweep.servers.ownership import owner_env
+    from servesweep.store import open_store
+
+    with open_store(store_db) as store:
+        store_id = store.store_id
+    owner = owner_env(store_id, "dead-run-0", 0, str(store_db.resolve()))
+    return child_env({procs.TAG_ENV: tag, **owner, **(extra or {})})
+
+
 def gpu_count() -> int:
     """GPUs NVML sees; 0 without a driver."""
     probe = NvmlProbe()

@@ -20,9 +20,9 @@ from tests.gpu.gpu_helpers import (
     GiB,
     GpuMonitor,
     ProcessKeeper,
-    child_env,
     events,
     free_port,
+    leftover_env,
     record_summary,
     report_json,
     require_gpus,
@@ -120,8 +120,9 @@ def test_orphan_of_crashed_instance_is_cleaned_before_next_start(
 def test_leftover_orphan_of_an_earlier_run_is_cleaned_before_the_sweep(
     keeper: ProcessKeeper, tmp_path: Path
 ) -> None:
-    """As after a servesweep that was killed itself: an orphaned worker tagged with
-    this sweep's name holds the GPU; the next ``servesweep run`` ends it first."""
+    """As after a servesweep that was killed itself: an orphaned worker of an earlier
+    run of this results database holds the GPU; the next ``servesweep run`` ends it
+    first."""
     gpus = require_gpus(1)[:1]
     gpu = gpus[0]
     total = total_gib(gpu)
@@ -142,7 +143,8 @@ def test_leftover_orphan_of_an_earlier_run_is_cleaned_before_the_sweep(
             "--orphan-worker",
         ],
         log,
-        env=child_env({procs.TAG_ENV: "orphan-left-7-0badcafe"}),
+        # an earlier run of the same results database left it: ours to end
+        env=leftover_env("orphan-left-7-0badcafe", out / "servesweep.db"),
     )
     wait_for_line(log, "Uvicorn running on", 300, front)
     started = wait_for_line(log, r"started worker 0: pid \d+", 5, front)

@@ -29,6 +29,7 @@ from tests.gpu.gpu_helpers import (
     events,
     free_port,
     gpu_count,
+    leftover_env,
     per_gpu_release,
     record_summary,
     report_json,
@@ -250,8 +251,10 @@ def test_tp_orphans_on_every_gpu_are_cleaned(keeper: ProcessKeeper, tmp_path: Pa
     argv = [sys.executable, str(SERVER_DIR / "tp_server.py"), "--port", str(free_port())]
     argv += ["--tp", str(len(gpus)), "--hold-gib", str(hold), "--pinned-gib", "4"]
     argv += ["--heads", "16", "--hidden", "2048", "--orphan-workers"]
-    env = child_env(
-        {procs.TAG_ENV: "tp-orphan-3-0badcafe", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    env = leftover_env(
+        "tp-orphan-3-0badcafe",
+        out / "servesweep.db",
+        {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))},
     )
     front = keeper.popen(argv, log, env=env)
     wait_for_line(log, "Uvicorn running on", 300, front)

@@ -200,9 +200,7 @@ def test_lifecycle_with_the_release_gate_on_fake_gpus(box: Box, tmp_path: Path) 
         update={"docker": docker, "gpus": [0], "gpu_backend": "fake", "fake_gpu_dir": str(gpus)}
     )
     launcher = make_launcher(spec)
-    life = ServerLifecycle(
-        spec, get_preset("sim"), launcher, open_probe("fake", str(gpus)), own_tag_prefix="dklife-"
-    )
+    life = ServerLifecycle(spec, get_preset("sim"), launcher, open_probe("fake", str(gpus)))
     assert life.prepare([0]) == {0: 0}
     delay = 1.0
     for n, model in enumerate(["m-1", "m-2"]):

@@ -26,15 +26,15 @@ from tests.integration.sweep_helpers import (
 
 from servesweep.store import open_store
 
-# 6 trials of 1 GPU, 4 of 2, 2 of 4: 12 trials, 22 GPU-trials on 8 GPUs
+# 8 trials of 1 GPU, 4 of 2, 2 of 4: 14 trials, 24 GPU-trials on 8 GPUs (three waves)
 _PARAMS = {
-    "grid": {"tensor-parallel-size": [1, 2, 4], "budget": [0, 1, 2, 3, 4, 5]},
+    "grid": {"tensor-parallel-size": [1, 2, 4], "budget": [0, 1, 2, 3, 4, 5, 6, 7]},
     "when": [
         "tensor_parallel_size == 1 or (tensor_parallel_size == 2 and budget <= 3) "
         "or (tensor_parallel_size == 4 and budget <= 1)"
     ],
 }
-_CHAT = [{"name": "chat", "concurrency": [1], "requests": 6, "max_tokens": 16, "ignore_eos": True}]
+_CHAT = [{"name": "chat", "concurrency": [1], "requests": 4, "max_tokens": 16, "ignore_eos": True}]
 
 
 def _sweep(directory: Path, name: str, **extra: Any) -> Path:
@@ -48,8 +48,9 @@ def _sweep(directory: Path, name: str, **extra: Any) -> Path:
     path = write_sweep(
         directory,
         name=name,
-        # decode steps long enough that CPU contention on a small machine stays noise
-        args={"load-time": 2.0, "release-delay": 0.5, "step-ms": 20, **extra.pop("args", {})},
+        # decode steps long enough that CPU contention on a small machine stays noise;
+        # a load long against the CPU work, as with real engines
+        args={"load-time": 4.0, "release-delay": 0.5, "step-ms": 20, **extra.pop("args", {})},
         workloads=_CHAT,
         server_extra=server,
         extra={"params": extra.pop("params", _PARAMS), **extra},
@@ -90,7 +91,7 @@ def test_parallel_sweep_packs_disjoint_gpus_and_matches_sequential(tmp_path: Pat
 
         par_trials = report_json(par)["trials"]
         seq_trials = report_json(seq)["trials"]
-        assert len(par_trials) == 12
+        assert len(par_trials) == 14
         assert all(t["outcome"] == "ok" for t in par_trials), par_trials
         for t in par_trials:
             assert len(t["gpus"]) == t["params"]["tensor-parallel-size"], t
@@ -143,7 +144,7 @@ def test_sigkill_during_a_parallel_run_then_rerun(tmp_path: Path) -> None:
         rerun = run_cli("run", str(sweep), "--quiet", timeout=600)
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
         trials = report_json(sweep)["trials"]
-        assert len(trials) == 12 and all(t["outcome"] == "ok" for t in trials)
+        assert len(trials) == 14 and all(t["outcome"] == "ok" for t in trials)
         for t in trials:
             levels = [(r["workload"], r["level"], r["repeat"]) for r in t["results"]]
             assert levels == [("chat", "c1", 0)], t

@@ -328,9 +328,7 @@ def test_lifecycle_moves_the_unit_between_two_configs(unit_factory: Any) -> None
     """The trial lifecycle (port check, start, readiness, liveness, stop) over the unit."""
     unit = unit_factory("ss-life.service")
     spec = unit.spec.model_copy(update={"gpu_backend": "none"})
-    life = ServerLifecycle(
-        spec, get_preset("sim"), unit.launcher, open_probe("none"), own_tag_prefix="sdlife-"
-    )
+    life = ServerLifecycle(spec, get_preset("sim"), unit.launcher, open_probe("none"))
     seen: list[tuple[str, int | None]] = []
     for n, model in enumerate(["m-1", "m-2"]):
         argv = unit.sim(model, load_time=0.4)

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from launcher_services import Sandbox, free_port
+from launcher_services import Sandbox, free_port, port_open
 from tests.integration.sweep_helpers import (
     background_run,
     report_json,
     run_cli,
     wait_for_event,
 )
+
+from servesweep.sim.fakegpu import FakeGpuDir
 
 _UNIT = """\
 [Unit]
@@ -94,7 +97,14 @@ def test_a_running_unit_is_stopped_its_memory_waited_for_and_started_again(
 ) -> None:
     sweep_file, unit = _setup(systemd_sandbox, tmp_path, "sd-own")
     try:
+        FakeGpuDir.create(systemd_sandbox.scratch / "sd-own-gpus", 2, 80 * 2**30)
         systemd_sandbox.sdctl("start", unit)
+        port = yaml.safe_load(sweep_file.read_text())["server"]["port"]
+        # the user's server is up and holds its GPU memory
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            assert time.monotonic() < deadline, systemd_sandbox.show(unit, "ActiveState")
+            time.sleep(0.1)
         done = run_cli("run", str(sweep_file), "--quiet", timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         rows = report_json(sweep_file)["trials"]
