@@ -52,12 +52,18 @@ async def run_workload(
     on_progress: Callable[[str], None] | None = None,
     workers: int | None = None,
     base_dir: str | None = None,
+    after_level: Callable[[LevelResult], bool] | None = None,
+    isolated: bool = False,
 ) -> list[LevelResult]:
     """One :class:`LevelResult` per level x repeat (an eval workload: one result; a
     capacity workload: the levels it chose, then its summary, see bench/capacity.py).
 
     ``workers``: generator processes (default: ``workload.workers`` when the spec
-    has that field, else 1). ``base_dir``: where relative dataset paths start.
+    has that field, else 1). ``isolated``: run even a single generator in a process of
+    its own (not in the caller's, whose other threads would compete with it for the
+    interpreter). ``base_dir``: where relative dataset paths start. ``after_level`` is
+    called with each level's result as it is measured; when it returns False, the
+    remaining levels are not run (the results so far are returned).
     Raises :class:`BenchError` (``DatasetError``) when the workload cannot run at all;
     failed requests are data in the result."""
     if workload.eval is not None:
@@ -102,7 +108,7 @@ async def run_workload(
         ]
         data_info["ignore_eos"] = ignore_eos
         runner = _Runner(target, workload, session, headers, target.url(path), bodies, data_info)
-        pool = WorkerPool(n_workers, target.timeout_s) if n_workers > 1 else None
+        pool = WorkerPool(n_workers, target.timeout_s) if n_workers > 1 or isolated else None
         if pool is not None:
             await pool.__aenter__()
         try:
@@ -112,6 +118,8 @@ async def run_workload(
                     results.append(res)
                     if on_progress is not None:
                         on_progress(_progress_line(res))
+                    if after_level is not None and not after_level(res):
+                        return results
         finally:
             if pool is not None:
                 pool.close()
@@ -127,6 +135,8 @@ def run_workload_sync(
     on_progress: Callable[[str], None] | None = None,
     workers: int | None = None,
     base_dir: str | None = None,
+    after_level: Callable[[LevelResult], bool] | None = None,
+    isolated: bool = False,
 ) -> list[LevelResult]:
     """:func:`run_workload` for callers without an event loop."""
     return asyncio.run(
@@ -138,6 +148,8 @@ def run_workload_sync(
             on_progress=on_progress,
             workers=workers,
             base_dir=base_dir,
+            after_level=after_level,
+            isolated=isolated,
         )
     )
 

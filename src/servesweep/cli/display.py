@@ -114,7 +114,7 @@ class ProgressDisplay:
             f"sweep {event.name}: {event.trials} trials, {event.done} already done, "
             f"{self._total} to run{slots} (results: {event.store})"
         )
-        if self.live_mode and self._total:
+        if self.live_mode:
             self._live = Live(Text(""), console=self.console, refresh_per_second=8, transient=True)
             self._live.start()
 
@@ -128,7 +128,8 @@ class ProgressDisplay:
         self._running[event.trial] = _Running(event.trial, params, where)
         if not self.live_mode:
             at = f" on {where}" if where else ""
-            self._print(f"[{self._started}/{self._total}] trial {event.trial}{at}: {params}")
+            total = str(self._total) if self._total else "?"
+            self._print(f"[{self._started}/{total}] trial {event.trial}{at}: {params}")
 
     def _on_phase(self, event: PhaseEntered) -> None:
         running = self._running.get(event.trial)
@@ -182,6 +183,8 @@ class ProgressDisplay:
     # -- the status lines ---------------------------------------------------------------
 
     def _eta(self) -> str:
+        if not self._total:
+            return "?"
         left = self._total - self._finished
         if self._trial_times:
             per = sum(self._trial_times) / len(self._trial_times)
@@ -198,7 +201,8 @@ class ProgressDisplay:
             return
         now = time.monotonic()
         header = Text()
-        header.append(f"[{self._finished}/{self._total} done] ", style="bold")
+        total = str(self._total) if self._total else "?"
+        header.append(f"[{self._finished}/{total} done] ", style="bold")
         header.append(f"{len(self._running)} running", style="cyan")
         header.append(f"  ETA {self._eta()}", style="dim")
         lines: list[Text] = [header]

@@ -257,16 +257,20 @@ class Store:
                 )
         return self.trials(sweep_id, in_plan_only=True)
 
-    def ensure_trial(self, sweep_id: int, config: ServerConfig) -> TrialRecord:
-        """The trial of this config, added out of plan when the sweep never had it."""
+    def ensure_trial(
+        self, sweep_id: int, config: ServerConfig, *, in_plan: bool = False
+    ) -> TrialRecord:
+        """The trial of this config, added (last in order) when the sweep never had it:
+        out of plan (``servesweep apply``), or in plan (a search's proposal)."""
         with self._tx() as db:
             seq = db.execute(
                 "SELECT COALESCE(MAX(seq), -1) + 1 FROM trials WHERE sweep_id=?", (sweep_id,)
             ).fetchone()[0]
             db.execute(
                 "INSERT INTO trials(sweep_id, seq, fingerprint, params, in_plan) "
-                "VALUES (?, ?, ?, ?, 0) ON CONFLICT(sweep_id, fingerprint) DO NOTHING",
-                (sweep_id, seq, config.fingerprint, _dumps(dict(config.params))),
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(sweep_id, fingerprint) DO UPDATE SET "
+                "in_plan=MAX(in_plan, excluded.in_plan)",
+                (sweep_id, seq, config.fingerprint, _dumps(dict(config.params)), int(in_plan)),
             )
         rows = self._query(
             f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE sweep_id=? AND fingerprint=?",

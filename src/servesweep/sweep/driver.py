@@ -32,8 +32,10 @@ from typing import Any, Protocol
 
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import InstanceRecord, LevelResult, Outcome
+from servesweep.search.prune import PrunePolicy
 from servesweep.servers import ports as port_tools
 from servesweep.servers.ownership import OwnerKind, Ownership
+from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import GpuNeed, gpu_need, slot_port, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.channel import StoreWriter
@@ -67,7 +69,7 @@ from servesweep.sweep.slot import (
     launch_for,
 )
 
-__all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource"]
+__all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
 
 _POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 60.0
@@ -126,6 +128,10 @@ class TrialSource(Protocol):
 
     def exhausted(self) -> bool: ...
 
+    def prune_policy(self) -> PrunePolicy | None:
+        """What a slot needs to stop a trial early that can no longer win (None: never)."""
+        ...
+
 
 class GridSource:
     """The plan's pending trials, in plan order."""
@@ -142,6 +148,9 @@ class GridSource:
 
     def exhausted(self) -> bool:
         return not self._todo
+
+    def prune_policy(self) -> PrunePolicy | None:
+        return None
 
 
 @dataclass
@@ -242,15 +251,7 @@ class Driver:
     # -- machines -----------------------------------------------------------------------
 
     def _max_slots(self) -> int:
-        pool = len(self.spec.server.gpus)
-        limit = self.settings.max_slots or self.spec.parallel
-        if self.need.fixed is not None:
-            fit = max(1, pool // self.need.fixed) if pool else 1
-        else:
-            fit = max(1, pool)
-        if self.spec.server.ports:
-            fit = min(fit, len(self.spec.server.ports))
-        return max(1, min(fit, limit or fit))
+        return max_slots(self.spec, self.settings.max_slots)
 
     def _prepare_nodes(self) -> None:
         live = [t for t in self.store.live_instances() if t.instance is not None]
@@ -368,7 +369,11 @@ class Driver:
     # -- the queue ----------------------------------------------------------------------
 
     def _queue_more(self) -> None:
-        room = max(1, self._max_slots() * max(1, len(self.nodes)) - len(self.state.jobs))
+        # a search proposes only for slots that are free (it learns from each result)
+        capacity = self._max_slots() * max(1, len(self.nodes))
+        room = capacity - len(self.state.running) - len(self.state.jobs)
+        if room <= 0:
+            return
         for trial in self.source.take(room):
             self._trials[trial.id] = trial
             need = self.need.of(trial.params)
@@ -459,6 +464,7 @@ class Driver:
             fingerprint=trial.fingerprint,
             params=dict(trial.params),
             log_path=str(log),
+            prune=self.source.prune_policy(),
         )
 
     def _wait_event(self) -> None:
@@ -552,6 +558,20 @@ class Driver:
                 self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
         self.writer.mark_interrupted(list(state.ran))
         state.slots.clear()
+
+
+def max_slots(spec: SweepSpec, option: int | None = None) -> int:
+    """How many slots a machine may run at once: ``--slots`` (``option``), else the
+    sweep file's ``parallel``, capped by what fits in the GPU pool (and ``ports``)."""
+    need = gpu_need(spec)
+    pool = len(spec.server.gpus)
+    limit = option or spec.parallel
+    fit = max(1, pool)  # trials sized per configuration: at most one per GPU
+    if need.fixed is not None:
+        fit = max(1, pool // need.fixed) if pool else 1
+    if spec.server.ports:
+        fit = min(fit, len(spec.server.ports))
+    return max(1, min(fit, limit or fit))
 
 
 def _on(node: NodeInfo, instance: InstanceRecord) -> bool:

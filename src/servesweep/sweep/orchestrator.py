@@ -19,7 +19,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.driver import Driver, GridSource, RunSettings
-from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished
+from servesweep.sweep.driver import Driver, GridSource, RunSettings, TrialSource, max_slots
+from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
 from servesweep.sweep.identity import changes
 from servesweep.sweep.local import LocalExecutor
+from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import SweepContext, this_node
 
 __all__ = [
@@ -115,7 +116,9 @@ def open_sweep(
         if not keep_results:
             _refuse_changed(loaded, store, sweep)
         store.update_sweep_spec(sweep.id, spec_path, loaded.text, loaded.spec_hash)
-    store.sync_trials(sweep.id, expand_configs(loaded.spec))
+    if not loaded.spec.search.samples:
+        # a grid's plan is fixed; a sampling search adds its trials as it proposes them
+        store.sync_trials(sweep.id, expand_configs(loaded.spec))
     return store.sweep(sweep.id)
 
 
@@ -304,6 +307,7 @@ def _run(
     sweep = open_sweep(loaded, store, fresh=options.fresh, keep_results=options.keep_results)
     run = new_run_id()
     context = sweep_context(loaded, store, store_path, sweep, run, api_key)
+    context = replace(context, slots=max_slots(spec, options.slots))
     store.add_event(sweep.id, "run_started", {"run": run, "pid": os.getpid(), "node": this_node()})
     environment = {**sweep.environment, **_environment(spec.server, context.fake_gpu_dir)}
     store.set_environment(sweep.id, environment)
@@ -336,9 +340,20 @@ def _run(
             max_slots=options.slots,
         ),
     )
+    source: TrialSource
+    capped = spec.search.trials is not None or spec.search.budget is not None
+    if spec.search.samples or (capped and not options.only):
+        search = SearchSource(store, sweep, spec)
+        for note in search.notes:
+            observer.event(SweepWarning(message=note))
+        source = search
+        cap = spec.search.trials
+        todo_count = len(todo) if cap is None else max(len(todo), cap - len(trials) + len(todo))
+    else:
+        source, todo_count = GridSource(todo), len(todo)
     ran = driver.run(
-        GridSource(todo),
-        todo_count=len(todo),
+        source,
+        todo_count=todo_count,
         total=len(trials),
         done=sum(1 for t in trials if t.outcome.final),
     )

@@ -39,6 +39,7 @@ from servesweep.models import (
     Phase,
     fingerprint,
 )
+from servesweep.search.prune import PrunePolicy, prune_reason
 from servesweep.servers.engines import build_launch, get_preset
 from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.launchers import make_launcher
@@ -99,8 +100,10 @@ class SweepContext:
     fake_gpu_dir: str | None = None
     api_key: str | None = field(default=None, repr=False)
     """The server's API key, from the environment; never stored or logged."""
-    cpus: tuple[int, ...] = ()
-    """CPU cores this slot's load generator may use (empty: no pinning)."""
+    slots: int = 1
+    """How many slots may run at once on a machine: with more than one, each slot's
+    load generator runs in processes of its own (never in the driver's interpreter,
+    where the slots' threads would compete for it)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,15 @@ class TrialOrder:
     fingerprint: str
     params: Mapping[str, Any]
     log_path: str
+    prune: PrunePolicy | None = None
+    """When set, the benchmark stops early once the trial can no longer win (see
+    ``search.prune``): the outcome is ``pruned`` with the reason."""
+
+
+class _Pruned(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -299,6 +311,9 @@ class SlotWorker:
         self.lifecycle.baseline = dict(baseline or {})
         self.current = current
         self._cancel = threading.Event()
+        self._phase: tuple[Phase, float] | None = None
+        self._phase_seconds: dict[str, float] = {}
+        """Durations of the running trial's finished phases (for pruning on load_s)."""
         self._telemetry = _Telemetry(self.lifecycle, placement.node)
         self._telemetry.start()
         for warning in getattr(self.launcher, "warnings", None) or []:
@@ -323,7 +338,11 @@ class SlotWorker:
 
     def _enter(self, trial: int, phase: Phase) -> None:
         self._check_cancel()
-        self.emit(PhaseEntered(trial=trial, phase=phase, at=time.time()))
+        now = time.time()
+        if self._phase is not None:
+            self._phase_seconds[self._phase[0].value] = now - self._phase[1]
+        self._phase = (phase, now)
+        self.emit(PhaseEntered(trial=trial, phase=phase, at=now))
 
     def trial_key(self, trial: int) -> str:
         return f"{self.context.spec.name}-{trial}"
@@ -470,6 +489,7 @@ class SlotWorker:
             )
         )
         self._telemetry.drain(order.trial)
+        self._phase, self._phase_seconds = None, {}
         outcome, failure_class, evidence = Outcome.OK, None, None
         try:
             model = self._bring_up(order, log_path)
@@ -481,6 +501,9 @@ class SlotWorker:
                 failure.failure_class,
                 failure.evidence,
             )
+        except _Pruned as pruned:
+            outcome = Outcome.PRUNED
+            evidence = Evidence(message=pruned.reason, reason="pruned")
         finally:
             points = self._telemetry.drain(order.trial)
             if points:
@@ -590,6 +613,25 @@ class SlotWorker:
         target = self._target(model)
         instance = self.current.instance
         base_dir = self.context.base_dir
+        measured: list[LevelResult] = []
+        left = sum(_levels(w) for w in self.workloads)
+        pruned: list[str] = []
+
+        def after_level(result: LevelResult) -> bool:
+            """Keep benchmarking unless the trial can no longer win (pruning)."""
+            nonlocal left
+            measured.append(result)
+            left -= 1
+            if self._cancel.is_set():
+                return False
+            if order.prune is None or left <= 0:
+                return True
+            reason = prune_reason(order.prune, measured, self._phase_seconds)
+            if reason:
+                pruned.append(reason)
+                return False
+            return True
+
         for workload in self.workloads:
             self._check_cancel()
 
@@ -605,6 +647,8 @@ class SlotWorker:
                     on_progress=progress,
                     workers=workload.workers,
                     base_dir=base_dir,
+                    after_level=after_level,
+                    isolated=self.context.slots > 1,
                 )
             except DatasetError:
                 raise
@@ -629,6 +673,8 @@ class SlotWorker:
                 )
             )
             self.lifecycle.check_alive(instance)
+            if pruned:
+                raise _Pruned(pruned[0])
             try:
                 _check_errors(workload, results)
             except TrialFailed:
@@ -640,6 +686,13 @@ class SlotWorker:
                     self.lifecycle.check_alive(instance)
                     time.sleep(0.05)
                 raise
+
+
+def _levels(workload: WorkloadSpec) -> int:
+    """How many level results a workload gives (for telling whether any come after)."""
+    if workload.is_eval or workload.capacity is not None:
+        return 1
+    return (len(workload.concurrency) + len(workload.rate)) * workload.repeats
 
 
 def _on_node(instance: InstanceRecord, placement: Placement) -> InstanceRecord:

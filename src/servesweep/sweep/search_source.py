@@ -1,0 +1,96 @@
+"""A search as the driver's source of trials: the configurations Optuna's sampler
+proposes (``search.strategy`` random, tpe, nsga2), one by one, as slots free up.
+
+The results database stays the single source of truth: the search is rebuilt from the
+stored trials of the sweep at every run (``Search.create`` replays them), so after a
+crash or Ctrl-C the same search continues and nothing measured is measured twice.
+Each proposal becomes a trial of the sweep (in plan, numbered in the order it was
+asked); a configuration asked again (an environment failure, or a trial a dead run
+left unfinished) reuses its trial. Finished trials are told to the search by the
+driver, from its own thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from servesweep.models import LevelResult, Outcome
+from servesweep.search import Search
+from servesweep.search.prune import PrunePolicy
+from servesweep.spec.schema import SweepSpec
+from servesweep.store import Store, SweepRecord, TrialRecord
+
+__all__ = ["SearchSource", "measuring_time"]
+
+
+def measuring_time(trials: Sequence[TrialRecord], now: float) -> float:
+    """Wall time during which at least one trial of the sweep was running (the union
+    of the trials' intervals, across every run; a trial still running counts up to
+    ``now``): what a search's time budget is spent on."""
+    spans = sorted(
+        (t.started_at, t.finished_at if t.finished_at is not None else now)
+        for t in trials
+        if t.started_at is not None
+    )
+    total, end = 0.0, float("-inf")
+    for begin, finish in spans:
+        if finish <= end:
+            continue
+        total += finish - max(begin, end)
+        end = finish
+    return total
+
+
+def _gpu_seconds(trials: Sequence[TrialRecord], now: float) -> float:
+    held = 0.0
+    for t in trials:
+        if t.finished_at is not None:
+            held += t.gpu_seconds
+        elif t.started_at is not None and t.outcome is Outcome.RUNNING:
+            held += (now - t.started_at) * max(1, len(t.gpus))
+    return held
+
+
+class SearchSource:
+    """The driver's ``TrialSource`` for a sampling search (see the module doc)."""
+
+    def __init__(self, store: Store, sweep: SweepRecord, spec: SweepSpec) -> None:
+        self.store = store
+        self.sweep = sweep
+        history = [(t, store.results(t.id, with_samples=False)) for t in store.trials(sweep.id)]
+        self.search = Search.create(spec, history)
+        self.notes: list[str] = list(getattr(self.search, "notes", []) or [])
+        """What the rebuilt search noticed in the stored trials (worth a warning)."""
+        self._finished = False
+
+    def take(self, room: int) -> list[TrialRecord]:
+        out: list[TrialRecord] = []
+        while len(out) < room and not self.exhausted():
+            config = self.search.ask()
+            if config is None:
+                self._finished = True
+                break
+            trial = self.store.ensure_trial(self.sweep.id, config, in_plan=True)
+            if trial.outcome.final or trial.outcome is Outcome.INTERRUPTED:
+                # asked again (an environment failure): a new attempt of its trial
+                self.store.reset_trial(trial.id)
+                trial = self.store.trial(trial.id)
+            out.append(trial)
+        return out
+
+    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
+        self.search.tell(trial, results)
+
+    def exhausted(self) -> bool:
+        if self._finished:
+            return True
+        trials = self.store.trials(self.sweep.id)
+        now = time.time()
+        return self.search.exhausted(
+            elapsed_s=measuring_time(trials, now), gpu_seconds=_gpu_seconds(trials, now)
+        )
+
+    def prune_policy(self) -> PrunePolicy | None:
+        policy = self.search.prune_policy()
+        return policy if policy.enabled else None
