@@ -110,3 +110,14 @@ def test_heartbeat_refreshes_mtime(gpus: FakeGpuDir) -> None:
     mtime = os.stat(holder.path).st_mtime
     time.sleep(0.05)
     assert os.stat(holder.path).st_mtime == mtime  # the heartbeat stopped
+
+
+def test_a_holder_in_another_pid_namespace_is_named_by_the_pid_we_see() -> None:
+    from servesweep.fakegpu.procinfo import host_pid, own_pid_ns, own_start_time
+
+    me = os.getpid()
+    assert own_pid_ns().startswith("pid:[")
+    # our own namespace: the PID as written
+    assert host_pid(own_pid_ns(), me, own_start_time()) == me
+    # a namespace no process here is in: not visible (exited, or not below ours)
+    assert host_pid("pid:[1]", me, own_start_time()) is None

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.fakegpu.procinfo import own_start_time, read_stat
+from servesweep.fakegpu.procinfo import host_pid, own_pid_ns, own_start_time, read_stat
 from servesweep.fakegpu.units import format_bytes
 
 __all__ = [
@@ -236,8 +236,16 @@ class FakeGpuDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         exited_at = data.get("exited_at")
+        pid_ns = str(data.get("pid_ns") or "")
+        unseen = False
+        if pid_ns:
+            # a holder in another PID namespace (a container): its PID as we see it;
+            # none when it has exited (or its namespace is not below ours)
+            seen = host_pid(pid_ns, pid, None if start_time is None else int(start_time))
+            unseen = seen is None
+            pid = pid if seen is None else seen
         alive = False
-        if exited_at is None:
+        if exited_at is None and not unseen:
             stat = read_stat(pid)
             alive = (
                 stat is not None
@@ -385,6 +393,7 @@ class Holder:
         return {
             "pid": self.pid,
             "start_time": own_start_time(),
+            "pid_ns": own_pid_ns(),
             "memory": {str(k): v for k, v in self.memory.items()},
             "release_delay_s": self.release_delay_s,
             "exited_at": self.exited_at,
