@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.integration.sweep_helpers import (
     write_sweep,
 )
 
+from servesweep.sim.testing import free_port_block
 from servesweep.store import open_store
 
 # 8 trials of 1 GPU, 4 of 2, 2 of 4: 14 trials, 24 GPU-trials on 8 GPUs (three waves)
@@ -39,6 +39,7 @@ _CHAT = [{"name": "chat", "concurrency": [1], "requests": 4, "max_tokens": 16, "
 
 def _sweep(directory: Path, name: str, **extra: Any) -> Path:
     server = {
+        "port": free_port_block(8),  # slot k listens on port + k
         "fake_gpus": {"count": 8, "memory": "80GiB"},
         "gpus": list(range(8)),
         "gpus_per_trial": "{param.tensor-parallel-size}",
@@ -50,7 +51,7 @@ def _sweep(directory: Path, name: str, **extra: Any) -> Path:
         name=name,
         # decode steps long enough that CPU contention on a small machine stays noise;
         # a load long against the CPU work, as with real engines
-        args={"load-time": 4.0, "release-delay": 0.5, "step-ms": 20, **extra.pop("args", {})},
+        args={"load-time": 6.0, "release-delay": 0.5, "step-ms": 40, **extra.pop("args", {})},
         workloads=_CHAT,
         server_extra=server,
         extra={"params": extra.pop("params", _PARAMS), **extra},
@@ -80,13 +81,9 @@ def test_parallel_sweep_packs_disjoint_gpus_and_matches_sequential(tmp_path: Pat
     par = _sweep(par_dir, "par")
     seq = _sweep(seq_dir, "seq")
     try:
-        t0 = time.monotonic()
         done = run_cli("run", str(par), "--quiet", timeout=600)
-        parallel_s = time.monotonic() - t0
         assert done.returncode == 0, done.stdout + done.stderr
-        t0 = time.monotonic()
         done = run_cli("run", str(seq), "--quiet", "--slots", "1", timeout=900)
-        sequential_s = time.monotonic() - t0
         assert done.returncode == 0, done.stdout + done.stderr
 
         par_trials = report_json(par)["trials"]
@@ -106,11 +103,17 @@ def test_parallel_sweep_packs_disjoint_gpus_and_matches_sequential(tmp_path: Pat
             other = seq_by[str(sorted(t["params"].items()))]
             a = _metric(t, "tpot_median_ms")
             b = _metric(other, "tpot_median_ms")
-            assert abs(a - b) <= max(0.3 * b, 3.0), (t["params"], a, b)
+            assert abs(a - b) <= max(0.3 * b, 4.0), (t["params"], a, b)
+        # the sweeps' makespans: first trial's start to last trial's end
+        parallel_s, sequential_s = _makespan(par_trials), _makespan(seq_trials)
         assert sequential_s >= 3 * parallel_s, (sequential_s, parallel_s)
     finally:
         kill_tagged("par", tmp_path)
         kill_tagged("seq", tmp_path)
+
+
+def _makespan(trials: list[dict[str, Any]]) -> float:
+    return float(max(t["finished_at"] for t in trials) - min(t["started_at"] for t in trials))
 
 
 def _metric(trial: dict[str, Any], name: str) -> float:
@@ -171,7 +174,7 @@ def test_an_oom_in_one_slot_does_not_disturb_the_others(tmp_path: Path) -> None:
         assert trials[1]["failure_class"] == "start_crash"
         assert trials[1]["failure"]["reason"] == "oom"
         for budget in (0, 2, 3):
-            assert trials[budget]["outcome"] == "ok", trials[budget]
+            assert trials[budget]["outcome"] == "ok", trials[budget]["failure"]
         _no_shared_gpu(list(trials.values()))
         assert not tagged_processes("poom", tmp_path)
     finally:

@@ -54,6 +54,7 @@ async def run_workload(
     base_dir: str | None = None,
     after_level: Callable[[LevelResult], bool] | None = None,
     isolated: bool = False,
+    pool: WorkerPool | None = None,
 ) -> list[LevelResult]:
     """One :class:`LevelResult` per level x repeat (an eval workload: one result; a
     capacity workload: the levels it chose, then its summary, see bench/capacity.py).
@@ -63,7 +64,9 @@ async def run_workload(
     its own (not in the caller's, whose other threads would compete with it for the
     interpreter). ``base_dir``: where relative dataset paths start. ``after_level`` is
     called with each level's result as it is measured; when it returns False, the
-    remaining levels are not run (the results so far are returned).
+    remaining levels are not run (the results so far are returned). ``pool``: started
+    generator processes to use (kept for the caller's next workloads) when there are as
+    many as this workload needs.
     Raises :class:`BenchError` (``DatasetError``) when the workload cannot run at all;
     failed requests are data in the result."""
     if workload.eval is not None:
@@ -108,9 +111,12 @@ async def run_workload(
         ]
         data_info["ignore_eos"] = ignore_eos
         runner = _Runner(target, workload, session, headers, target.url(path), bodies, data_info)
-        pool = WorkerPool(n_workers, target.timeout_s) if n_workers > 1 or isolated else None
-        if pool is not None:
-            await pool.__aenter__()
+        own = None
+        if pool is None or pool.n != n_workers:
+            pool = None
+            if n_workers > 1 or isolated:
+                own = pool = WorkerPool(n_workers, target.timeout_s)
+                await own.__aenter__()
         try:
             for conc, rate in levels:
                 for repeat in range(workload.repeats):
@@ -121,8 +127,8 @@ async def run_workload(
                     if after_level is not None and not after_level(res):
                         return results
         finally:
-            if pool is not None:
-                pool.close()
+            if own is not None:
+                own.close()
     return results
 
 
@@ -137,6 +143,7 @@ def run_workload_sync(
     base_dir: str | None = None,
     after_level: Callable[[LevelResult], bool] | None = None,
     isolated: bool = False,
+    pool: WorkerPool | None = None,
 ) -> list[LevelResult]:
     """:func:`run_workload` for callers without an event loop."""
     return asyncio.run(
@@ -150,6 +157,7 @@ def run_workload_sync(
             base_dir=base_dir,
             after_level=after_level,
             isolated=isolated,
+            pool=pool,
         )
     )
 

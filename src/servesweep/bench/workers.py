@@ -78,6 +78,16 @@ class WorkerPool:
     async def __aexit__(self, *exc: object) -> None:
         self.close()
 
+    @classmethod
+    def started(cls, n: int, timeout_s: float) -> WorkerPool:
+        """A pool started now, for callers without an event loop: its processes stay up
+        across workloads (and event loops) until :meth:`close`."""
+        return asyncio.run(cls(n, timeout_s).__aenter__())
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
     @staticmethod
     async def _recv(conn: Connection) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, conn.recv)

@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ __all__ = [
     "HttpReply",
     "SimRun",
     "free_port",
+    "free_port_block",
     "http_request",
     "read_truth",
     "running_sim",
@@ -37,6 +39,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_block(count: int, low: int = 20000, high: int = 32000) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 right now, below
+    the kernel's ephemeral range (where ``free_port`` picks), so that servers of other
+    tests on this machine do not take the later ones before a sweep's slots bind them."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(low, high - count)
+        if all(_free(p) for p in range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports in {low}-{high}")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class HttpReply:

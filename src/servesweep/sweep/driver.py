@@ -205,6 +205,8 @@ class Driver:
         self.need: GpuNeed = gpu_need(self.spec)
         self.writer = StoreWriter(store, sweep.id, observer, on_finished=self._finished)
         self.state = _State()
+        self._closing: list[SlotHandle] = []
+        """Slots torn down whose threads may still be finishing."""
         self.prepared: dict[str, NodePrepared] = {}
         self.baselines: dict[str, dict[int, int]] = {}
         self.source: TrialSource = GridSource(())
@@ -504,7 +506,10 @@ class Driver:
                 raise error
             raise ServesweepError(f"slot {event.slot} on {event.node} failed: {event.error}")
         if slot.tearing:
-            slot.handle.close()
+            # its thread ends on its own (closing a probe, a telemetry thread): never
+            # hold up the other slots for it
+            slot.handle.close(timeout=0.0)
+            self._closing.append(slot.handle)
             del self.state.slots[key]
 
     def _finished(self, event: TrialFinished) -> None:
@@ -531,6 +536,8 @@ class Driver:
             self._wait_event()
         for slot in self.state.slots.values():
             slot.handle.close()
+        for handle in self._closing:
+            handle.close()
         self.state.slots.clear()
 
     def _finish_timeout(self) -> float:

@@ -26,6 +26,7 @@ from servesweep.sweep.events import Event, SlotIdle
 from servesweep.sweep.node import Leftover, NodePrepared, prepare_node
 from servesweep.sweep.slot import (
     CurrentInstance,
+    GeneratorPools,
     NodeInfo,
     Placement,
     SlotWorker,
@@ -52,8 +53,10 @@ class LocalSlot:
         current: CurrentInstance | None = None,
         baseline: Mapping[int, int] | None = None,
         cpus: Sequence[int] = (),
+        generators: GeneratorPools | None = None,
     ) -> None:
         self.placement = placement
+        self._generators = generators
         self.error: BaseException | None = None
         """The exception that ended a command (not a trial failure: those are events)."""
         self._events = events
@@ -91,9 +94,11 @@ class LocalSlot:
             self._worker.restore(keep_running=False, restart_units=restart_units)
 
     def close(self, timeout: float = 30.0) -> bool:
-        """End the thread after its current command; True when it ended in time."""
+        """End the thread after its current command; True when it ended in time
+        (``timeout`` 0: do not wait)."""
         self._inbox.put(None)
-        self._thread.join(timeout)
+        if timeout > 0:
+            self._thread.join(timeout)
         return not self._thread.is_alive()
 
     # -- the thread -------------------------------------------------------------------
@@ -113,6 +118,7 @@ class LocalSlot:
                 QueueChannel(self._events),
                 current=current,
                 baseline=baseline,
+                generators=self._generators,
             )
         except BaseException as exc:  # reported to the driver, which ends the sweep
             self.error = exc
@@ -161,6 +167,8 @@ class LocalExecutor:
         self.context = context
         self.events = events
         self.node = this_node()
+        self.generators = GeneratorPools()
+        """Load-generator processes by slot number, kept while slots come and go."""
 
     def nodes(self) -> list[NodeInfo]:
         """This machine, with the sweep's GPU pool."""
@@ -201,8 +209,14 @@ class LocalExecutor:
         cpus: Sequence[int],
     ) -> LocalSlot:
         return LocalSlot(
-            self.context, placement, self.events, current=current, baseline=baseline, cpus=cpus
+            self.context,
+            placement,
+            self.events,
+            current=current,
+            baseline=baseline,
+            cpus=cpus,
+            generators=self.generators,
         )
 
     def close(self) -> None:
-        return None
+        self.generators.close()

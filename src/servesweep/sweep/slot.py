@@ -17,6 +17,7 @@ another thread) stops the slot's instance and makes the running work end with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 from servesweep.bench.capacity import error_checked
 from servesweep.bench.load import run_workload_sync
 from servesweep.bench.target import Target
+from servesweep.bench.workers import WorkerPool
 from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
 from servesweep.models import (
     Evidence,
@@ -68,6 +70,7 @@ from servesweep.sweep.events import (
 
 __all__ = [
     "CurrentInstance",
+    "GeneratorPools",
     "NodeInfo",
     "Placement",
     "SlotWorker",
@@ -278,6 +281,38 @@ class _Telemetry:
             self._thread.join(timeout=2)
 
 
+class GeneratorPools:
+    """Load-generator processes by slot number, started once and kept across the
+    slots that take that number (a slot's thread, pinned to its cores, starts them)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, WorkerPool] = {}
+        self._locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, slot: int, n: int, timeout_s: float) -> WorkerPool:
+        """The slot number's ``n`` generator processes, started when missing (a second
+        caller for the same slot waits for the first one's)."""
+        with self._lock:
+            slot_lock = self._locks.setdefault(slot, threading.Lock())
+        with slot_lock:
+            pool = self._pools.get(slot)
+            if pool is not None and (pool.n != n or not pool.alive):
+                pool.close()
+                pool = None
+            if pool is None:
+                pool = WorkerPool.started(n, timeout_s)
+                with self._lock:
+                    self._pools[slot] = pool
+            return pool
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+
 class SlotWorker:
     """Runs trials on one slot; reports through ``channel`` (see the module doc)."""
 
@@ -289,6 +324,7 @@ class SlotWorker:
         *,
         current: CurrentInstance | None = None,
         baseline: Mapping[int, int] | None = None,
+        generators: GeneratorPools | None = None,
     ) -> None:
         self.context = context
         self.placement = placement
@@ -311,6 +347,8 @@ class SlotWorker:
         self.lifecycle.baseline = dict(baseline or {})
         self.current = current
         self._cancel = threading.Event()
+        self._own_generators = generators is None
+        self.generators = generators or GeneratorPools()
         self._phase: tuple[Phase, float] | None = None
         self._phase_seconds: dict[str, float] = {}
         """Durations of the running trial's finished phases (for pruning on load_s)."""
@@ -384,7 +422,31 @@ class SlotWorker:
         self.emit(InstanceGone(trial=current.trial))
         self.current = None
 
+    def _warm_generators(self) -> None:
+        """Start the load-generator processes while the server loads (in a thread of
+        its own, which inherits this thread's cores), so the benchmark does not wait."""
+        first = next((w for w in self.workloads if not w.is_eval), None)
+        if first is None or (first.workers <= 1 and self.context.slots <= 1):
+            return
+
+        def warm(workload: WorkloadSpec = first) -> None:
+            with contextlib.suppress(BenchError):  # the benchmark reports it, if it stays
+                self._generators(workload, self.server.timeouts.request)
+
+        threading.Thread(target=warm, name="generators", daemon=True).start()
+
+    def _generators(self, workload: WorkloadSpec, timeout_s: float) -> WorkerPool | None:
+        """Load-generator processes for ``workload``: when slots run side by side, every
+        slot's generator runs in processes of its own (the slots' threads would otherwise
+        compete for one interpreter), kept for the slot number's later trials."""
+        n = max(1, workload.workers)
+        if n == 1 and self.context.slots <= 1:
+            return None
+        return self.generators.get(self.placement.slot, n, timeout_s)
+
     def close(self) -> None:
+        if self._own_generators:
+            self.generators.close()
         self._telemetry.stop()
         self.probe.close()
 
@@ -648,7 +710,7 @@ class SlotWorker:
                     workers=workload.workers,
                     base_dir=base_dir,
                     after_level=after_level,
-                    isolated=self.context.slots > 1,
+                    pool=self._generators(workload, target.timeout_s),
                 )
             except DatasetError:
                 raise
