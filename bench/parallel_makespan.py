@@ -87,7 +87,13 @@ def _write(folder: Path, name: str, shape: dict[str, Any]) -> Path:
         },
         "params": shape["params"],
         "workloads": [
-            {"name": "chat", "concurrency": [1], "requests": 4, "max_tokens": 32, "ignore_eos": True}
+            {
+                "name": "chat",
+                "concurrency": [1],
+                "requests": 4,
+                "max_tokens": 32,
+                "ignore_eos": True,
+            }
         ],
     }
     path = folder / "sweep.yaml"
