@@ -81,6 +81,7 @@ class ServerLifecycle:
         *,
         stored: Mapping[int, int] | None = None,
         departing: Iterable[int] = (),
+        expected: Mapping[int, int] | None = None,
     ) -> dict[int, int]:
         """Make the GPUs idle (our own leftovers killed, foreign holders per
         ``server.release.foreign_holders``, ``departing`` PIDs' memory back) and take
@@ -99,6 +100,7 @@ class ServerLifecycle:
             ownership=self.ownership,
             stored=stored,
             departing=departing,
+            expected=expected,
         )
         self.baseline = dict(prepared.baseline)
         self.foreign_holders = prepared.holders

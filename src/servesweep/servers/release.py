@@ -336,6 +336,7 @@ def prepare_gpus(
     ownership: Ownership | None = None,
     stored: Mapping[int, int] | None = None,
     departing: Iterable[int] = (),
+    expected: Mapping[int, int] | None = None,
 ) -> Prepared:
     """Make the GPUs idle for the sweep and take the baseline the release gate waits for.
 
@@ -345,7 +346,9 @@ def prepare_gpus(
     raise ``gpu_busy`` naming them (and their owner when servesweep started them),
     ``wait`` waits up to ``timeout`` for them to exit. Smaller holders are reported
     and become part of the baseline. ``departing``: PIDs of an instance servesweep
-    has just stopped (their memory is waited for like the killed ones').
+    has just stopped (their memory is waited for like the killed ones');
+    ``expected``: what the GPUs used beside that instance, read before it was stopped
+    (an exited process is no longer listed, so its memory must be known before).
 
     The baseline is never taken while memory of those is still coming back: with a
     ``stored`` baseline (an earlier run of this sweep on this machine) the GPUs must
@@ -381,6 +384,8 @@ def prepare_gpus(
     cleaned = tuple(_kill(pid, ownership) for pid in sorted(own_pids))
     _wait_exit({h.pid for h in big}, probe, gpu_list, tolerance, timeout, ownership)
     target = dict(stored) if stored else estimate
+    if not stored and expected:
+        target = {g: min(v, expected.get(g, v)) for g, v in target.items()}
     notes: list[str] = []
     if stored:
         missing = [g for g in gpu_list if g not in stored]

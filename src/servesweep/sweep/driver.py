@@ -291,7 +291,10 @@ class Driver:
             if job.need != max(1, len(gpus)):
                 continue
             record = self._trials[job.trial]
-            if launch_for(self.context, placement, record.params)[2] == instance.fingerprint:
+            fingerprint = launch_for(
+                self.context, placement, record.params, trial="{trial}", log="{log}"
+            )[2]
+            if fingerprint == instance.fingerprint:
                 return Leftover(trial.id, instance, adopt_for=job.trial, label=label)
         return Leftover(trial.id, instance, label=label)
 

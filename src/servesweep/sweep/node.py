@@ -128,8 +128,7 @@ def _prepare(
             _server_of(context, instance, server), preset, launcher, probe, ownership=ownership
         )
         pids = instance_pids(lifecycle, instance)
-        for gpu, idle in baseline_without(probe, list(instance.gpus), pids).items():
-            idle_estimate[gpu] = min(idle, idle_estimate.get(gpu, idle))
+        _expect(idle_estimate, probe, pool.gpus, pids)
         what = f"trial {left.trial}" + (f" ({left.label})" if left.label else "")
         warn(
             f"stopping the instance of {what}, left running by an earlier run or by "
@@ -153,7 +152,9 @@ def _prepare(
         )
     restart: list[str] = []
     for slot in service_slots:
-        unit, pids = _stop_running_service(context, server, slot, pool, probe, ownership, warn)
+        unit, pids = _stop_running_service(
+            context, server, slot, pool, probe, ownership, warn, idle_estimate
+        )
         if unit:
             restart.append(unit)
             departing |= pids
@@ -170,7 +171,10 @@ def _prepare(
     baseline: dict[int, int] = {}
     if free:
         stored = {g: v for g, v in (stored_baseline or {}).items() if g in free} or None
-        baseline.update(lifecycle.prepare(free, stored=stored, departing=departing))
+        expected = {g: v for g, v in idle_estimate.items() if g in free} or None
+        baseline.update(
+            lifecycle.prepare(free, stored=stored, departing=departing, expected=expected)
+        )
         for note in lifecycle.baseline_notes:
             warn(note)
         if lifecycle.cleaned:
@@ -193,6 +197,15 @@ def _prepare(
     return NodePrepared(baseline=baseline, adopted=tuple(adopted), restart_services=tuple(restart))
 
 
+def _expect(idle: dict[int, int], probe: GpuProbe, gpus: Sequence[int], pids: set[int]) -> None:
+    """Before an instance is stopped: what the GPUs use beside it (its processes are
+    listed as holders only while they live), the lowest such reading kept per GPU."""
+    if not gpus or probe.name == "none":
+        return
+    for gpu, value in baseline_without(probe, list(gpus), pids).items():
+        idle[gpu] = min(value, idle.get(gpu, value))
+
+
 def _server_of(context: SweepContext, instance: InstanceRecord, pool_server: Any) -> Any:
     """The server section as the slot of a recorded instance saw it (its port, GPUs)."""
     if instance.port is None:
@@ -210,6 +223,7 @@ def _stop_running_service(
     probe: GpuProbe,
     ownership: Ownership,
     warn: Callable[[str], None],
+    idle_estimate: dict[int, int],
 ) -> tuple[str, set[int]]:
     """A launcher that manages an existing service (systemd) may find it running the
     user's own configuration: stop it before the first start (its memory is waited for
@@ -229,6 +243,7 @@ def _stop_running_service(
         slot_spec, get_preset(slot_spec.engine), launcher, probe, ownership=ownership
     )
     pids = instance_pids(lifecycle, running)
+    _expect(idle_estimate, probe, pool.gpus, pids)
     unit = running.unit or ""
     warn(
         f"stopping the running {unit or 'service'} before the sweep "

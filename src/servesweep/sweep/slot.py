@@ -218,7 +218,8 @@ def launch_for(
     env = {**extra, **env}
     if trial is None and log is None:
         return argv, env, launch_fingerprint(server, argv, env)
-    plain_argv, plain_env = build_launch(server, params)
+    # the same launch for any trial: the template's own placeholders stand for them
+    plain_argv, plain_env = build_launch(server, params, trial="{trial}", log="{log}")
     return argv, env, launch_fingerprint(server, plain_argv, {**extra, **plain_env})
 
 
