@@ -18,6 +18,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from servesweep.report import format_number
 from servesweep.spec.plan import format_duration
 from servesweep.sweep.events import (
     Event,
@@ -45,7 +46,13 @@ class _Running:
 
 
 def _number(value: float) -> str:
-    return f"{value:.4g}"
+    """Numbers as the reports write them (significant digits)."""
+    return format_number(value)
+
+
+def _seconds(value: float) -> str:
+    """A phase's duration, to the millisecond."""
+    return f"{format_number(round(value, 3))}s"
 
 
 class ProgressDisplay:
@@ -167,7 +174,7 @@ class ProgressDisplay:
         if event.phase_seconds:
             text.append(
                 "  ("
-                + ", ".join(f"{k} {_number(v)}s" for k, v in event.phase_seconds.items())
+                + ", ".join(f"{k} {_seconds(v)}" for k, v in event.phase_seconds.items())
                 + ")",
                 style="dim",
             )
