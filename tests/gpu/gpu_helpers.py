@@ -498,7 +498,12 @@ def per_gpu_release(
     GPU's used memory was back within ``tolerance`` of the sweep's baseline (from the
     NVML monitor), next to servesweep's own stop_s/release_s for that trial."""
     env = report["sweep"]["environment"]
-    baseline = {int(k): int(v) for k, v in (env.get("baseline_bytes") or {}).items()}
+    stored = env.get("baseline_bytes") or {}
+    # per machine ({node: {gpu: bytes}}); one machine here
+    per_node = next(iter(stored.values()), {}) if stored else {}
+    if not isinstance(per_node, Mapping):
+        per_node = stored  # written by an older servesweep: {gpu: bytes}
+    baseline = {int(k): int(v) for k, v in per_node.items()}
     rows = []
     for trial in report["trials"][1:]:
         stop_at = (trial.get("phase_started") or {}).get("stop")

@@ -42,6 +42,8 @@ from tests.gpu.gpu_helpers import (
     trial_digest,
 )
 
+pytest.importorskip("gguf", reason="gguf is not installed (it writes the test's GGUF model)")
+
 from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
 
 REHEARSAL = os.environ.get("GPU_LLAMA_REHEARSAL") == "1"
