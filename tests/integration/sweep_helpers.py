@@ -91,10 +91,30 @@ def run_cli(
     )
 
 
+DEFAULT_LEVELS = (("chat", "c1", 0), ("chat", "c4", 0))
+"""The levels of ``write_sweep``'s default workload."""
+
+
 def report_json(sweep_file: Path) -> dict[str, Any]:
     done = run_cli("report", str(sweep_file), "--format", "json")
     assert done.returncode == 0, done.stderr
     data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def assert_measured_once(
+    sweep_file: Path, trials: int, levels: tuple[tuple[str, str, int], ...] = DEFAULT_LEVELS
+) -> dict[str, Any]:
+    """Every trial ok, with exactly one result per workload level and repeat (a killed
+    attempt's partial results are not mixed in); returns the JSON report."""
+    data = report_json(sweep_file)
+    rows = data["trials"]
+    assert isinstance(rows, list)
+    assert len(rows) == trials
+    for row in rows:
+        assert row["outcome"] == "ok", row
+        got = sorted((r["workload"], r["level"], r["repeat"]) for r in row["results"])
+        assert got == sorted(levels), row
     return data
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from tests.integration.sweep_helpers import (
+    assert_measured_once,
     background_run,
     kill_tagged,
-    report_json,
     run_cli,
     tagged_processes,
     wait_for_event,
@@ -24,16 +24,6 @@ from tests.integration.sweep_helpers import (
 )
 
 _SLOW_RELEASE = {"release-delay": 2.5, "load-time": 0.4}
-
-
-def _all_ok_once(sweep_file: Path, trials: int) -> None:
-    data = report_json(sweep_file)
-    rows = data["trials"]
-    assert len(rows) == trials
-    for row in rows:
-        assert row["outcome"] == "ok", row
-        levels = sorted((r["workload"], r["level"], r["repeat"]) for r in row["results"])
-        assert levels == [("chat", "c1", 0), ("chat", "c4", 0)], row
 
 
 def test_sigkill_during_the_release_wait_then_rerun_waits_for_the_memory(tmp_path: Path) -> None:
@@ -53,7 +43,7 @@ def test_sigkill_during_the_release_wait_then_rerun_waits_for_the_memory(tmp_pat
             proc.wait(timeout=10)
         rerun = run_cli("run", str(sweep_file), "--quiet", timeout=240)
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-        _all_ok_once(sweep_file, 4)
+        assert_measured_once(sweep_file, 4)
         assert not tagged_processes("relkill", tmp_path)
     finally:
         kill_tagged("relkill", tmp_path)
@@ -74,7 +64,7 @@ def test_ctrl_c_then_immediate_rerun_waits_for_the_memory(tmp_path: Path) -> Non
         # at once: the interrupted instance's memory is still coming back
         rerun = run_cli("run", str(sweep_file), "--quiet", timeout=240)
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-        _all_ok_once(sweep_file, 3)
+        assert_measured_once(sweep_file, 3)
         assert not tagged_processes("intr", tmp_path)
     finally:
         kill_tagged("intr", tmp_path)
@@ -107,7 +97,7 @@ def test_sigkill_at_any_phase_then_plain_rerun(tmp_path: Path, phase: str) -> No
             proc.wait(timeout=10)
         rerun = run_cli("run", str(sweep_file), "--quiet", timeout=240)
         assert rerun.returncode == 0, f"killed in trial {trial} {phase}: {rerun.stderr}"
-        _all_ok_once(sweep_file, 4)
+        assert_measured_once(sweep_file, 4)
         assert not tagged_processes(f"any-{phase}", tmp_path)
     finally:
         kill_tagged(f"any-{phase}", tmp_path)

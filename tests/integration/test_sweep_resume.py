@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from tests.integration.sweep_helpers import (
+    assert_measured_once,
     background_run,
     kill_tagged,
     report_json,
@@ -19,20 +20,6 @@ from tests.integration.sweep_helpers import (
 
 from servesweep.models import Outcome
 from servesweep.store import open_store
-
-
-def _assert_measured_once(sweep_file: Path, trials: int) -> dict[str, object]:
-    data = report_json(sweep_file)
-    rows = data["trials"]
-    assert isinstance(rows, list)
-    assert len(rows) == trials
-    for row in rows:
-        assert row["outcome"] == "ok", row
-        levels = sorted((r["workload"], r["level"], r["repeat"]) for r in row["results"])
-        # exactly one result per workload level: the killed attempt's partial results
-        # are not mixed in
-        assert levels == [("chat", "c1", 0), ("chat", "c4", 0)], row
-    return data
 
 
 @pytest.mark.parametrize("phase", ["load", "bench"])
@@ -63,7 +50,7 @@ def test_sigkill_then_rerun_completes_each_trial_once(tmp_path: Path, phase: str
                 assert leftover["instance_of"] == 2 and leftover["signalled"], leftover
         done = run_cli("run", str(sweep_file), "--quiet", timeout=180)
         assert done.returncode == 0, done.stdout + done.stderr
-        data = _assert_measured_once(sweep_file, 3)
+        data = assert_measured_once(sweep_file, 3)
         rows = {row["id"]: row for row in data["trials"]}  # type: ignore[union-attr]
         assert rows[1]["attempts"] == 1 and rows[3]["attempts"] == 1
         assert rows[2]["attempts"] == 2, "the interrupted trial ran again"
@@ -97,7 +84,7 @@ def test_sigint_stops_cleanly_and_marks_interrupted(tmp_path: Path) -> None:
         # the next run picks the interrupted trial up again
         done = run_cli("run", str(sweep_file), "--quiet", timeout=180)
         assert done.returncode == 0, done.stderr
-        _assert_measured_once(sweep_file, 3)
+        assert_measured_once(sweep_file, 3)
     finally:
         kill_tagged("sigint", tmp_path)
 
