@@ -140,6 +140,21 @@ def _count(usage: dict[str, Any], key: str) -> int | None:
     return value
 
 
+_NO_OBJECT = object()
+
+
+def _running_problem(usage: Any, last_ct: int) -> str:
+    """Why a running usage cannot be true (it failed the inline check)."""
+    try:
+        if not isinstance(usage, dict):
+            raise _Unbelievable(f"usage {usage!r} is not an object")
+        _count(usage, "prompt_tokens")
+        ct = _count(usage, "completion_tokens")
+    except _Unbelievable as exc:
+        return str(exc)
+    return f"completion_tokens went down from {last_ct} to {ct}"
+
+
 def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
     """Fill ``result`` from a streamed response's reads (see module docstring)."""
     chunk_ns = result.chunk_ns
@@ -184,26 +199,24 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
         new_tokens = 0
         u = obj.get("usage")
         if u and problem is None:
-            try:
-                if not isinstance(u, dict):
-                    raise _Unbelievable(f"usage {u!r} is not an object")
-                _count(u, "prompt_tokens")
-                ct = _count(u, "completion_tokens")
-                if ct is not None and ct < last_ct:
-                    raise _Unbelievable(f"completion_tokens went down from {last_ct} to {ct}")
-            except _Unbelievable as exc:
-                problem = str(exc)
-            else:
+            # the common case checked inline (this runs for every chunk); the final
+            # usage is checked in full by _take_usage
+            ct = u.get("completion_tokens") if u.__class__ is dict else _NO_OBJECT
+            if ct is None:
+                usage = u
+            elif ct.__class__ is int and ct >= last_ct:
                 usage = u
                 # usage on the closing chunk only (llama-server) is the answer's
                 # usage, not continuous stats: that chunk carries no token itself
                 final_only = closing and not answer and not continuous
-                if choices and ct is not None and not final_only:
+                if choices and not final_only:
                     continuous = True
                     new_tokens = ct - last_ct
                     last_ct = ct
                     if new_tokens > 0:
                         carries = True
+            else:
+                problem = _running_problem(u, last_ct)
         if carries:
             chunk_ns.append(t)
             tokens.append(new_tokens)
