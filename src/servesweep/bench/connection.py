@@ -84,7 +84,9 @@ class KeepAliveConnector(aiohttp.TCPConnector):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
+        # weak references to every connection handed out (a WeakSet without its
+        # Python-level wrapper, which costs more than the rest of the check)
+        self._handed_out: set[weakref.ref[ResponseHandler]] = set()
 
     async def connect(
         self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
@@ -93,9 +95,9 @@ class KeepAliveConnector(aiohttp.TCPConnector):
         while True:  # each turn closes one pooled connection: bounded by the pool
             conn = await super().connect(req, traces, timeout)
             proto = conn.protocol
-            if proto is None or proto not in self._handed_out:
+            if proto is None or weakref.ref(proto) not in self._handed_out:
                 if proto is not None:
-                    self._handed_out.add(proto)
+                    self._handed_out.add(weakref.ref(proto, self._handed_out.discard))
                 if attempt is not None:
                     attempt.reused = False
                 return conn

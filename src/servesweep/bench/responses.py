@@ -155,6 +155,15 @@ def _running_problem(usage: Any, last_ct: int) -> str:
     return f"completion_tokens went down from {last_ct} to {ct}"
 
 
+def _finished(objs: list[Any]) -> bool:
+    """Whether a chunk carries a ``finish_reason`` (looked for only without [DONE])."""
+    for obj in reversed(objs):
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            return True
+    return False
+
+
 def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
     """Fill ``result`` from a streamed response's reads (see module docstring)."""
     chunk_ns = result.chunk_ns
@@ -163,9 +172,9 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
     last_ct = 0
     usage: Any = None
     problem: str | None = None
-    finished = False
     events = _events(reads)
-    done = any(p == _DONE for _, p in events)
+    # [DONE] is the last event of a whole stream: look there first
+    done = (bool(events) and events[-1][1] == _DONE) or any(p == _DONE for _, p in events)
     events = [(t, p) for t, p in events if p and p != _DONE]
     objs = _decode_all([p for _, p in events])
     for (t, _), obj in zip(events, objs, strict=True):
@@ -179,11 +188,8 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
             break
         carries = False
         answer = False
-        closing = False
         if choices:
             choice = choices[0]
-            if choice.get("finish_reason"):
-                finished = closing = True
             delta = choice.get("delta")
             if delta is not None:
                 if delta.get("content"):
@@ -208,8 +214,7 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
                 usage = u
                 # usage on the closing chunk only (llama-server) is the answer's
                 # usage, not continuous stats: that chunk carries no token itself
-                final_only = closing and not answer and not continuous
-                if choices and not final_only:
+                if choices and (continuous or answer or not choice.get("finish_reason")):
                     continuous = True
                     new_tokens = ct - last_ct
                     last_ct = ct
@@ -232,7 +237,7 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
         _distrust_usage(result, problem)
     if result.error is not None:
         return
-    if not (done or finished):
+    if not done and not _finished(objs):
         result.error = "incomplete"
         result.message = (
             f"the stream ended without data: [DONE] and without a finish_reason, after "
