@@ -11,7 +11,10 @@ request's first content chunk, so the client's TTFT error is measured directly.
     .venv/bin/python bench/client_capacity.py --client-cores 0-7 --server-cores 8-15 \
         --server-procs 4 --workers 1,2,4
 
-Results are printed as a Markdown table (see docs/benchmarks.md).
+Results are printed as a Markdown table (see docs/benchmarks.md). Besides requests per
+second, each client's own CPU time per request is measured (the CPU time of its
+process and worker processes over the whole run, setup and metrics included): on a
+busy machine it moves less than the request rate does.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -197,7 +201,7 @@ async def _bare_aiohttp(url: str, conc: int, seconds: float, n: int | None) -> d
         t0 = time.monotonic()
         await asyncio.gather(*(one() for _ in range(conc)))
         wall = time.monotonic() - t0
-    return {"req_s": done / wall, "chunks_s": chunks / wall, "firsts": firsts}
+    return {"req_s": done / wall, "chunks_s": chunks / wall, "firsts": firsts, "requests": done}
 
 
 async def _bare_httpx(url: str, conc: int, seconds: float, n: int | None) -> dict[str, Any]:
@@ -224,7 +228,7 @@ async def _bare_httpx(url: str, conc: int, seconds: float, n: int | None) -> dic
         t0 = time.monotonic()
         await asyncio.gather(*(one() for _ in range(conc)))
         wall = time.monotonic() - t0
-    return {"req_s": done / wall, "chunks_s": chunks / wall}
+    return {"req_s": done / wall, "chunks_s": chunks / wall, "requests": done}
 
 
 def _servesweep_open(base: str, rate: float, seconds: float) -> dict[str, Any]:
@@ -276,14 +280,32 @@ def _servesweep(
         "in_flight": m.get("concurrency_mean", 0.0),
         "loop_lag_p99_ms": m.get("loop_lag_p99_ms"),
         "failed": m["failed"],
+        "requests": m["completed"] + m["failed"],
         "firsts": firsts,
         "warnings": list(res.warnings),
     }
 
 
+def _cpu_s() -> float:
+    """CPU time of this process and of its children that have ended (worker processes)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def _client_proc(cores: list[int], fn: Callable[..., Any], args: tuple[Any, ...], q: Any) -> None:
     os.sched_setaffinity(0, cores)
+    import aiohttp  # noqa: F401 - imported before the CPU clock starts
+
+    import servesweep.bench.load  # noqa: F401
+
+    cpu = _cpu_s()
     result = fn(*args)
+    cpu = _cpu_s() - cpu
+    if result.get("requests"):
+        # the client's own CPU time per request, its worker processes included: a
+        # figure that a busy machine moves less than the request rate (setup, the
+        # workers' start and the metrics included)
+        result["cpu_us_per_req"] = cpu / result["requests"] * 1e6
     q.put(result)
 
 
@@ -405,13 +427,16 @@ def main() -> None:
         f"{sec:g} s per run, {args.rounds} alternating rounds (medians; ranges in brackets); "
         f"clients on cores {client}, server on {server}\n"
     )
-    print("| client | req/s | chunks/s | in flight | loop lag p99 ms | added TTFT ms (p50 / p99) |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| client | req/s | chunks/s | client CPU µs/req | in flight | loop lag p99 ms "
+        "| added TTFT ms (p50 / p99) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, rs in runs.items():
         req = [r["req_s"] for r in rs]
         held = "-"
         if "in_flight" in rs[0]:
-            held = f"{_median([r['in_flight'] for r in rs]):.1f}/{1 if 'c=1' in name else c}"
+            held = f"{_median([r['in_flight'] for r in rs]):.1f}/{1 if name.endswith('c=1') else c}"
         lag = "-"
         if rs[0].get("loop_lag_p99_ms") is not None:
             lag = f"{_median([r['loop_lag_p99_ms'] for r in rs]):.2f}"
@@ -421,7 +446,9 @@ def main() -> None:
             err = f"{p50:.3f} / {_median([r['ttft_err'][1] for r in rs]):.3f}"
         chunks = _median([r["chunks_s"] for r in rs])
         spread = f"{_median(req):.0f} [{min(req):.0f}-{max(req):.0f}]"
-        cols = [spread, f"{chunks:.0f}", held, lag, err]
+        cpus = [r["cpu_us_per_req"] for r in rs if "cpu_us_per_req" in r]
+        cpu = f"{_median(cpus):.0f} [{min(cpus):.0f}-{max(cpus):.0f}]" if cpus else "-"
+        cols = [spread, f"{chunks:.0f}", cpu, held, lag, err]
         print(f"| {name} | " + " | ".join(cols) + " |")
     print(
         f"\nservesweep open loop, Poisson {args.rate:g} req/s for {args.open_seconds:g} s: "
