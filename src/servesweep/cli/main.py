@@ -598,8 +598,8 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
 @click.option(
     "--duration",
     default=None,
-    help="End each level after this time, e.g. 30s: requests still in flight after a short "
-    "grace are cancelled and counted as timeouts.",
+    help="Bound each level by time too, e.g. 30s: at its end, requests still in flight after "
+    "a short grace are cancelled and counted as timeouts.",
 )
 @click.option(
     "--request-timeout",
