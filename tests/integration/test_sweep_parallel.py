@@ -179,3 +179,49 @@ def test_an_oom_in_one_slot_does_not_disturb_the_others(tmp_path: Path) -> None:
         assert not tagged_processes("poom", tmp_path)
     finally:
         kill_tagged("poom", tmp_path)
+
+
+def test_ctrl_c_stops_every_running_server(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path, "pint")
+    events = tmp_path / "events.jsonl"
+    try:
+        with background_run(sweep, events=events) as proc:
+            # two 4-GPU trials load side by side
+            for trial in (13, 14):
+                wait_for_event(
+                    events,
+                    lambda e, t=trial: (
+                        e["event"] == "phase" and e.get("trial") == t and e["phase"] == "load"
+                    ),
+                    timeout=120,
+                )
+            assert len(tagged_processes("pint", tmp_path)) >= 2
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 130, out + err
+        assert not tagged_processes("pint", tmp_path), "a server outlived the interrupt"
+        trials = {t["id"]: t for t in report_json(sweep)["trials"]}
+        assert trials[13]["outcome"] == trials[14]["outcome"] == "interrupted"
+        assert all(t["outcome"] in ("pending", "interrupted") for t in trials.values())
+    finally:
+        kill_tagged("pint", tmp_path)
+
+
+def test_a_slot_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    import socket
+
+    sweep = _sweep(tmp_path, "pport")
+    import yaml
+
+    base = yaml.safe_load(sweep.read_text())["server"]["port"]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base + 3))
+        busy.listen()
+        done = run_cli("run", str(sweep), "--quiet", timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip()
+    assert f"slot 3 would listen on port {base + 3}, which is in use" in line, line
+    assert "Traceback" not in line
+    assert not tagged_processes("pport", tmp_path)
+    with open_store(tmp_path / "servesweep.db", readonly=True) as store:
+        assert all(t.started_at is None for t in store.trials(1)), "nothing was started"

@@ -101,6 +101,9 @@ def test_failures_during_the_benchmark_are_classified(tmp_path: Path) -> None:
         crash = rows[0]["failure"]
         assert crash["exit_code"] is not None or crash["signal"] is not None
         assert crash["log_path"]
+        # the requests that completed before the engine died are kept
+        (first,) = [r for r in rows[0]["results"] if r["level"] == "c1"]
+        assert first["metrics"]["error_rate"] < 1.0, first["metrics"]
         errors = rows[1]["failure"]
         assert "of requests failed" in errors["message"]
         # what was measured before the failure is kept

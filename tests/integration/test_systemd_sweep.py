@@ -23,6 +23,8 @@ from tests.integration.sweep_helpers import (
 )
 
 from servesweep.sim.fakegpu import FakeGpuDir
+from servesweep.sim.testing import free_port_block
+from servesweep.store import open_store
 
 _UNIT = """\
 [Unit]
@@ -160,3 +162,43 @@ def test_a_failed_last_trial_does_not_leave_the_unit_failed(
         assert not _dropin(systemd_sandbox, unit).exists()
     finally:
         systemd_sandbox.remove_unit(unit)
+
+
+def test_a_unit_template_gives_each_slot_its_own_unit(
+    systemd_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sweep_file, _ = _setup(systemd_sandbox, tmp_path, "sd-slot")
+    template = "sd-slot@.service"
+    systemd_sandbox.write_unit(
+        template,
+        "[Service]\nType=simple\nKillMode=control-group\nRestart=no\n"
+        f"ExecStart={sys.executable} -m servesweep.sim --port 9\n",
+    )
+    spec = yaml.safe_load(sweep_file.read_text())
+    spec["server"]["systemd"]["unit"] = template
+    spec["server"]["gpus_per_trial"] = 1
+    spec["server"]["port"] = free_port_block(2)
+    spec["server"]["args"]["mem-per-gpu"] = "60GiB"
+    spec["params"] = {"grid": {"budget": [2, 4, 8, 16]}}
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    try:
+        done = run_cli("run", str(sweep_file), "--quiet", timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = report_json(sweep_file)["trials"]
+        assert all(r["outcome"] == "ok" for r in rows), rows
+        with open_store(tmp_path / "servesweep.db", readonly=True) as store:
+            trials = store.trials(1)
+        # each slot ran its trials through its own instance of the template
+        units = {t.slot: {t.instance.unit for t in trials if t.instance} for t in trials}
+        by_slot: dict[int | None, set[str | None]] = {}
+        for trial in trials:
+            assert trial.instance is not None
+            by_slot.setdefault(trial.slot, set()).add(trial.instance.unit)
+        assert by_slot == {0: {"sd-slot@0.service"}, 1: {"sd-slot@1.service"}}, units
+        for slot in (0, 1):
+            instance = f"sd-slot@{slot}.service"
+            assert not (systemd_sandbox.unit_dir / f"{instance}.d" / "servesweep.conf").exists()
+    finally:
+        for slot in (0, 1):
+            systemd_sandbox.sdctl("stop", f"sd-slot@{slot}.service", check=False)
+        systemd_sandbox.remove_unit(template)

@@ -231,6 +231,7 @@ class Driver:
                 slots=self._max_slots(),
             )
         )
+        self._warn_cpu_sharing()
         try:
             if todo_count or not source.exhausted():
                 self._queue_more()
@@ -357,6 +358,24 @@ class Driver:
     def _baseline(self, node: str, gpus: Sequence[int]) -> dict[int, int]:
         values = self.baselines.get(node, {})
         return {g: values[g] for g in gpus if g in values}
+
+    def _warn_cpu_sharing(self) -> None:
+        """Say when concurrent slots' load generators cannot each have cores of their own."""
+        slots = self._max_slots()
+        if slots < 2 or not hasattr(os, "sched_getaffinity") or self._cpus(0):
+            return
+        cores = len(os.sched_getaffinity(0))
+        self.writer.note(
+            SweepWarning(
+                message=(
+                    f"{slots} slots share {cores} CPU core(s): the load generators of "
+                    "concurrent trials compete for them (each needs a core of its own, plus "
+                    "one for servesweep); a level measured while the CPU was short says so "
+                    "in its warnings (event-loop lag) — use fewer --slots or a machine with "
+                    "more cores when they appear"
+                )
+            )
+        )
 
     def _cpus(self, slot: int) -> tuple[int, ...]:
         """Cores for slot ``slot``'s load generator when every slot can have its own
