@@ -73,7 +73,9 @@ class StoreWriter:
         self.sweep_id = sweep_id
         self.observer = observer
         self._on_finished = on_finished
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Reentrant: ``on_finished`` may note events of its own while a trial's end
+        is being written."""
         self.interrupted = False
         """After an interrupt, outcomes that arrive are not final: trials in flight
         are marked ``interrupted`` instead."""

@@ -17,6 +17,11 @@ One run, in order:
 Ctrl-C (``Interrupted``) and internal errors stop every running instance, mark the
 trials in flight ``interrupted`` and give units back before the exception goes on:
 the next run continues where this one stopped.
+
+A lost machine (``NodeLost``, reported by a cluster's slots) gets no more work: its
+slots are dropped and, when the node itself is gone, so is its GPU pool. A trial that
+ended ``node_lost`` is run once more (on another node when its own is gone); a
+second loss is its final outcome.
 """
 
 from __future__ import annotations
@@ -31,10 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
-from servesweep.models import InstanceRecord, LevelResult, Outcome
+from servesweep.models import FailureClass, InstanceRecord, LevelResult, Outcome
 from servesweep.search.prune import PrunePolicy
-from servesweep.servers import ports as port_tools
-from servesweep.servers.ownership import OwnerKind, Ownership
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import GpuNeed, gpu_need, slot_port, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord
@@ -42,13 +45,14 @@ from servesweep.sweep.channel import StoreWriter
 from servesweep.sweep.events import (
     Event,
     LeftoverAdopted,
+    NodeLost,
     Observer,
     SlotIdle,
     SweepStarted,
     SweepWarning,
     TrialFinished,
 )
-from servesweep.sweep.node import Leftover, NodePrepared
+from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports
 from servesweep.sweep.scheduler import (
     Assign,
     Decision,
@@ -73,6 +77,8 @@ __all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
 
 _POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 60.0
+NODE_LOST_RETRIES = 1
+"""How many times a trial whose node was lost is run again."""
 
 
 class SlotHandle(Protocol):
@@ -179,6 +185,11 @@ class _State:
     running: dict[int, tuple[str, int]] = field(default_factory=dict)
     stopping: bool = False
     ran: list[int] = field(default_factory=list)
+    dead_nodes: set[str] = field(default_factory=set)
+    lost_slots: set[tuple[str, int]] = field(default_factory=set)
+    """Slots whose process is gone: dropped once their command ends."""
+    retried: dict[int, int] = field(default_factory=dict)
+    """Trials run again after a lost node, and how often."""
 
 
 class Driver:
@@ -308,25 +319,12 @@ class Driver:
         return None
 
     def _check_ports(self, node: NodeInfo) -> None:
-        """Every port a slot beyond the first may use is free (or held by this database's
-        own instances); the first slot's port is checked at each start, as always."""
-        slots = self._max_slots()
-        ports = slot_ports(self.spec, slots)
-        ownership = Ownership(self.context.store_id, self.context.run, -1)
-        for k, port in enumerate(ports[1:], start=1):
-            for info in port_tools.listeners(self.spec.server.host, port):
-                if info.pid > 0 and ownership.owner(info.pid).kind in (
-                    OwnerKind.LEFTOVER,
-                    OwnerKind.MINE,
-                    OwnerKind.SIBLING,
-                ):
-                    continue
-                raise ConfigError(
-                    f"slot {k} would listen on port {port}, which is in use "
-                    f"({info.describe()}); free it, choose another server.port, list "
-                    "server.ports, or use fewer --slots",
-                    key="server.port",
-                )
+        """The ports of the slots beyond the first are free here (a cluster's executor
+        checks them on each node, in ``prepare``)."""
+        if node.node_id:
+            return
+        ports = slot_ports(self.spec, self._max_slots())
+        check_slot_ports(self.context, self.spec.server.host, ports)
 
     def _open_adopted(self) -> None:
         for key, prepared in self.prepared.items():
@@ -401,7 +399,7 @@ class Driver:
         for trial in self.source.take(room):
             self._trials[trial.id] = trial
             need = self.need.of(trial.params)
-            capacity = max((len(n.gpus) for n in self.nodes.values()), default=0) or 1
+            capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
             if need > capacity:
                 raise ConfigError(
                     f"trial {trial.id} ({_label(trial.params)}) needs {need} GPUs; no machine "
@@ -410,10 +408,14 @@ class Driver:
                 )
             self.state.jobs.append(Job(trial.id, need))
 
+    def _alive_nodes(self) -> list[NodeInfo]:
+        return [n for key, n in self.nodes.items() if key not in self.state.dead_nodes]
+
     def _scheduler(self) -> Scheduler:
         if not hasattr(self, "_sched"):
             pools = []
-            for key, info in self.nodes.items():
+            for info in self._alive_nodes():
+                key = info.key
                 table = self.executor.links(info) if len(info.gpus) > 1 else None
                 link = distances(table) if table else None
                 pools.append(NodePool(key, info.gpus or (0,), self._max_slots(), link=link))
@@ -511,7 +513,26 @@ class Driver:
         if isinstance(event, SlotIdle):
             self._slot_idle(event)
             return
+        if isinstance(event, NodeLost):
+            self._node_lost(event)
         self.writer.apply(event)
+
+    def _node_lost(self, event: NodeLost) -> None:
+        """No more work for the lost slot, nor for its node when the node is gone."""
+        state = self.state
+        node = event.node_id or event.node
+        state.lost_slots.add((node, event.slot))
+        if not event.dead or node in state.dead_nodes:
+            return
+        state.dead_nodes.add(node)
+        self._scheduler().pools.pop(node, None)
+        for key, slot in list(state.slots.items()):
+            if key[0] == node and not slot.busy:
+                slot.handle.close(timeout=_CLOSE_TIMEOUT_S)
+                del state.slots[key]
+        self.writer.note(
+            SweepWarning(message=f"node {event.node} is lost: no more trials go there")
+        )
 
     def _slot_idle(self, event: SlotIdle) -> None:
         key = (event.node_id or event.node, event.slot)
@@ -522,6 +543,11 @@ class Driver:
         if slot.trial is not None:
             self.state.running.pop(slot.trial, None)
             slot.trial = None
+        if key in self.state.lost_slots:
+            self.state.lost_slots.discard(key)
+            slot.handle.close(timeout=_CLOSE_TIMEOUT_S)
+            del self.state.slots[key]
+            return
         if event.error is not None:
             error = slot.handle.error
             if isinstance(error, BaseException):
@@ -536,10 +562,31 @@ class Driver:
 
     def _finished(self, event: TrialFinished) -> None:
         trial = self.store.trial(event.trial)
+        if self._retry_lost(trial):
+            return
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:
             self.state.stopping = True
             self.writer.note(SweepWarning(message=f"--fail-fast: stopping after trial {trial.id}"))
         self.source.tell(trial, self.store.results(trial.id, with_samples=False))
+
+    def _retry_lost(self, trial: TrialRecord) -> bool:
+        """Queue a trial whose node was lost once more (first in line); its failed
+        attempt stays in the events (``node_lost``) and the attempt count."""
+        state = self.state
+        if trial.failure_class is not FailureClass.NODE_LOST or state.stopping:
+            return False
+        if state.retried.get(trial.id, 0) >= NODE_LOST_RETRIES:
+            return False
+        state.retried[trial.id] = state.retried.get(trial.id, 0) + 1
+        self.store.reset_trial(trial.id)
+        state.jobs.insert(0, Job(trial.id, self.need.of(trial.params)))
+        self.writer.note(
+            SweepWarning(
+                trial=trial.id,
+                message=f"trial {trial.id} lost its node ({trial.node}): running it again",
+            )
+        )
+        return True
 
     # -- the end ------------------------------------------------------------------------
 

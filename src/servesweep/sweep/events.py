@@ -45,6 +45,7 @@ __all__ = [
     "LeftoverAdopted",
     "LeftoverStopped",
     "LevelMeasured",
+    "NodeLost",
     "NullObserver",
     "Observer",
     "OrphansCleaned",
@@ -314,6 +315,22 @@ class LeftoverAdopted(Fact):
     kind: ClassVar[str] = "adopted_leftover"
     instance_of: int = 0
     node: str = ""
+
+
+@dataclass(frozen=True)
+class NodeLost(Fact):
+    """A slot's machine (or the slot's process there) was lost: Ray reported the slot's
+    actor or its node dead. The trial it ran (``trial``) ends ``node_lost``; no more
+    work goes to the slot, nor to the node when ``dead``."""
+
+    kind: ClassVar[str] = "node_lost"
+    node: str = ""
+    node_id: str = ""
+    slot: int = 0
+    dead: bool = True
+    """The node itself is gone (else only the slot's process died)."""
+    message: str = ""
+    """What the cluster said."""
 
 
 @dataclass(frozen=True)

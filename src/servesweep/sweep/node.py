@@ -20,14 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.errors import TrialFailed
+from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import InstanceRecord
+from servesweep.servers import ports as port_tools
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.lifecycle import ServerLifecycle
-from servesweep.servers.ownership import Ownership
+from servesweep.servers.ownership import OwnerKind, Ownership
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     BaselineTaken,
@@ -38,7 +39,7 @@ from servesweep.sweep.events import (
 )
 from servesweep.sweep.slot import Placement, SweepContext, instance_pids, slot_server
 
-__all__ = ["Leftover", "NodePrepared", "baseline_without", "prepare_node"]
+__all__ = ["Leftover", "NodePrepared", "baseline_without", "check_slot_ports", "prepare_node"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,27 @@ def baseline_without(probe: GpuProbe, gpus: Sequence[int], pids: set[int]) -> di
         held = sum(h.used_bytes for h in state.holders if h.pid in pids)
         baseline[state.index] = max(0, state.used_bytes - held)
     return baseline
+
+
+def check_slot_ports(context: SweepContext, host: str, ports: Sequence[int]) -> None:
+    """Every port a slot beyond the first may use (``ports[k]`` is slot k's) is free on
+    this machine, or held by this database's own instances; the first slot's port is
+    checked at each start, as always. ConfigError otherwise."""
+    ownership = Ownership(context.store_id, context.run, -1)
+    for k, port in enumerate(ports[1:], start=1):
+        for info in port_tools.listeners(host, port):
+            if info.pid > 0 and ownership.owner(info.pid).kind in (
+                OwnerKind.LEFTOVER,
+                OwnerKind.MINE,
+                OwnerKind.SIBLING,
+            ):
+                continue
+            raise ConfigError(
+                f"slot {k} would listen on port {port}, which is in use "
+                f"({info.describe()}); free it, choose another server.port, list "
+                "server.ports, or use fewer --slots",
+                key="server.port",
+            )
 
 
 def prepare_node(

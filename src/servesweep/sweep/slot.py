@@ -71,6 +71,7 @@ from servesweep.sweep.events import (
 __all__ = [
     "CurrentInstance",
     "GeneratorPools",
+    "LoadRunner",
     "NodeInfo",
     "Placement",
     "SlotWorker",
@@ -84,6 +85,15 @@ __all__ = [
 
 DYING_GRACE_S = 2.0
 """How long a server whose requests failed may take to show that it exited."""
+
+LoadRunner = Callable[
+    [Target, WorkloadSpec, Callable[[str], None], Callable[[LevelResult], bool]],
+    list[LevelResult],
+]
+"""Runs one workload against a slot's server — ``(target, workload, progress,
+after_level)``, ``after_level`` saying after each level whether to go on — and returns
+its level results (raising ``BenchError`` like the load generator): by default the
+load generator on the server's machine; on a cluster it may run on another node."""
 
 
 @dataclass(frozen=True)
@@ -326,10 +336,12 @@ class SlotWorker:
         current: CurrentInstance | None = None,
         baseline: Mapping[int, int] | None = None,
         generators: GeneratorPools | None = None,
+        load: LoadRunner | None = None,
     ) -> None:
         self.context = context
         self.placement = placement
         self.channel = channel
+        self._load: LoadRunner = load or self._load_here
         self.server = slot_server(context.spec.server, placement)
         self.workloads: list[WorkloadSpec] = list(context.spec.workloads)
         self.preset = get_preset(self.server.engine)
@@ -407,6 +419,27 @@ class SlotWorker:
             tokenize_path=self.preset.tokenize_path,
             spec_decode_counters=dict(self.preset.spec_decode_counters),
             timeout_s=self.server.timeouts.request,
+        )
+
+    def _load_here(
+        self,
+        target: Target,
+        workload: WorkloadSpec,
+        progress: Callable[[str], None],
+        after_level: Callable[[LevelResult], bool],
+    ) -> list[LevelResult]:
+        """The load generator on this machine (the slot's generator processes),
+        sampling the slot's GPUs as it runs."""
+        return run_workload_sync(
+            target,
+            workload,
+            probe=self.probe,
+            gpus=list(self.server.gpus),
+            on_progress=progress,
+            workers=workload.workers,
+            base_dir=self.context.base_dir,
+            after_level=after_level,
+            pool=self._generators(workload, target.timeout_s),
         )
 
     def interrupt(self) -> None:
@@ -675,7 +708,6 @@ class SlotWorker:
         assert self.current is not None
         target = self._target(model)
         instance = self.current.instance
-        base_dir = self.context.base_dir
         measured: list[LevelResult] = []
         left = sum(_levels(w) for w in self.workloads)
         pruned: list[str] = []
@@ -702,17 +734,7 @@ class SlotWorker:
                 self.emit(Progress(trial=order.trial, phase="bench", line=message, workload=name))
 
             try:
-                results = run_workload_sync(
-                    target,
-                    workload,
-                    probe=self.probe,
-                    gpus=list(self.server.gpus),
-                    on_progress=progress,
-                    workers=workload.workers,
-                    base_dir=base_dir,
-                    after_level=after_level,
-                    pool=self._generators(workload, target.timeout_s),
-                )
+                results = self._load(target, workload, progress, after_level)
             except DatasetError:
                 raise
             except BenchError as exc:
