@@ -130,7 +130,9 @@ class ProgressDisplay:
         params = " ".join(f"{k}={v}" for k, v in event.params.items()) or "(defaults)"
         gpus = ",".join(str(g) for g in event.gpus)
         where = f"slot {event.slot}" + (f" gpus {gpus}" if gpus else "")
-        if self._slots == 1:
+        if event.node_id:
+            where = f"{event.node} {where}"  # a cluster's node
+        elif self._slots == 1:
             where = ""
         self._running[event.trial] = _Running(event.trial, params, where)
         if not self.live_mode:

@@ -91,6 +91,17 @@ def cli() -> None:
     is_flag=True,
     help="Keep results measured before the sweep file changed what a trial measures.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run the trials on the nodes of a Ray cluster, at its head's HOST:PORT (without "
+    "one: the sweep file's executor.address, else RAY_ADDRESS, else the cluster on this "
+    "machine). Needs pip install 'servesweep[ray]'; see docs/distributed.md.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
 @click.option(
     "--events",
@@ -108,6 +119,7 @@ def run(
     only: tuple[int, ...],
     slots: int | None,
     keep_results: bool,
+    ray_address: str | None,
     quiet: bool,
     events: str | None,
 ) -> None:
@@ -145,6 +157,7 @@ def run(
         only=only,
         keep_results=keep_results,
         slots=slots,
+        ray=ray_address,
     )
     _install_signal_handlers()
     try:

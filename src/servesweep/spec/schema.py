@@ -32,6 +32,7 @@ __all__ = [
     "DockerSpec",
     "Duration",
     "EvalSpec",
+    "ExecutorSpec",
     "FakeGpusSpec",
     "Objective",
     "ParamRange",
@@ -383,6 +384,27 @@ Objectives = Annotated[
 """One objective, or a list of them (a Pareto search; the first one ranks)."""
 
 
+class ExecutorSpec(_Frozen):
+    """Where the trials run: this machine (``local``), or the nodes of a Ray cluster
+    (``ray``; docs/distributed.md). ``servesweep run --ray [ADDRESS]`` chooses Ray too."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = None
+    """The Ray cluster's head, ``HOST:PORT``; default: ``RAY_ADDRESS``, else the cluster
+    running on this machine."""
+    bench_from: Literal["node", "driver"] = "node"
+    """Where the load generator runs: on the server's node (default), or on the node of
+    ``servesweep run`` — every latency then includes the network, and the results say so."""
+
+    @model_validator(mode="after")
+    def _ray_only(self) -> ExecutorSpec:
+        if self.kind == "local" and self.address is not None:
+            raise ValueError("'address' is the address of a Ray cluster: set 'kind: ray'")
+        if self.kind == "local" and self.bench_from != "node":
+            raise ValueError("'bench_from' applies to a Ray cluster: set 'kind: ray'")
+        return self
+
+
 class SweepSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -398,6 +420,8 @@ class SweepSpec(_Frozen):
     fit in the GPU pool); ``servesweep run --slots N`` overrides it."""
     store: str | None = None
     """Path of the results database; default ``servesweep.db`` beside the sweep file."""
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    """Where the trials run (this machine by default)."""
 
     @property
     def objectives(self) -> tuple[Objective, ...]:

@@ -57,6 +57,9 @@ def changes(old: SweepSpec, new: SweepSpec) -> list[str]:
     """What differs between two versions of a sweep file that changes what a trial
     measures, one short phrase each (``server.args (tp-size: 8 -> 4)``)."""
     out: list[str] = []
+    if old.executor.bench_from != new.executor.bench_from:
+        # from another node, every latency includes the network
+        out.append(f"executor.bench_from ({old.executor.bench_from} -> {new.executor.bench_from})")
     a, b = server_identity(old), server_identity(new)
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):

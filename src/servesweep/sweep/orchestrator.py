@@ -5,7 +5,9 @@ idempotent: run it again on the same file and it continues where the last run
 stopped — finished trials are skipped, a trial left ``running`` by a crash is run
 again after its recorded instance has been stopped (or adopted when it already
 runs a pending trial's launch), so two servers never share the GPUs. The work is
-done by a :class:`~servesweep.sweep.driver.Driver` and its slots.
+done by a :class:`~servesweep.sweep.driver.Driver` and its slots: threads of this
+process, or actors on the nodes of a Ray cluster (``--ray``, ``sweep.ray_exec``,
+imported only then).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servesweep import __version__
 from servesweep.errors import ConfigError, StoreError
@@ -34,12 +36,23 @@ from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.driver import Driver, GridSource, RunSettings, TrialSource, max_slots
+from servesweep.sweep.cluster import check_fit, cluster_spec, trial_needs
+from servesweep.sweep.driver import (
+    Driver,
+    Executor,
+    GridSource,
+    RunSettings,
+    TrialSource,
+    max_slots,
+)
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
 from servesweep.sweep.identity import changes
 from servesweep.sweep.local import LocalExecutor
 from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import SweepContext, this_node
+
+if TYPE_CHECKING:
+    from servesweep.sweep.ray_exec import RayConnection
 
 __all__ = [
     "RunOptions",
@@ -71,6 +84,10 @@ class RunOptions:
     slots: int | None = None
     """At most this many trials at once per machine (default: the sweep file's
     ``parallel``, else as many as fit in the GPU pool)."""
+    ray: str | None = None
+    """``--ray``: run on a Ray cluster at this address (``""``: the sweep file's
+    ``executor.address``, else ``RAY_ADDRESS``, else this machine's cluster); None:
+    as the sweep file's ``executor`` says."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +185,8 @@ def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
     return str(path.resolve())
 
 
-def _environment(server: ServerSpec, fake_dir: str | None) -> dict[str, Any]:
-    """What the sweep ran on (no secrets): versions, the machine, its GPUs."""
+def _environment(server: ServerSpec, fake_dir: str | None, *, gpus: bool = True) -> dict[str, Any]:
+    """What the sweep ran on (no secrets): versions, the machine, its GPUs (``gpus``)."""
     env: dict[str, Any] = {
         "servesweep": __version__,
         "python": sys.version.split()[0],
@@ -179,6 +196,8 @@ def _environment(server: ServerSpec, fake_dir: str | None) -> dict[str, Any]:
         "engine_version": engine_version(server),
         "launcher": server.launcher,
     }
+    if not gpus:
+        return env
     probe = open_probe(server.gpu_backend, fake_dir)
     try:
         env["gpu_backend"] = probe.name
@@ -188,6 +207,21 @@ def _environment(server: ServerSpec, fake_dir: str | None) -> dict[str, Any]:
     finally:
         probe.close()
     return env
+
+
+def _on_cluster(context: SweepContext, cluster: RayConnection, observer: Observer) -> SweepContext:
+    """The run's context on a cluster: the GPU pool is the nodes' (see
+    ``cluster.cluster_spec``)."""
+    spec = context.spec
+    scheduled = cluster_spec(spec, cluster.nodes)
+    if spec.server.gpus and spec.server.gpus != scheduled.server.gpus:
+        observer.event(
+            SweepWarning(
+                message=f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each "
+                "node's GPUs are those Ray offers there"
+            )
+        )
+    return replace(context, spec=scheduled)
 
 
 def _api_key(spec: SweepSpec) -> str | None:
@@ -217,18 +251,44 @@ def run_sweep(
     observer = observer or NullObserver()
     loaded = load_sweep(path)
     api_key = _api_key(loaded.spec)
-    gpu_need(loaded.spec)  # a bad gpus_per_trial is a usage error before anything starts
-    # GPUs named that no backend can see: an error before anything is created
-    open_probe(
-        loaded.spec.server.gpu_backend, fake_gpu_dir(loaded), gpus=loaded.spec.server.gpus
-    ).close()
+    cluster = join_cluster(loaded, options.ray)
+    if cluster is not None:  # every configuration fits on some node
+        configs = [c.params for c in expand_configs(loaded.spec)]
+        needs = trial_needs(loaded.spec, configs, cluster.nodes)
+        check_fit(needs, cluster.nodes, cluster.address)
+    # a bad gpus_per_trial is a usage error before anything starts
+    gpu_need(cluster_spec(loaded.spec, cluster.nodes) if cluster else loaded.spec)
+    if cluster is None:  # (a cluster's nodes are checked when they are prepared)
+        # GPUs named that no backend can see: an error before anything is created
+        open_probe(
+            loaded.spec.server.gpu_backend, fake_gpu_dir(loaded), gpus=loaded.spec.server.gpus
+        ).close()
     store_path = store_path_for(loaded, options.store)
     with sweep_lock(store_path):
         store = open_store(store_path)
         try:
-            return _run(loaded, store, store_path, options, observer, api_key)
+            return _run(loaded, store, store_path, options, observer, api_key, cluster)
         finally:
             store.close()
+
+
+def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection | None:
+    """The Ray cluster to run on (``--ray`` or ``executor: {kind: ray}``), joined and
+    described; None to run here. Ray is imported only then; ConfigError when it is
+    missing, too old or unreachable."""
+    executor = loaded.spec.executor
+    if ray_option is None and executor.kind != "ray":
+        return None
+    try:
+        from servesweep.sweep import ray_exec
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "ray":
+            raise
+        message = "Ray is not installed: pip install 'servesweep[ray]'"
+        if ray_option is None:
+            raise loaded.error(message, "executor.kind") from None
+        raise ConfigError(message, key="--ray") from None
+    return ray_exec.connect(ray_option or executor.address)
 
 
 @contextmanager
@@ -302,14 +362,21 @@ def _run(
     options: RunOptions,
     observer: Observer,
     api_key: str | None,
+    cluster: RayConnection | None = None,
 ) -> SweepSummary:
     spec = loaded.spec
     sweep = open_sweep(loaded, store, fresh=options.fresh, keep_results=options.keep_results)
     run = new_run_id()
     context = sweep_context(loaded, store, store_path, sweep, run, api_key)
-    context = replace(context, slots=max_slots(spec, options.slots))
+    if cluster is not None:
+        context = _on_cluster(context, cluster, observer)
+    context = replace(context, slots=max_slots(context.spec, options.slots))
     store.add_event(sweep.id, "run_started", {"run": run, "pid": os.getpid(), "node": this_node()})
-    environment = {**sweep.environment, **_environment(spec.server, context.fake_gpu_dir)}
+    if cluster is None:
+        environment = {**sweep.environment, **_environment(spec.server, context.fake_gpu_dir)}
+    else:
+        environment = {**sweep.environment, **_environment(spec.server, None, gpus=False)}
+        environment["ray"] = {**cluster.describe(), "bench_from": spec.executor.bench_from}
     store.set_environment(sweep.id, environment)
 
     trials = store.trials(sweep.id, in_plan_only=True)
@@ -326,7 +393,13 @@ def _run(
     todo = [t for t in trials if not t.outcome.final and (not options.only or t.id in options.only)]
 
     events: queue.Queue[Event] = queue.Queue()
-    executor = LocalExecutor(context, events)
+    executor: Executor
+    if cluster is None:
+        executor = LocalExecutor(context, events)
+    else:
+        from servesweep.sweep.ray_exec import RayExecutor
+
+        executor = RayExecutor(cluster, context, events, bench_from=spec.executor.bench_from)
     driver = Driver(
         context,
         store,

@@ -1,0 +1,284 @@
+"""What a sweep on a cluster needs to know, as plain data and pure functions: which
+nodes can run trials and what they are called, how a node sees the sweep, how a
+slot buffers its events until the driver fetches them, and how a lost node is
+reported. ``sweep.ray_exec`` does the talking to Ray; nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import traceback
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from servesweep.errors import (
+    BenchError,
+    ConfigError,
+    DatasetError,
+    ServesweepError,
+    TrialFailed,
+)
+from servesweep.models import Evidence, FailureClass
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.slots import gpu_need
+from servesweep.sweep.events import Event
+from servesweep.sweep.slot import NodeInfo, SweepContext
+
+__all__ = [
+    "MIN_RAY_VERSION",
+    "BufferChannel",
+    "ClusterNode",
+    "RemoteFailure",
+    "check_fit",
+    "check_ray_version",
+    "cluster_spec",
+    "gpu_ids",
+    "gpu_nodes",
+    "lost_evidence",
+    "node_context",
+    "node_infos",
+    "short_error",
+    "trial_needs",
+]
+
+MIN_RAY_VERSION = (2, 60, 0)
+"""The oldest Ray servesweep is tested with (``pip install servesweep[ray]``)."""
+
+
+def check_ray_version(version: str) -> None:
+    """ConfigError when ``version`` (``ray.__version__``) is older than
+    :data:`MIN_RAY_VERSION` or cannot be read."""
+    want = ".".join(str(p) for p in MIN_RAY_VERSION)
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if parts is None:
+        raise ConfigError(f"cannot read the Ray version {version!r}; servesweep needs ray>={want}")
+    found = tuple(int(p or 0) for p in parts.groups())
+    if found < MIN_RAY_VERSION:
+        raise ConfigError(
+            f"Ray {version} is too old: servesweep needs ray>={want} "
+            f"(pip install -U 'servesweep[ray]') on the driver and on every node",
+            key="--ray",
+        )
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """An alive node of the cluster, as the cluster lists it."""
+
+    node_id: str
+    hostname: str
+    ip: str
+    gpus: int
+    """How many GPUs the node declares to the cluster."""
+
+
+def gpu_nodes(raw: Iterable[Mapping[str, Any]]) -> list[ClusterNode]:
+    """The alive nodes with GPUs, from ``ray.nodes()``, in a stable order (address,
+    then id)."""
+    out = []
+    for node in raw:
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources") or {}
+        count = int(float(resources.get("GPU", 0) or 0))
+        if count < 1:
+            continue
+        out.append(
+            ClusterNode(
+                node_id=str(node.get("NodeID", "")),
+                hostname=str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress")),
+                ip=str(node.get("NodeManagerAddress", "")),
+                gpus=count,
+            )
+        )
+    return sorted(out, key=lambda n: (n.ip, n.node_id))
+
+
+def node_infos(nodes: Sequence[ClusterNode], gpus: Mapping[str, tuple[int, ...]]) -> list[NodeInfo]:
+    """One :class:`NodeInfo` per node: named by its hostname, or by its address when
+    several nodes share the hostname (``address#id`` when they share that too), with
+    the GPU indexes Ray uses there (``gpus`` by node id)."""
+    hosts = Counter(n.hostname for n in nodes)
+    ips = Counter(n.ip for n in nodes)
+    out = []
+    for n in nodes:
+        name = n.hostname
+        if hosts[n.hostname] > 1:
+            name = n.ip if ips[n.ip] == 1 else f"{n.ip}#{n.node_id[:8]}"
+        out.append(NodeInfo(name, gpus[n.node_id], n.node_id))
+    return out
+
+
+def gpu_ids(count: int, visible: str | None) -> tuple[int, ...]:
+    """The GPU indexes Ray hands out on a node with ``count`` GPUs: the first
+    ``count`` entries of the node's ``CUDA_VISIBLE_DEVICES`` when it was set (Ray
+    maps its GPUs onto them), else ``0..count-1``. ConfigError for ids that are not
+    indexes (GPU UUIDs)."""
+    if visible is None or not visible.strip():
+        return tuple(range(count))
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if not all(v.isdigit() for v in ids):
+        raise ConfigError(
+            f"a node's CUDA_VISIBLE_DEVICES ({visible}) names GPUs by UUID; servesweep "
+            "needs GPU indexes there (start the node with CUDA_VISIBLE_DEVICES=0,1,...)"
+        )
+    return tuple(int(v) for v in ids[:count])
+
+
+def node_context(
+    context: SweepContext, *, ip: str, fake_gpu_dir: str | None, bind_node_address: bool
+) -> SweepContext:
+    """The sweep as a node sees it: its own fake GPUs (the node's
+    ``SERVESWEEP_FAKE_GPUS`` wins over the sweep file's), and servers listening on
+    the node's address when the sweep file did not choose ``server.host``
+    (``bind_node_address``)."""
+    spec = context.spec
+    if bind_node_address and ip:
+        server = spec.server.model_copy(update={"host": ip})
+        spec = spec.model_copy(update={"server": server})
+    return replace(context, spec=spec, fake_gpu_dir=fake_gpu_dir or context.fake_gpu_dir)
+
+
+class BufferChannel:
+    """A slot's channel inside a Ray actor: events wait here until the driver takes
+    them (in order). ``send`` never blocks."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._cond = threading.Condition()
+
+    def send(self, event: Event) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`take` return now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> list[Event]:
+        """Every event sent so far (waiting up to ``timeout`` s for the first)."""
+        with self._cond:
+            if not self._events:
+                self._cond.wait(timeout)
+            out, self._events = self._events, []
+        return out
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """An error raised on another node, as plain data (servesweep's exceptions do not
+    all survive pickling); :meth:`error` raises it again on this side."""
+
+    message: str
+    kind: str = "error"
+    failure_class: FailureClass | None = None
+    evidence: Evidence | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteFailure:
+        if isinstance(exc, TrialFailed):
+            return cls(str(exc), "trial_failed", exc.failure_class, exc.evidence)
+        for kind, exc_type in _KINDS.items():
+            if isinstance(exc, exc_type):
+                return cls(str(exc), kind)
+        if isinstance(exc, ServesweepError):
+            return cls(str(exc))
+        return cls("".join(traceback.format_exception(exc)).strip(), "internal")
+
+    def error(self, where: str = "") -> ServesweepError:
+        """The exception to raise here; ``where`` (a node) prefixes the message."""
+        if self.kind == "trial_failed" and self.failure_class and self.evidence:
+            return TrialFailed(self.failure_class, self.evidence)
+        message = f"{where}: {self.message}" if where else self.message
+        return _KINDS.get(self.kind, ServesweepError)(message)
+
+
+_KINDS: dict[str, type[ServesweepError]] = {
+    "dataset": DatasetError,
+    "bench": BenchError,
+    "config": ConfigError,
+}
+"""Kinds that travel as themselves (most specific first)."""
+
+
+def short_error(text: str, limit: int = 300) -> str:
+    """The lines of a cluster's error message that say what happened, on one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    keep = [
+        line for line in lines if not re.match(r"(class_name|actor_id|pid|namespace|name):", line)
+    ]
+    return " ".join(keep)[:limit]
+
+
+def lost_evidence(
+    node: NodeInfo, slot: int, trial: int, cluster_error: str, *, dead: bool
+) -> Evidence:
+    """The evidence of a trial whose node (or slot process) was lost."""
+    what = f"node {node.name}" if dead else f"the slot's process on node {node.name}"
+    return Evidence(
+        message=f"trial {trial}: {what} was lost ({short_error(cluster_error, 200)})",
+        reason="node_died" if dead else "slot_process_died",
+        details={
+            "node": node.name,
+            "node_id": node.node_id,
+            "slot": slot,
+            "node_dead": dead,
+            "cluster_error": cluster_error[:2000],
+        },
+    )
+
+
+def cluster_spec(spec: SweepSpec, nodes: Sequence[NodeInfo]) -> SweepSpec:
+    """The sweep as the driver schedules it on a cluster: the GPU pool is the largest
+    node's GPUs as Ray numbers them (each node's own pool is what Ray offers there), so
+    ``gpus_per_trial`` left out means a whole node."""
+    if not nodes:
+        return spec
+    largest = max(nodes, key=lambda n: len(n.gpus))
+    server = spec.server.model_copy(update={"gpus": list(largest.gpus)})
+    return spec.model_copy(update={"server": server})
+
+
+def trial_needs(
+    spec: SweepSpec, configs: Sequence[Mapping[str, Any]], nodes: Sequence[NodeInfo]
+) -> dict[str, int]:
+    """GPUs each configuration (label -> GPUs) needs on a cluster, before any node's
+    size is applied: a number, a whole node, or the expression's value."""
+    labels = [_label(p) for p in configs]
+    raw = spec.server.gpus_per_trial
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw.strip())
+    if isinstance(raw, int):
+        return dict.fromkeys(labels, raw)
+    if raw is None:
+        return dict.fromkeys(labels, max((len(n.gpus) for n in nodes), default=1))
+    need = replace(gpu_need(cluster_spec(spec, nodes)), pool=2**31)
+    return {label: need.of(p) for label, p in zip(labels, configs, strict=True)}
+
+
+def check_fit(needs: Mapping[str, int], nodes: Sequence[NodeInfo], where: str) -> None:
+    """ConfigError when the cluster has no node with GPUs, or a configuration (label ->
+    GPUs it needs) fits on no node."""
+    if not nodes:
+        raise ConfigError(
+            f"the Ray cluster at {where} has no alive node with GPUs (declare them with "
+            "`ray start --num-gpus N`, or start the nodes on machines with GPUs)",
+            key="--ray",
+        )
+    largest = max(nodes, key=lambda n: len(n.gpus))
+    for label, need in needs.items():
+        if need > len(largest.gpus):
+            raise ConfigError(
+                f"{label} needs {need} GPUs, but no node of the Ray cluster at {where} has "
+                f"that many (largest: {largest.name} with {len(largest.gpus)})",
+                key="server.gpus_per_trial",
+            )
+
+
+def _label(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"
