@@ -112,6 +112,16 @@ class LevelStats:
                 seen.setdefault(warning, None)
         return tuple(seen)
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Where the load came from when not from the server's machine."""
+        where = {
+            str(r.info["load_generator"]) for r in self.repeats if r.info.get("load_generator")
+        }
+        return tuple(
+            f"load generator on the {w}: latencies include the network" for w in sorted(where)
+        )
+
 
 def finite(value: float | None) -> float | None:
     """``value`` when it is a finite number, else None (JSON has no NaN/inf)."""

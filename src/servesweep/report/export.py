@@ -131,6 +131,9 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
         "phase_seconds": {k: finite(v) for k, v in trial.phase_seconds.items()},
         "phase_started": dict(trial.phase_started),
         "gpus": list(trial.instance.gpus) if trial.instance else [],
+        "node": trial.node,
+        "node_id": trial.node_id,
+        "slot": trial.slot,
         "gpu_count": trial_gpu_count(data, trial),
         "peak_gpu_memory_bytes": peak,
         "launch_command": trial.launch_command,
@@ -147,6 +150,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "repeat": r.repeat,
                 "metrics": {k: finite(v) for k, v in r.metrics.items()},
                 "warnings": list(r.warnings),
+                "load_generator": r.info.get("load_generator"),
                 "started_at": r.started_at,
                 "duration_s": r.duration_s,
                 "eval_results": [

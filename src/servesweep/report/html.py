@@ -236,7 +236,7 @@ def _results(data: SweepData, index: ResultIndex) -> dict[str, Any]:
             cells = [*lead, Cell(lvl.workload), Cell(lvl.level)]
             cells += [num(len(lvl.repeats))] if repeats else []
             cells += [stats_cell(lvl.metrics.get(m)) for m in metrics]
-            rows.append((trial.outcome.value, cells, lvl.warnings))
+            rows.append((trial.outcome.value, cells, lvl.warnings + lvl.notes))
     return {"head": head, "rows": rows}
 
 
