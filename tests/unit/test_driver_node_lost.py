@@ -110,6 +110,9 @@ class _Cluster:
     def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
         return None
 
+    def context_for(self, node: NodeInfo) -> SweepContext:
+        raise AssertionError("no leftovers here")
+
     def prepare(
         self,
         node: NodeInfo,

@@ -206,8 +206,11 @@ def test_a_trial_failure_and_a_bug_from_another_node_keep_what_they_say() -> Non
         raise KeyError("boom")
     except KeyError as bug:
         failure = RemoteFailure.of(bug)
-    assert failure.kind == "internal" and "KeyError" in failure.message
-    assert "Traceback" in failure.message
+    assert failure.kind == "internal" and "Traceback" in failure.message
+    bug = failure.error("node b")
+    assert type(bug) is RuntimeError and str(bug) == "node b: KeyError: 'boom'"
+    if sys.version_info >= (3, 11):
+        assert bug.__notes__ == [failure.message]
 
 
 def test_the_gpu_pool_on_a_cluster_is_the_largest_nodes() -> None:

@@ -190,12 +190,20 @@ class RemoteFailure:
             return cls(str(exc))
         return cls("".join(traceback.format_exception(exc)).strip(), "internal")
 
-    def error(self, where: str = "") -> ServesweepError:
-        """The exception to raise here; ``where`` (a node) prefixes the message."""
+    def error(self, where: str = "") -> Exception:
+        """The exception to raise here; ``where`` (a node) prefixes the message. A bug
+        on the node is a RuntimeError naming its last line (an internal error here
+        too); its traceback is attached as a note."""
         if self.kind == "trial_failed" and self.failure_class and self.evidence:
             return TrialFailed(self.failure_class, self.evidence)
-        message = f"{where}: {self.message}" if where else self.message
-        return _KINDS.get(self.kind, ServesweepError)(message)
+        prefix = f"{where}: " if where else ""
+        if self.kind == "internal":
+            lines = self.message.strip().splitlines() or ["?"]
+            bug = RuntimeError(prefix + lines[-1])
+            if hasattr(bug, "add_note"):  # Python 3.11+
+                bug.add_note(self.message)
+            return bug
+        return _KINDS.get(self.kind, ServesweepError)(prefix + self.message)
 
 
 _KINDS: dict[str, type[ServesweepError]] = {

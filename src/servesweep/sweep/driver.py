@@ -102,6 +102,11 @@ class Executor(Protocol):
 
     def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None: ...
 
+    def context_for(self, node: NodeInfo) -> SweepContext:
+        """The sweep as ``node`` sees it (its address, its fake GPUs): launches there,
+        and so their fingerprints, follow it."""
+        ...
+
     def prepare(
         self,
         node: NodeInfo,
@@ -299,12 +304,13 @@ class Driver:
         if slot is None or not set(gpus) <= set(self.spec.server.gpus):
             return Leftover(trial.id, instance, label=label)
         placement = Placement(node.name, slot, gpus, instance.port or 0, node.node_id)
+        context = self.executor.context_for(node)
         for job in self.state.jobs:
             if job.need != max(1, len(gpus)):
                 continue
             record = self._trials[job.trial]
             fingerprint = launch_for(
-                self.context, placement, record.params, trial="{trial}", log="{log}"
+                context, placement, record.params, trial="{trial}", log="{log}"
             )[2]
             if fingerprint == instance.fingerprint:
                 return Leftover(trial.id, instance, adopt_for=job.trial, label=label)
@@ -580,10 +586,11 @@ class Driver:
         state.retried[trial.id] = state.retried.get(trial.id, 0) + 1
         self.store.reset_trial(trial.id)
         state.jobs.insert(0, Job(trial.id, self.need.of(trial.params)))
+        lost = "node" if trial.evidence is None or trial.evidence.reason == "node_died" else "slot"
         self.writer.note(
             SweepWarning(
                 trial=trial.id,
-                message=f"trial {trial.id} lost its node ({trial.node}): running it again",
+                message=f"trial {trial.id} lost its {lost} on {trial.node}: running it again",
             )
         )
         return True

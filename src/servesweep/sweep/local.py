@@ -174,6 +174,9 @@ class LocalExecutor:
         """This machine, with the sweep's GPU pool."""
         return [NodeInfo(self.node, tuple(self.context.spec.server.gpus))]
 
+    def context_for(self, node: NodeInfo) -> SweepContext:
+        return self.context
+
     def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
         """How the pool's GPUs are linked (None: unknown)."""
         server = self.context.spec.server

@@ -121,6 +121,14 @@ def connect(address: str | None) -> RayConnection:
             f"cannot join the Ray cluster at {target}: {short_error(str(exc), 200)}",
             key="--ray",
         ) from None
+    try:
+        return _describe_cluster(target)
+    except BaseException:
+        ray.shutdown()  # a later run in this process joins afresh
+        raise
+
+
+def _describe_cluster(target: str) -> RayConnection:
     everything = cluster_nodes()
     raw = gpu_nodes(everything)
     try:
@@ -264,6 +272,9 @@ class RayExecutor:
 
     def nodes(self) -> list[NodeInfo]:
         return list(self.connection.nodes)
+
+    def context_for(self, node: NodeInfo) -> SweepContext:
+        return self._contexts[node.node_id]
 
     def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
         """Unknown: Ray chooses which of a node's GPUs a slot gets."""

@@ -431,6 +431,9 @@ class RaySlot:
     def _lose(self, exc: BaseException, trial: int | None) -> None:
         """Ray cannot reach the actor: learn whether it (and its node) is dead, report
         the loss, and stop what the slot left running on a node that lives."""
+        if self._killed:  # ended here (the sweep is stopping): not a loss
+            self._lost = True
+            return
         message = self._verdict(exc)
         node_id = self.placement.node_id
         dead = "node has died" in message or not self._host.node_alive(node_id)
