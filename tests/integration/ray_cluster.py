@@ -148,6 +148,13 @@ class RayCluster:
         """``argv`` run inside the cluster's network namespace."""
         return [*self.netns.prefix, *argv]
 
+    def add(self, ip: str, gpus: int = 2) -> RayNode:
+        """Start one more node and wait until the cluster counts it."""
+        node = _started(self.root, ip, ["--address", self.address], gpus, self.netns)
+        self.nodes.append(node)
+        _wait_alive(self)
+        return node
+
     def by_ip(self, ip: str) -> RayNode:
         return next(n for n in self.nodes if n.ip == ip)
 
@@ -206,6 +213,21 @@ def _start_node(root: Path, ip: str, args: list[str], gpus: int, netns: NetNames
             start_new_session=True,
         )
     return RayNode(ip, gpu_dir, truth, proc, log)
+
+
+def _wait_alive(cluster: RayCluster) -> None:
+    """Until Ray counts every node of ``cluster`` alive; learns their ids."""
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while True:
+        nodes = alive_nodes(cluster)
+        if len(nodes) == len(cluster.nodes):
+            break
+        assert time.monotonic() < deadline, f"cluster did not come up: {nodes}" + "".join(
+            f"\n--- {n.log.name}:\n{n.log.read_text()[-1500:]}" for n in cluster.nodes
+        )
+        time.sleep(1)
+    for node in cluster.nodes:
+        node.node_id = str(next(n["id"] for n in nodes if n["ip"] == node.ip))
 
 
 def _started(
@@ -285,17 +307,7 @@ def ray_cluster(
         cluster.nodes.append(_started(root, ips[0], head_args, gpus, netns))
         for ip in ips[1:]:
             cluster.nodes.append(_started(root, ip, ["--address", cluster.address], gpus, netns))
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            nodes = alive_nodes(cluster)
-            if len(nodes) == len(ips):
-                break
-            assert time.monotonic() < deadline, f"cluster did not come up: {nodes}" + "".join(
-                f"\n--- {n.log.name}:\n{n.log.read_text()[-1500:]}" for n in cluster.nodes
-            )
-            time.sleep(1)
-        for node in cluster.nodes:
-            node.node_id = str(next(n["id"] for n in nodes if n["ip"] == node.ip))
+        _wait_alive(cluster)
         yield cluster
     finally:
         cluster.stop()
