@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -149,6 +150,27 @@ def test_an_unreachable_cluster_is_one_line_before_anything_starts(tmp_path: Pat
     assert done.stderr.strip().splitlines() == [
         "servesweep: --ray: cannot reach the Ray cluster at 127.0.0.9:9 (Connection refused); "
         "start it with `ray start --head`, or check the address and the firewall"
+    ]
+    assert not (tmp_path / "servesweep.db").exists()
+
+
+def test_a_ray_too_old_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    fake = tmp_path / "site" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "2.9.3"\n')  # Ray as it was then
+    sweep = _sweep(tmp_path, "old", [2])
+    done = subprocess.run(
+        [*SERVESWEEP, "run", str(sweep), "--ray", "127.0.0.9:9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(fake.parent)},
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "servesweep: --ray: Ray 2.9.3 is too old: servesweep needs ray>=2.60.0 "
+        "(pip install -U 'servesweep[ray]') on the driver and on every node"
     ]
     assert not (tmp_path / "servesweep.db").exists()
 

@@ -36,7 +36,7 @@ from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.cluster import check_fit, cluster_spec, trial_needs
+from servesweep.sweep.cluster import check_fit, check_ray_version, cluster_spec, trial_needs
 from servesweep.sweep.driver import (
     Driver,
     Executor,
@@ -280,7 +280,7 @@ def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection |
     if ray_option is None and executor.kind != "ray":
         return None
     try:
-        from servesweep.sweep import ray_exec
+        import ray
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "ray":
             raise
@@ -288,6 +288,9 @@ def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection |
         if ray_option is None:
             raise loaded.error(message, "executor.kind") from None
         raise ConfigError(message, key="--ray") from None
+    check_ray_version(str(getattr(ray, "__version__", "?")))  # before Ray's newer names
+    from servesweep.sweep import ray_exec
+
     return ray_exec.connect(ray_option or executor.address)
 
 
