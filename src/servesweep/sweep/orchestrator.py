@@ -252,7 +252,9 @@ def run_sweep(
     loaded = load_sweep(path)
     api_key = _api_key(loaded.spec)
     cluster = join_cluster(loaded, options.ray)
-    if cluster is not None:  # every configuration fits on some node
+    if cluster is not None and not loaded.spec.search.samples:
+        # every configuration of the plan fits on some node (a sampling search's are
+        # checked as it proposes them)
         configs = [c.params for c in expand_configs(loaded.spec)]
         needs = trial_needs(loaded.spec, configs, cluster.nodes)
         check_fit(needs, cluster.nodes, cluster.address)
