@@ -534,8 +534,7 @@ class Driver:
         self._scheduler().pools.pop(node, None)
         for key, slot in list(state.slots.items()):
             if key[0] == node and not slot.busy:
-                slot.handle.close(timeout=_CLOSE_TIMEOUT_S)
-                del state.slots[key]
+                self._drop(key)
         self.writer.note(
             SweepWarning(message=f"node {event.node} is lost: no more trials go there")
         )
@@ -551,8 +550,7 @@ class Driver:
             slot.trial = None
         if key in self.state.lost_slots:
             self.state.lost_slots.discard(key)
-            slot.handle.close(timeout=_CLOSE_TIMEOUT_S)
-            del self.state.slots[key]
+            self._drop(key)
             return
         if event.error is not None:
             error = slot.handle.error
@@ -560,11 +558,14 @@ class Driver:
                 raise error
             raise ServesweepError(f"slot {event.slot} on {event.node} failed: {event.error}")
         if slot.tearing:
-            # its thread ends on its own (closing a probe, a telemetry thread): never
-            # hold up the other slots for it
-            slot.handle.close(timeout=0.0)
-            self._closing.append(slot.handle)
-            del self.state.slots[key]
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        """Close a slot that has no more work; its thread ends on its own (closing a
+        probe, a telemetry thread): never hold up the other slots for it."""
+        slot = self.state.slots.pop(key)
+        slot.handle.close(timeout=0.0)
+        self._closing.append(slot.handle)
 
     def _finished(self, event: TrialFinished) -> None:
         trial = self.store.trial(event.trial)

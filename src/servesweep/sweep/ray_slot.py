@@ -354,7 +354,7 @@ class RaySlot:
         once ``restore`` ran)."""
         self._inbox.put(None)
         self._thread.join(timeout)
-        if not self._lost and self._started:
+        if not self._lost and self._started and not self._killed:
             with contextlib.suppress(RayError):
                 self._put(ray.get(self._actor.take.remote(), timeout=_CALL_TIMEOUT_S))
         if not self._interrupted:
