@@ -62,6 +62,7 @@ __all__ = ["RayConnection", "RayExecutor", "connect"]
 
 _CONNECT_TIMEOUT_S = 10.0
 _CALL_TIMEOUT_S = 120.0
+_CLOSE_S = 10.0
 _SLOT_CONCURRENCY = 4
 """Calls a slot's actor serves at once: a command's stream, an interrupt, a ping."""
 
@@ -368,6 +369,7 @@ class RayExecutor:
     def close(self) -> None:
         """End every slot's actor and leave the cluster."""
         for slot in self._slots:
+            slot.close(timeout=_CLOSE_S)  # (a slot still waiting for its GPUs is ended)
             slot.kill()
         self._slots.clear()
         ray.shutdown()

@@ -221,6 +221,13 @@ class SlotActor:
         """Events no command has streamed yet (an interrupt's, between commands)."""
         return self._channel.take(0)
 
+    def close(self) -> list[Event]:
+        """The slot is done: its worker lets go of its probe, telemetry and load
+        generators; returns the events no command streamed."""
+        if self._worker is not None:
+            self._worker.close()
+        return self._channel.take(0)
+
     def ping(self) -> bool:
         return True
 
@@ -310,6 +317,7 @@ class RaySlot:
         """The instance the slot runs (trial, record), as its events tell."""
         self._lost_dead = False
         self._lost_message = ""
+        self._closed = False
         self._thread = threading.Thread(
             target=self._main, name=f"ray-slot-{node.name}-{placement.slot}", daemon=True
         )
@@ -344,21 +352,20 @@ class RaySlot:
                     self._actor.restore.remote(tuple(restart_units)), timeout=_CALL_TIMEOUT_S
                 )
                 self._put(events)
+                self._put(ray.get(self._actor.close.remote(), timeout=_CALL_TIMEOUT_S))
         except RayError:
             pass
         finally:
             self.kill()
 
     def close(self, timeout: float = 30.0) -> bool:
-        """End the thread after its command; the actor ends too (after an interrupt,
-        once ``restore`` ran)."""
-        self._inbox.put(None)
+        """End the slot after its command: its thread closes the actor's worker and ends
+        the actor (Ray takes its GPUs back) — after an interrupt, only once ``restore``
+        ran. True when that is done within ``timeout`` (it goes on in the background)."""
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(None)
         self._thread.join(timeout)
-        if not self._lost and self._started and not self._killed:
-            with contextlib.suppress(RayError):
-                self._put(ray.get(self._actor.take.remote(), timeout=_CALL_TIMEOUT_S))
-        if not self._interrupted:
-            self.kill()
         return not self._thread.is_alive()
 
     def kill(self) -> None:
@@ -371,6 +378,12 @@ class RaySlot:
     # -- the thread ---------------------------------------------------------------------
 
     def _main(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._end()
+
+    def _serve(self) -> None:
         while True:
             item = self._inbox.get()
             if item is None:
@@ -384,6 +397,18 @@ class RaySlot:
             if self._lost and trial is not None and not self._interrupted:
                 self._lose_trial(trial)
             self._idle(error)
+
+    def _end(self) -> None:
+        reachable = self._started and not self._lost and not self._killed
+        if self._interrupted:  # restore() comes next, then the end
+            if reachable:
+                with contextlib.suppress(RayError):
+                    self._put(ray.get(self._actor.take.remote(), timeout=_CALL_TIMEOUT_S))
+            return
+        if reachable:
+            with contextlib.suppress(RayError):
+                self._put(ray.get(self._actor.close.remote(), timeout=_CALL_TIMEOUT_S))
+        self.kill()
 
     def _start(self, trial: int | None) -> str | None:
         try:
