@@ -261,7 +261,11 @@ def test_without_ray_installed_a_ray_sweep_is_one_line_of_advice(
     from servesweep.sweep.orchestrator import join_cluster
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    for name in ("servesweep.sweep.ray_exec", "servesweep.sweep.ray_slot"):
+    for name in (
+        "servesweep.sweep.ray_exec",
+        "servesweep.sweep.ray_slot",
+        "servesweep.sweep.ray_actor",
+    ):
         monkeypatch.delitem(sys.modules, name, raising=False)
     loaded = load_sweep_text(_SWEEP.format(server="", extra="executor:\n  kind: ray"))
     with pytest.raises(ConfigError) as caught:

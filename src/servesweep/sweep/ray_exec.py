@@ -49,7 +49,8 @@ from servesweep.sweep.cluster import (
 )
 from servesweep.sweep.events import Event, NodeLost
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
-from servesweep.sweep.ray_slot import LoadFrom, RaySlot, SlotActor, on_node
+from servesweep.sweep.ray_actor import LoadFrom, SlotActor, on_node
+from servesweep.sweep.ray_slot import RaySlot
 from servesweep.sweep.slot import (
     CurrentInstance,
     NodeInfo,

@@ -1,19 +1,11 @@
-"""One slot on a Ray node: an actor there (:class:`SlotActor`) and its handle in the
-driver (:class:`RaySlot`).
-
-The actor is pinned to its node and asks Ray for the slot's GPUs (``num_gpus``);
-the GPU indexes Ray assigns become the slot's, so the records show what Ray gave.
-Inside, a ``SlotWorker`` runs commands (a trial, a teardown, the finish) and sends
-its events into a buffer. Each command is one streaming call that yields the
-buffered events while the work runs and ends with a :class:`Done`; the handle's
-thread puts them into the driver's queue and then ``SlotIdle``, exactly like a
-local slot. The actor serves several calls at once, so ``interrupt`` reaches it
-while a command runs.
+"""A slot on a Ray node as the driver drives it (:class:`RaySlot`, a ``SlotHandle``):
+the slot's actor on its node (``sweep.ray_actor``) does the trial's work; a thread
+here sends it one command at a time, puts the events it streams back into the
+driver's queue and ends each command with ``SlotIdle``, exactly like a local slot.
 
 When Ray reports the actor or its node dead, the handle reports ``NodeLost`` and
-ends the trial it ran ``node_lost`` with what Ray said; when only the actor died
-and its node lives, the instance it had started there is stopped by a task on
-that node.
+ends the trial it ran ``node_lost`` with what Ray said; when only the actor died and
+its node lives, the instance it had started there is stopped by a task on that node.
 """
 
 from __future__ import annotations
@@ -22,20 +14,17 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from servesweep.bench.target import Target
-from servesweep.errors import BenchError, Interrupted, ServesweepError
-from servesweep.models import FailureClass, InstanceRecord, LevelResult, Outcome
-from servesweep.spec.schema import WorkloadSpec
-from servesweep.sweep.cluster import BufferChannel, RemoteFailure, lost_evidence, short_error
+from servesweep.errors import ServesweepError
+from servesweep.models import FailureClass, InstanceRecord, Outcome
+from servesweep.sweep.cluster import lost_evidence, short_error
 from servesweep.sweep.events import (
     Event,
     InstanceGone,
@@ -45,239 +34,14 @@ from servesweep.sweep.events import (
     SweepWarning,
     TrialFinished,
 )
-from servesweep.sweep.slot import (
-    CurrentInstance,
-    NodeInfo,
-    Placement,
-    SlotWorker,
-    SweepContext,
-    TrialOrder,
-)
+from servesweep.sweep.ray_actor import Command, Done, Finish, Run, Started, Teardown
+from servesweep.sweep.slot import NodeInfo, Placement, TrialOrder
 
-__all__ = ["Done", "LoadFrom", "RaySlot", "SlotActor", "on_node"]
+__all__ = ["RaySlot", "SlotHost"]
 
-_TAKE_S = 0.5
 _CALL_TIMEOUT_S = 60.0
 _VERDICT_TIMEOUT_S = 120.0
 """How long to wait for Ray to tell whether an actor it cannot reach is dead."""
-
-
-def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
-    """Run there or nowhere."""
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-# -- commands and answers (plain data: they travel) ------------------------------------
-
-
-@dataclass(frozen=True)
-class _Run:
-    order: TrialOrder
-
-    def apply(self, worker: SlotWorker) -> None:
-        worker.run(self.order)
-
-
-@dataclass(frozen=True)
-class _Teardown:
-    def apply(self, worker: SlotWorker) -> None:
-        worker.teardown()
-
-
-@dataclass(frozen=True)
-class _Finish:
-    keep_running: bool
-    restart_units: tuple[str, ...]
-
-    def apply(self, worker: SlotWorker) -> None:
-        worker.finish(self.keep_running, self.restart_units)
-
-
-_Command = _Run | _Teardown | _Finish
-
-
-@dataclass(frozen=True)
-class Done:
-    """The end of a command's stream."""
-
-    failure: RemoteFailure | None = None
-    holding: bool = False
-
-
-@dataclass(frozen=True)
-class _Started:
-    gpus: tuple[int, ...]
-    failure: RemoteFailure | None = None
-
-
-@dataclass(frozen=True)
-class LoadFrom:
-    """``executor.bench_from: driver``: where the load generator runs instead."""
-
-    node_id: str
-    name: str
-    node_ip: str
-    """The address of the slot's node, for a server listening on every interface."""
-
-
-# -- on the node ------------------------------------------------------------------------
-
-
-class SlotActor:
-    """The slot's side on its node (see the module doc); a Ray actor."""
-
-    def __init__(
-        self,
-        context: SweepContext,
-        placement: Placement,
-        current: CurrentInstance | None,
-        baseline: Mapping[int, int],
-        load_from: LoadFrom | None,
-    ) -> None:
-        self._context = context
-        self._placement = placement
-        self._current = current
-        self._baseline = dict(baseline)
-        self._load_from = load_from
-        self._channel = BufferChannel()
-        self._worker: SlotWorker | None = None
-
-    def start(self) -> _Started:
-        """Take the GPUs Ray assigned and make the slot's worker."""
-        here = ray.get_runtime_context().get_node_id()
-        if here != self._placement.node_id:
-            message = f"placed on node {here}, not on {self._placement.node_id}"
-            return _Started((), RemoteFailure(message))
-        gpus = tuple(sorted(int(g) for g in ray.get_gpu_ids()))
-        placement = replace(self._placement, gpus=gpus)
-        try:
-            current = self._current
-            if current is not None and tuple(current.instance.gpus) != gpus:
-                # Ray gave the slot other GPUs than the instance to adopt holds
-                self._stop_elsewhere(current)
-                current = None
-            self._worker = SlotWorker(
-                self._context,
-                placement,
-                self._channel,
-                current=current,
-                baseline={g: self._baseline[g] for g in gpus if g in self._baseline},
-                load=self._load_remote if self._load_from else None,
-            )
-        except BaseException as exc:
-            return _Started(gpus, RemoteFailure.of(exc))
-        return _Started(gpus)
-
-    def _stop_elsewhere(self, current: CurrentInstance) -> None:
-        where = replace(self._placement, gpus=tuple(current.instance.gpus))
-        worker = SlotWorker(self._context, where, self._channel, current=current)
-        try:
-            worker.warn(
-                f"the instance of trial {current.trial} runs on GPUs other than those Ray "
-                "gave its slot: stopping it instead of adopting it"
-            )
-            worker.teardown()
-        finally:
-            worker.close()
-
-    def command(self, command: _Command) -> Iterator[list[Event] | Done]:
-        """Run ``command``, yielding its events as they come, then :class:`Done`."""
-        worker = self._worker
-        assert worker is not None
-        failure: list[RemoteFailure] = []
-        done = threading.Event()
-
-        def work() -> None:
-            try:
-                command.apply(worker)
-            except Interrupted:
-                pass
-            except BaseException as exc:
-                failure.append(RemoteFailure.of(exc))
-            finally:
-                done.set()
-                self._channel.wake()
-
-        threading.Thread(target=work, name="slot-command", daemon=True).start()
-        while not done.is_set():
-            events = self._channel.take(_TAKE_S)
-            if events:
-                yield events
-        rest = self._channel.take(0)
-        if rest:
-            yield rest
-        yield Done(failure[0] if failure else None, holding=worker.current is not None)
-
-    def interrupt(self) -> None:
-        if self._worker is not None:
-            self._worker.interrupt()
-
-    def restore(self, restart_units: tuple[str, ...]) -> list[Event]:
-        if self._worker is not None:
-            self._worker.restore(keep_running=False, restart_units=restart_units)
-        return self._channel.take(0)
-
-    def take(self) -> list[Event]:
-        """Events no command has streamed yet (an interrupt's, between commands)."""
-        return self._channel.take(0)
-
-    def close(self) -> list[Event]:
-        """The slot is done: its worker lets go of its probe, telemetry and load
-        generators; returns the events no command streamed."""
-        if self._worker is not None:
-            self._worker.close()
-        return self._channel.take(0)
-
-    def ping(self) -> bool:
-        return True
-
-    def _load_remote(
-        self,
-        target: Target,
-        workload: WorkloadSpec,
-        progress: Callable[[str], None],
-        after_level: Callable[[LevelResult], bool],
-    ) -> list[LevelResult]:
-        """The workload from the driver's node. Its levels run there in one go; the
-        decision to go on after each level (pruning) is taken as the results come back,
-        and the levels after a stop are not kept (as if they had not run)."""
-        load = self._load_from
-        assert load is not None
-        host = target.base_url.split("//", 1)[-1].rsplit(":", 1)[0]
-        if host in ("0.0.0.0", "[::]", "::", ""):
-            port = target.base_url.rsplit(":", 1)[-1]
-            target = replace(target, base_url=f"http://{load.node_ip}:{port}")
-        progress(f"load generator on the driver's node {load.name}")
-        task = _load_on_node.options(scheduling_strategy=on_node(load.node_id))
-        answer = ray.get(task.remote(target, workload, self._context.base_dir))
-        if isinstance(answer, RemoteFailure):
-            raise answer.error()
-        results, ran_on = answer
-        where = {"load_generator": f"driver node {load.name}", "load_node_id": ran_on}
-        kept = []
-        for result in results:
-            kept.append(replace(result, info={**result.info, **where}))
-            if not after_level(kept[-1]):
-                break
-        return kept
-
-
-@ray.remote(num_cpus=0)
-def _load_on_node(
-    target: Target, workload: WorkloadSpec, base_dir: str | None
-) -> tuple[list[LevelResult], str] | RemoteFailure:
-    """The load generator on another node (``executor.bench_from: driver``): the
-    results, and the node they were measured from."""
-    from servesweep.bench.load import run_workload_sync
-
-    try:
-        results = run_workload_sync(target, workload, workers=workload.workers, base_dir=base_dir)
-    except BenchError as exc:
-        return RemoteFailure.of(exc)
-    return results, ray.get_runtime_context().get_node_id()
-
-
-# -- in the driver ------------------------------------------------------------------------
 
 
 class SlotHost(Protocol):
@@ -307,7 +71,7 @@ class RaySlot:
         self._node = node
         self._actor = actor
         self._events = events
-        self._inbox: queue.Queue[tuple[_Command, int | None] | None] = queue.Queue()
+        self._inbox: queue.Queue[tuple[Command, int | None] | None] = queue.Queue()
         self._started = False
         self._lost = False
         self._interrupted = False
@@ -326,13 +90,13 @@ class RaySlot:
     # -- commands (each ends with a SlotIdle event) -------------------------------------
 
     def run(self, order: TrialOrder) -> None:
-        self._inbox.put((_Run(order), order.trial))
+        self._inbox.put((Run(order), order.trial))
 
     def teardown(self) -> None:
-        self._inbox.put((_Teardown(), None))
+        self._inbox.put((Teardown(), None))
 
     def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
-        self._inbox.put((_Finish(keep_running, tuple(restart_units)), None))
+        self._inbox.put((Finish(keep_running, tuple(restart_units)), None))
 
     def interrupt(self) -> None:
         """Stop the slot's instance now (the running command ends)."""
@@ -412,7 +176,7 @@ class RaySlot:
 
     def _start(self, trial: int | None) -> str | None:
         try:
-            started: _Started = ray.get(self._actor.start.remote())
+            started: Started = ray.get(self._actor.start.remote())
         except RayError as exc:
             self._lose(exc, trial)
             return None
@@ -423,7 +187,7 @@ class RaySlot:
             return str(self.error)
         return None
 
-    def _command(self, command: _Command, trial: int | None) -> str | None:
+    def _command(self, command: Command, trial: int | None) -> str | None:
         try:
             for ref in self._actor.command.remote(command):
                 item = ray.get(ref)
