@@ -29,10 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from servesweep.sim.testing import free_port
-from servesweep.store import open_store
+from sim_sweep import stored_run, write_sim_sweep
 
 SWEEPS: dict[str, dict[str, Any]] = {
     "fit": {
@@ -64,45 +61,16 @@ class Run:
     wall_s: float
 
 
-def _write(folder: Path, name: str, shape: dict[str, Any]) -> Path:
-    spec = {
-        "name": name,
-        "store": "servesweep.db",
-        "server": {
-            "engine": "sim",
-            "port": free_port(),
-            "gpus": list(range(8)),
-            "gpus_per_trial": shape["gpus_per_trial"],
-            "gpu_backend": "fake",
-            "fake_gpu_dir": "gpus",
-            "fake_gpus": {"count": 8, "memory": "80GiB"},
-            "args": {
-                "mem-per-gpu": "60GiB",
-                "load-time": 3.0,
-                "release-delay": 1.0,
-                "ttft-ms": 20,
-                "step-ms": 20,
-            },
-            "timeouts": {"stop": "10s", "release": "60s", "ready": "120s"},
-        },
-        "params": shape["params"],
-        "workloads": [
-            {
-                "name": "chat",
-                "concurrency": [1],
-                "requests": 4,
-                "max_tokens": 32,
-                "ignore_eos": True,
-            }
-        ],
-    }
-    path = folder / "sweep.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
 def _measure(sweep: str, slots: str, folder: Path) -> Run:
-    path = _write(folder, f"{sweep}-{slots}", SWEEPS[sweep])
+    shape = SWEEPS[sweep]
+    path = write_sim_sweep(
+        folder,
+        f"{sweep}-{slots}",
+        shape["params"],
+        load_time=3.0,
+        gpus_per_trial=shape["gpus_per_trial"],
+        fake_gpus=8,
+    )
     argv = [sys.executable, "-m", "servesweep.cli.main", "run", str(path), "--quiet"]
     if slots != "auto":
         argv += ["--slots", slots]
@@ -113,20 +81,15 @@ def _measure(sweep: str, slots: str, folder: Path) -> Run:
     wall = time.monotonic() - t0
     if done.returncode not in (0, 1):
         raise SystemExit(f"servesweep run failed ({done.returncode}): {done.stderr[-2000:]}")
-    with open_store(folder / "servesweep.db", readonly=True) as store:
-        trials = store.trials(1)
-    began = min(t.started_at for t in trials if t.started_at is not None)
-    ended = max(t.finished_at for t in trials if t.finished_at is not None)
-    makespan = ended - began
-    busy = sum(t.gpu_seconds for t in trials)
+    stored = stored_run(folder)
     return Run(
         sweep=sweep,
         slots=slots,
-        trials=len(trials),
-        ok=sum(1 for t in trials if t.outcome.value == "ok"),
-        makespan_s=round(makespan, 2),
-        busy_gpu_s=round(busy, 1),
-        utilisation=round(busy / (makespan * 8), 3),
+        trials=len(stored.trials),
+        ok=stored.ok,
+        makespan_s=round(stored.makespan_s, 2),
+        busy_gpu_s=round(stored.busy_gpu_s, 1),
+        utilisation=round(stored.utilisation(8), 3),
         wall_s=round(wall, 2),
     )
 

@@ -39,16 +39,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Ray cluster
 
+from sim_sweep import stored_run, write_sim_sweep
 from tests.integration.ray_cluster import RayCluster, ray_cluster
 
-from servesweep.sim.testing import free_port
-from servesweep.store import TrialRecord, open_store
+from servesweep.store import TrialRecord
 
 SERVESWEEP = [sys.executable, "-m", "servesweep.cli.main"]
 
@@ -65,43 +62,6 @@ class Run:
     gap_mean_s: float
     gap_max_s: float
     startup_s: float
-
-
-def _write(folder: Path, name: str, trials: int, *, local: bool) -> Path:
-    server: dict[str, Any] = {
-        "engine": "sim",
-        "port": free_port(),
-        "gpus_per_trial": 1,
-        "gpu_backend": "fake",
-        "args": {
-            "mem-per-gpu": "60GiB",
-            "load-time": 2.0,
-            "release-delay": 1.0,
-            "ttft-ms": 20,
-            "step-ms": 20,
-        },
-        "timeouts": {"stop": "10s", "release": "60s", "ready": "120s"},
-    }
-    if local:  # the nodes bring their own fake GPUs
-        server.update(gpus=[0, 1], fake_gpu_dir="gpus", fake_gpus={"count": 2, "memory": "80GiB"})
-    spec = {
-        "name": name,
-        "store": "servesweep.db",
-        "server": server,
-        "params": {"grid": {"budget": list(range(trials))}},
-        "workloads": [
-            {
-                "name": "chat",
-                "concurrency": [1],
-                "requests": 4,
-                "max_tokens": 32,
-                "ignore_eos": True,
-            }
-        ],
-    }
-    path = folder / "sweep.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
 
 
 def _gaps(trials: Sequence[TrialRecord]) -> list[float]:
@@ -122,24 +82,27 @@ def _measure(where: str, gpus: int, argv: list[str], env: dict[str, str], folder
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if done.returncode not in (0, 1):
         raise SystemExit(f"servesweep run failed ({done.returncode}): {done.stderr[-2000:]}")
-    with open_store(folder / "servesweep.db", readonly=True) as store:
-        trials = store.trials(1)
-    began = min(t.started_at for t in trials if t.started_at is not None)
-    ended = max(t.finished_at for t in trials if t.finished_at is not None)
-    makespan = ended - began
-    busy = sum(t.gpu_seconds for t in trials)
-    gaps = _gaps(trials) or [0.0]
+    stored = stored_run(folder)
+    gaps = _gaps(stored.trials) or [0.0]
     return Run(
         where=where,
         gpus=gpus,
-        trials=len(trials),
-        ok=sum(1 for t in trials if t.outcome.value == "ok"),
-        makespan_s=round(makespan, 2),
-        busy_gpu_s=round(busy, 1),
-        utilisation=round(busy / (makespan * gpus), 3),
+        trials=len(stored.trials),
+        ok=stored.ok,
+        makespan_s=round(stored.makespan_s, 2),
+        busy_gpu_s=round(stored.busy_gpu_s, 1),
+        utilisation=round(stored.utilisation(gpus), 3),
         gap_mean_s=round(sum(gaps) / len(gaps), 3),
         gap_max_s=round(max(gaps), 3),
-        startup_s=round(began - t0, 2),
+        startup_s=round(stored.began - t0, 2),
+    )
+
+
+def _write(folder: Path, name: str, trials: int, *, local: bool) -> Path:
+    """One GPU per trial; on this machine two fake GPUs, on a cluster the nodes'."""
+    params = {"grid": {"budget": list(range(trials))}}
+    return write_sim_sweep(
+        folder, name, params, load_time=2.0, gpus_per_trial=1, fake_gpus=2 if local else None
     )
 
 
