@@ -50,13 +50,22 @@ def _worker_load(folder: Path, log_path: str | None) -> str:
     return ", ".join(sorted(parts))
 
 
+def _baseline(stored: dict[str, Any]) -> dict[int, int]:
+    """The sweep's GPU baseline, ``{gpu: bytes}``: stored per machine (``{node: {gpu:
+    bytes}}``, one machine here), or by an older servesweep as ``{gpu: bytes}``."""
+    values = next(iter(stored.values()), {}) if stored else {}
+    if not isinstance(values, dict):
+        values = stored
+    return {int(k): int(v) for k, v in values.items()}
+
+
 def sweep_table(folder: Path) -> list[str]:
     report = json.loads((folder / "report.json").read_text())
     monitor_path = folder / "monitor.json"
     samples = json.loads(monitor_path.read_text()) if monitor_path.exists() else []
     gpus = sorted({int(s["gpu"]) for s in samples})
     env = report["sweep"]["environment"]
-    baseline = {int(k): int(v) for k, v in (env.get("baseline_bytes") or {}).items()}
+    baseline = _baseline(env.get("baseline_bytes") or {})
     columns = ["trial", "params", "outcome", "stop_s", "release_s", "load_s"]
     columns += [f"GPU {g} back after stop (s)" for g in gpus] + ["worker load"]
     lines = [f"### {folder.name} ({report['sweep']['name']})", ""]

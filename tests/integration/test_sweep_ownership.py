@@ -92,6 +92,8 @@ def test_same_name_same_gpus_the_later_run_gets_gpu_busy(tmp_path: Path) -> None
             assert later.returncode == 1, later.stdout + later.stderr
             assert "gpu_busy" in later.stderr, later.stderr
             assert str(a / "servesweep.db") in later.stderr, later.stderr
+            # refused before any slot opened: nothing of its own to stop, so no word of it
+            assert "stopping the running" not in later.stderr, later.stderr
             out, err = proc.communicate(timeout=300)
             assert proc.returncode == 0, out + err
         _earlier_run_untouched(first, out + err)

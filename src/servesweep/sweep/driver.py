@@ -628,7 +628,8 @@ class Driver:
         with contextlib.suppress(BaseException):
             self._drain()  # what slots reported before the stop is kept
         self.writer.mark_interrupted(list(state.running))
-        self.observer.event(SweepWarning(message="stopping: stopping the running instances"))
+        if state.slots:  # a refusal before any slot opened has nothing to stop
+            self.observer.event(SweepWarning(message="stopping the running instances"))
         for slot in list(state.slots.values()):
             slot.handle.interrupt()
         for slot in list(state.slots.values()):
