@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import random
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from tests.integration.sweep_helpers import (
     assert_measured_once,
     background_run,
@@ -22,6 +25,10 @@ from tests.integration.sweep_helpers import (
     wait_for_event,
     write_sweep,
 )
+
+from servesweep.sim.testing import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 _SLOW_RELEASE = {"release-delay": 2.5, "load-time": 0.4}
 
@@ -101,3 +108,36 @@ def test_sigkill_at_any_phase_then_plain_rerun(tmp_path: Path, phase: str) -> No
         assert not tagged_processes(f"any-{phase}", tmp_path)
     finally:
         kill_tagged(f"any-{phase}", tmp_path)
+
+
+def _entered(phase: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda event: event["event"] == "phase" and event["phase"] == phase
+
+
+def test_the_quickstart_killed_at_every_phase_in_turn_then_rerun_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """examples/quickstart.yaml itself (on a free port, its files in the test's folder):
+    SIGKILL once each lifecycle phase is entered, in turn, in a random order, each kill in a rerun
+    of the killed run (whatever it left running adopted or stopped); then a plain
+    rerun: all 7 trials ok, each measured once, nothing left running."""
+    spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    spec["server"]["port"] = free_port()
+    sweep_file = tmp_path / "quickstart.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    order = list(_PHASES)
+    random.Random("quickstart-kills").shuffle(order)
+    try:
+        for n, phase in enumerate(order):
+            events = tmp_path / f"events-{n}.jsonl"
+            with background_run(sweep_file, events=events) as proc:
+                wait_for_event(events, _entered(phase), timeout=120)
+                proc.send_signal(signal.SIGKILL)
+                # killed mid-run, not after the sweep had ended
+                assert proc.wait(timeout=10) == -signal.SIGKILL, (phase, proc.returncode)
+        rerun = run_cli("run", str(sweep_file), "--quiet", timeout=300)
+        assert rerun.returncode == 0, f"after kills at {order}: {rerun.stderr}"
+        assert_measured_once(sweep_file, 7, (("chat", "c1", 0), ("chat", "c8", 0)))
+        assert not tagged_processes("quickstart", tmp_path)
+    finally:
+        kill_tagged("quickstart", tmp_path)
