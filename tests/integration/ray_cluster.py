@@ -237,10 +237,14 @@ def _started(
     for attempt in range(tries):
         node = _start_node(root, ip, args, gpus, netns)
         deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline and node.proc.poll() is None:
-            if "Ray runtime started" in node.log.read_text(errors="replace"):
-                return node
-            time.sleep(0.2)
+        try:
+            while time.monotonic() < deadline and node.proc.poll() is None:
+                if "Ray runtime started" in node.log.read_text(errors="replace"):
+                    return node
+                time.sleep(0.2)
+        except BaseException:  # interrupted while it starts: it is not the cluster's yet
+            _stop_node(node)
+            raise
         _stop_node(node)
         if attempt + 1 == tries:
             raise AssertionError(f"node {ip} did not start: {node.log.read_text()[-2000:]}")
