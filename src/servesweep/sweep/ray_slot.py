@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError, RayTaskError
 
 from servesweep.errors import ServesweepError
 from servesweep.models import FailureClass, InstanceRecord, Outcome
@@ -40,6 +40,8 @@ from servesweep.sweep.slot import NodeInfo, Placement, TrialOrder
 __all__ = ["RaySlot", "SlotHost"]
 
 _CALL_TIMEOUT_S = 60.0
+_GPU_WAIT_WARN_S = 60.0
+"""How often to say that a slot's actor still waits for Ray to give it its GPUs."""
 _VERDICT_TIMEOUT_S = 120.0
 """How long to wait for Ray to tell whether an actor it cannot reach is dead."""
 
@@ -79,6 +81,9 @@ class RaySlot:
         self._holding = False
         self._instance: tuple[int, InstanceRecord] | None = None
         """The instance the slot runs (trial, record), as its events tell."""
+        self._finished: set[int] = set()
+        """Trials whose end the slot's events already told (a loss after it is no
+        loss of theirs)."""
         self._lost_dead = False
         self._lost_message = ""
         self._closed = False
@@ -101,7 +106,11 @@ class RaySlot:
     def interrupt(self) -> None:
         """Stop the slot's instance now (the running command ends)."""
         self._interrupted = True
-        if self._lost or not self._started:
+        if self._lost:
+            return
+        if not self._started:
+            # still waiting for its GPUs: it must never start a server now
+            self.kill()
             return
         try:
             ray.get(self._actor.interrupt.remote(), timeout=_CALL_TIMEOUT_S)
@@ -117,8 +126,10 @@ class RaySlot:
                 )
                 self._put(events)
                 self._put(ray.get(self._actor.close.remote(), timeout=_CALL_TIMEOUT_S))
+        except RayTaskError as exc:  # the node could not give the unit back
+            raise ServesweepError(f"on {self._node.name}: {short_error(str(exc))}") from exc
         except RayError:
-            pass
+            pass  # the actor or its node is gone: nothing to give back there
         finally:
             self.kill()
 
@@ -154,11 +165,12 @@ class RaySlot:
                 return
             command, trial = item
             error = None
-            if not self._lost:
+            if not self._lost and not self._interrupted:
                 error = self._start(trial) if not self._started else None
-                if error is None and not self._lost:
+                if error is None and not self._lost and not self._interrupted:
                     error = self._command(command, trial)
-            if self._lost and trial is not None and not self._interrupted:
+            lost = self._lost and not self._interrupted
+            if lost and trial is not None and trial not in self._finished:
                 self._lose_trial(trial)
             self._idle(error)
 
@@ -175,11 +187,26 @@ class RaySlot:
         self.kill()
 
     def _start(self, trial: int | None) -> str | None:
-        try:
-            started: Started = ray.get(self._actor.start.remote())
-        except RayError as exc:
-            self._lose(exc, trial)
-            return None
+        ref = self._actor.start.remote()
+        began = time.monotonic()
+        while True:
+            try:
+                started: Started = ray.get(ref, timeout=_GPU_WAIT_WARN_S)
+                break
+            except GetTimeoutError:
+                # Ray starts the actor once the node has its GPUs free (another job may
+                # hold them): say so, and go on waiting (Ctrl-C ends the wait)
+                self._events.put(
+                    SweepWarning(
+                        trial=trial,
+                        message=f"slot {self.placement.slot} on {self._node.name} has waited "
+                        f"{time.monotonic() - began:.0f} s for Ray to give it "
+                        f"{len(self.placement.gpus)} GPU(s) there",
+                    )
+                )
+            except RayError as exc:
+                self._lose(exc, trial)
+                return None
         self._started = True
         self.placement = replace(self.placement, gpus=started.gpus)
         if started.failure is not None:
@@ -198,6 +225,11 @@ class RaySlot:
                     self.error = item.failure.error(f"on {self._node.name}")
                     return str(self.error)
                 self._put(item)
+        except RayTaskError as exc:  # a bug on the node: an internal error, not a loss
+            self.error = RuntimeError(
+                f"slot {self.placement.slot} on {self._node.name}: {short_error(str(exc))}"
+            )
+            return str(self.error)
         except RayError as exc:
             self._lose(exc, trial)
             return None
@@ -206,7 +238,9 @@ class RaySlot:
 
     def _put(self, events: Sequence[Event]) -> None:
         for event in events:
-            if isinstance(event, InstanceStarted):
+            if isinstance(event, TrialFinished):
+                self._finished.add(event.trial)
+            elif isinstance(event, InstanceStarted):
                 self._instance = (event.trial, event.instance)
             elif isinstance(event, InstanceGone) and self._instance_of(event.trial):
                 self._instance = None
