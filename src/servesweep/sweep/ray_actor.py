@@ -31,6 +31,7 @@ from servesweep.sweep.slot import (
     SlotWorker,
     SweepContext,
     TrialOrder,
+    stop_instance,
 )
 
 __all__ = [
@@ -155,16 +156,15 @@ class SlotActor:
         return Started(gpus)
 
     def _stop_elsewhere(self, current: CurrentInstance) -> None:
-        where = replace(self._placement, gpus=tuple(current.instance.gpus))
-        worker = SlotWorker(self._context, where, self._channel, current=current)
-        try:
-            worker.warn(
-                f"the instance of trial {current.trial} runs on GPUs other than those Ray "
-                "gave its slot: stopping it instead of adopting it"
-            )
-            worker.teardown()
-        finally:
-            worker.close()
+        stop_instance(
+            self._context,
+            self._placement,
+            self._channel,
+            current,
+            self._baseline,
+            warning=f"the instance of trial {current.trial} runs on GPUs other than those "
+            "Ray gave its slot: stopping it instead of adopting it",
+        )
 
     def command(self, command: Command) -> Iterator[list[Event] | Done]:
         """Run ``command``, yielding its events as they come, then :class:`Done`."""

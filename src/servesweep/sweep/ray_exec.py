@@ -55,11 +55,12 @@ from servesweep.sweep.slot import (
     CurrentInstance,
     NodeInfo,
     Placement,
-    SlotWorker,
     SweepContext,
+    stop_instance,
+    stop_timeout,
 )
 
-__all__ = ["RayConnection", "RayExecutor", "connect"]
+__all__ = ["RayConnection", "RayExecutor", "connect", "leave"]
 
 _CONNECT_TIMEOUT_S = 10.0
 _CALL_TIMEOUT_S = 120.0
@@ -128,6 +129,12 @@ def connect(address: str | None) -> RayConnection:
     except BaseException:
         ray.shutdown()  # a later run in this process joins afresh
         raise
+
+
+def leave() -> None:
+    """Leave the cluster (this process's driver); a later run joins afresh. Harmless
+    when not joined."""
+    ray.shutdown()
 
 
 def _describe_cluster(target: str) -> RayConnection:
@@ -229,14 +236,14 @@ def _prepare(
 
 @ray.remote(num_cpus=0)
 def _stop(
-    context: SweepContext, placement: Placement, trial: int, instance: InstanceRecord
+    context: SweepContext,
+    placement: Placement,
+    trial: int,
+    instance: InstanceRecord,
+    baseline: Mapping[int, int] | None,
 ) -> list[Event]:
     channel = BufferChannel()
-    worker = SlotWorker(context, placement, channel, current=CurrentInstance(trial, instance))
-    try:
-        worker.teardown()
-    finally:
-        worker.close()
+    stop_instance(context, placement, channel, CurrentInstance(trial, instance), baseline)
     return channel.take(0)
 
 
@@ -362,8 +369,10 @@ class RayExecutor:
         """Stop ``instance`` on its (live) node after its slot's actor died there."""
         context = self._contexts[placement.node_id]
         task = _stop.options(scheduling_strategy=on_node(placement.node_id))
+        baseline = self._baselines.get(placement.node_id)
         events: list[Event] = ray.get(
-            task.remote(context, placement, trial, instance), timeout=_CALL_TIMEOUT_S
+            task.remote(context, placement, trial, instance, baseline),
+            timeout=stop_timeout(context.spec.server),
         )
         return events
 
@@ -373,4 +382,4 @@ class RayExecutor:
             slot.close(timeout=_CLOSE_S)  # (a slot still waiting for its GPUs is ended)
             slot.kill()
         self._slots.clear()
-        ray.shutdown()
+        leave()

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,8 @@ __all__ = [
     "launch_fingerprint",
     "launch_for",
     "slot_server",
+    "stop_instance",
+    "stop_timeout",
 ]
 
 DYING_GRACE_S = 2.0
@@ -781,8 +783,6 @@ def _levels(workload: WorkloadSpec) -> int:
 
 
 def _on_node(instance: InstanceRecord, placement: Placement) -> InstanceRecord:
-    from dataclasses import replace
-
     return replace(instance, node=placement.node, node_id=placement.node_id)
 
 
@@ -806,6 +806,35 @@ def _check_errors(workload: WorkloadSpec, results: Sequence[LevelResult]) -> Non
                     details={"errors": errors, "level": result.level},
                 ),
             )
+
+
+def stop_instance(
+    context: SweepContext,
+    placement: Placement,
+    channel: TrialChannel,
+    current: CurrentInstance,
+    baseline: Mapping[int, int] | None,
+    warning: str = "",
+) -> None:
+    """Stop ``current`` (an instance no slot of this run drives any more) with a
+    throwaway slot on its GPUs: the stop, then the release gate against ``baseline``
+    (the node's idle memory; without it the gate expects empty GPUs)."""
+    where = replace(placement, gpus=tuple(current.instance.gpus) or placement.gpus)
+    mine = {g: v for g, v in (baseline or {}).items() if g in where.gpus}
+    worker = SlotWorker(context, where, channel, current=current, baseline=mine)
+    try:
+        if warning:
+            worker.warn(warning)
+        worker.teardown()
+    finally:
+        worker.close()
+
+
+def stop_timeout(server: ServerSpec) -> float:
+    """How long stopping an instance may take at most: its stop, kill and release
+    timeouts, and a minute for everything around them."""
+    t = server.timeouts
+    return t.stop + t.kill + t.release + 60.0
 
 
 def this_node() -> str:
