@@ -37,7 +37,7 @@ server:
   gpus_per_trial: 1
 params:
   grid:
-    budget: [1, 2, 3]
+    budget: [1, 2, 3, 4, 5]
 workloads:
   - name: chat
     concurrency: [1]
@@ -98,9 +98,16 @@ class _Slot:
 
 
 class _Cluster:
-    def __init__(self, events: queue.Queue[Event], nodes: list[str], doomed: set[int]) -> None:
+    def __init__(
+        self,
+        events: queue.Queue[Event],
+        nodes: list[str],
+        doomed: set[int],
+        gpus: Mapping[str, int] | None = None,
+    ) -> None:
         self._events = events
-        self._nodes = [NodeInfo(f"host-{n}", (0,), n) for n in nodes]
+        sizes = gpus or {}
+        self._nodes = [NodeInfo(f"host-{n}", tuple(range(sizes.get(n, 1))), n) for n in nodes]
         self._doomed = doomed
         self.log: list[tuple[int, str]] = []
 
@@ -137,8 +144,15 @@ class _Cluster:
         return None
 
 
-def _run(tmp_path: Path, nodes: list[str], doomed: set[int]) -> tuple[Store, _Cluster, int]:
-    loaded = load_sweep_text(_SWEEP)
+def _run(
+    tmp_path: Path,
+    nodes: list[str],
+    doomed: set[int],
+    *,
+    text: str = _SWEEP,
+    gpus: Mapping[str, int] | None = None,
+) -> tuple[Store, _Cluster, int]:
+    loaded = load_sweep_text(text)
     store = open_store(tmp_path / "db")
     sweep = open_sweep(loaded, store)
     context = SweepContext(
@@ -150,7 +164,7 @@ def _run(tmp_path: Path, nodes: list[str], doomed: set[int]) -> tuple[Store, _Cl
         log_root=str(tmp_path / "runs"),
     )
     events: queue.Queue[Event] = queue.Queue()
-    cluster = _Cluster(events, nodes, doomed)
+    cluster = _Cluster(events, nodes, doomed, gpus)
     driver = Driver(
         context, store, sweep, cluster, events, NullObserver(), RunSettings(max_slots=1)
     )
@@ -160,6 +174,7 @@ def _run(tmp_path: Path, nodes: list[str], doomed: set[int]) -> tuple[Store, _Cl
 
 
 def test_a_trial_whose_node_is_lost_runs_again_on_another_node(tmp_path: Path) -> None:
+    # 5 trials on 3 one-slot nodes: trials 4, 5 and the retry are placed after the loss
     store, cluster, sweep = _run(tmp_path, ["A", "B", "C"], doomed={2})
     trials = {t.params["budget"]: t for t in store.trials(sweep)}
     lost = trials[2]
@@ -167,11 +182,12 @@ def test_a_trial_whose_node_is_lost_runs_again_on_another_node(tmp_path: Path) -
     assert len(first) == 2 and first[0] != first[1], cluster.log
     assert lost.outcome is Outcome.FAILED and lost.failure_class is FailureClass.NODE_LOST
     assert lost.attempts == 2
-    # a lost node never got work again
+    # a lost node never got work again, though work was placed after its loss
+    assert len(cluster.log) == 6, cluster.log  # 5 trials and one retry
     for node in first:
         last = max(i for i, (_, n) in enumerate(cluster.log) if n == node)
         assert cluster.log[last] == (lost.id, node), cluster.log
-    assert all(trials[b].outcome is Outcome.OK for b in (1, 3))
+    assert all(trials[b].outcome is Outcome.OK for b in (1, 3, 4, 5))
     kinds = [e["kind"] for e in store.events(sweep)]
     assert kinds.count("node_lost") == 2
     store.close()
@@ -234,4 +250,21 @@ def test_a_trials_end_may_note_more_events_while_it_is_written(tmp_path: Path) -
     writer.apply(TrialStarted(trial=trial.id))
     writer.apply(TrialFinished(trial=trial.id, outcome=Outcome.OK))  # (a timeout if it waits)
     assert [e["message"] for e in store.events(sweep.id, "warning")] == ["noted"]
+    store.close()
+
+
+def test_a_trial_that_no_machine_left_can_hold_is_not_run_again(tmp_path: Path) -> None:
+    """The only node large enough is lost: its trial stays ``node_lost`` (said in a
+    warning) and the sweep goes on with the trials the other node can hold."""
+    text = _SWEEP.replace("gpus_per_trial: 1", "gpus_per_trial: '{param.tp}'").replace(
+        "budget: [1, 2, 3, 4, 5]", "tp: [2, 1]"
+    )
+    text = text.replace("gpus: [0]", "gpus: [0, 1]")
+    store, cluster, sweep = _run(tmp_path, ["A", "B"], doomed={1}, text=text, gpus={"A": 2})
+    by_tp = {t.params["tp"]: t for t in store.trials(sweep)}
+    assert by_tp[2].failure_class is FailureClass.NODE_LOST and by_tp[2].attempts == 1
+    assert by_tp[1].outcome is Outcome.OK
+    assert cluster.log[0] == (by_tp[2].id, "A"), cluster.log
+    warnings = [e["message"] for e in store.events(sweep, "warning")]
+    assert any("not run again" in w and "needs 2 GPUs" in w for w in warnings), warnings
     store.close()

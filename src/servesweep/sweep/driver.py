@@ -71,6 +71,7 @@ from servesweep.sweep.slot import (
     SweepContext,
     TrialOrder,
     launch_for,
+    stop_timeout,
 )
 
 __all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
@@ -368,6 +369,8 @@ class Driver:
         slots = self._max_slots()
         if slots < 2 or not hasattr(os, "sched_getaffinity") or self._cpus(0):
             return
+        if any(n.node_id for n in self.nodes.values()):
+            return  # on a cluster the load generators run on the nodes, not here
         cores = len(os.sched_getaffinity(0))
         self.writer.note(
             SweepWarning(
@@ -584,9 +587,20 @@ class Driver:
             return False
         if state.retried.get(trial.id, 0) >= NODE_LOST_RETRIES:
             return False
+        need = self.need.of(trial.params)
+        largest = max((len(n.gpus) for n in self._alive_nodes()), default=0)
+        if need > largest:
+            self.writer.note(
+                SweepWarning(
+                    trial=trial.id,
+                    message=f"trial {trial.id} is not run again: it needs {need} GPUs and no "
+                    f"machine left has that many (largest: {largest})",
+                )
+            )
+            return False
         state.retried[trial.id] = state.retried.get(trial.id, 0) + 1
         self.store.reset_trial(trial.id)
-        state.jobs.insert(0, Job(trial.id, self.need.of(trial.params)))
+        state.jobs.insert(0, Job(trial.id, need))
         lost = "node" if trial.evidence is None or trial.evidence.reason == "node_died" else "slot"
         self.writer.note(
             SweepWarning(
@@ -618,8 +632,7 @@ class Driver:
         self.state.slots.clear()
 
     def _finish_timeout(self) -> float:
-        t = self.spec.server.timeouts
-        return t.stop + t.kill + t.release + 60.0
+        return stop_timeout(self.spec.server)
 
     def _abort(self) -> None:
         """Stop everything now: instances stopped, trials in flight ``interrupted``."""

@@ -252,6 +252,22 @@ def run_sweep(
     loaded = load_sweep(path)
     api_key = _api_key(loaded.spec)
     cluster = join_cluster(loaded, options.ray)
+    try:
+        return _run_joined(loaded, options, observer, api_key, cluster)
+    finally:
+        if cluster is not None:  # also when the run ends before its executor does
+            from servesweep.sweep import ray_exec
+
+            ray_exec.leave()
+
+
+def _run_joined(
+    loaded: LoadedSweep,
+    options: RunOptions,
+    observer: Observer,
+    api_key: str | None,
+    cluster: RayConnection | None,
+) -> SweepSummary:
     if cluster is not None and not loaded.spec.search.samples:
         # every configuration of the plan fits on some node (a sampling search's are
         # checked as it proposes them)
