@@ -379,7 +379,7 @@ def test_a_node_lost_during_a_trial_fails_it_node_lost_and_it_runs_again_elsewhe
         (loss,) = _events(sweep, "node_lost")
         assert loss["trial"] == lost
         assert loss["node_id"] == other.node_id and loss["dead"] is True
-        assert "node" in loss["message"]
+        assert "died" in loss["message"], loss  # what Ray said of the actor, kept
         lines = [json.loads(line) for line in events.read_text().splitlines()]
         (failed,) = [e for e in lines if e["event"] == "trial_finished" and e["outcome"] != "ok"]
         assert failed["trial"] == lost and failed["failure_class"] == "node_lost"
