@@ -21,7 +21,7 @@ from servesweep.spec.expand import param_key, param_names
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.when import WhenExpr, compile_when, when_name
 
-__all__ = ["GpuNeed", "gpu_need", "slot_port", "slot_ports"]
+__all__ = ["GpuNeed", "gpu_need", "params_label", "slot_port", "slot_ports"]
 
 _REF = re.compile(r"\{param\.([^{}]+)\}")
 _KEY = "server.gpus_per_trial"
@@ -47,14 +47,14 @@ class GpuNeed:
         value = self.expr.value(scope)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise ConfigError(
-                f"{self.expr.text!r} gives {value!r} for {_label(params)}: not a whole number "
-                "of GPUs",
+                f"{self.expr.text!r} gives {value!r} for {params_label(params)}: not a whole "
+                "number of GPUs",
                 key=_KEY,
             )
         need = int(value)
         if not 1 <= need <= max(1, self.pool):
             raise ConfigError(
-                f"{_label(params)} needs {need} GPUs; the pool (server.gpus) has {self.pool}",
+                f"{params_label(params)} needs {need} GPUs; the pool (server.gpus) has {self.pool}",
                 key=_KEY,
             )
         return need
@@ -64,7 +64,8 @@ class GpuNeed:
         return self.fixed is not None and self.fixed >= self.pool
 
 
-def _label(params: Mapping[str, Any]) -> str:
+def params_label(params: Mapping[str, Any]) -> str:
+    """``budget=4 topk=1``: a configuration in messages (``(defaults)`` when empty)."""
     return " ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"
 
 

@@ -23,7 +23,7 @@ from servesweep.errors import (
 )
 from servesweep.models import Evidence, FailureClass
 from servesweep.spec.schema import SweepSpec
-from servesweep.spec.slots import gpu_need
+from servesweep.spec.slots import gpu_need, params_label
 from servesweep.sweep.events import Event
 from servesweep.sweep.slot import NodeInfo, SweepContext
 
@@ -257,7 +257,7 @@ def trial_needs(
 ) -> dict[str, int]:
     """GPUs each configuration (label -> GPUs) needs on a cluster, before any node's
     size is applied: a number, a whole node, or the expression's value."""
-    labels = [_label(p) for p in configs]
+    labels = [params_label(p) for p in configs]
     raw = spec.server.gpus_per_trial
     if isinstance(raw, str) and raw.strip().isdigit():
         raw = int(raw.strip())
@@ -286,7 +286,3 @@ def check_fit(needs: Mapping[str, int], nodes: Sequence[NodeInfo], where: str) -
                 f"that many (largest: {largest.name} with {len(largest.gpus)})",
                 key="server.gpus_per_trial",
             )
-
-
-def _label(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"

@@ -39,7 +39,7 @@ from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import FailureClass, InstanceRecord, LevelResult, Outcome
 from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec
-from servesweep.spec.slots import GpuNeed, gpu_need, slot_port, slot_ports
+from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.channel import StoreWriter
 from servesweep.sweep.events import (
@@ -299,7 +299,7 @@ class Driver:
         exactly its launch on exactly its slot."""
         assert trial.instance is not None
         instance = trial.instance
-        label = _label(trial.params)
+        label = params_label(trial.params)
         slot = self._slot_of_port(instance.port)
         gpus = tuple(instance.gpus)
         if slot is None or not set(gpus) <= set(self.spec.server.gpus):
@@ -411,8 +411,8 @@ class Driver:
             capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
             if need > capacity:
                 raise ConfigError(
-                    f"trial {trial.id} ({_label(trial.params)}) needs {need} GPUs; no machine "
-                    f"offers more than {capacity}",
+                    f"trial {trial.id} ({params_label(trial.params)}) needs {need} GPUs; no "
+                    f"machine offers more than {capacity}",
                     key="server.gpus_per_trial",
                 )
             self.state.jobs.append(Job(trial.id, need))
@@ -692,7 +692,3 @@ def _stored_baseline(sweep: SweepRecord, node: str) -> dict[int, int] | None:
     if not isinstance(values, dict) or not values:
         return None
     return {int(k): int(v) for k, v in values.items()}
-
-
-def _label(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"
