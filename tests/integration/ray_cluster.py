@@ -63,17 +63,27 @@ class NetNamespace:
             pytest.skip("a Ray test cluster needs root and util-linux unshare/nsenter")
         self.holder = subprocess.Popen(["unshare", "--net", "--", "sleep", "infinity"])
         self.prefix = ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net", "--"]
+        # first the namespace, then its loopback: set up before unshare has made the
+        # namespace, ``ip link`` would reach this one's (and the cluster's loopback
+        # would stay down: no node could reach the head)
         deadline = time.monotonic() + 10
-        while True:
-            up = subprocess.run(
-                [*self.prefix, "ip", "link", "set", "lo", "up"], capture_output=True, check=False
-            )
-            if up.returncode == 0 and self._entered():
-                break
+        while not self._entered():
             if time.monotonic() > deadline or self.holder.poll() is not None:
                 self.close()
-                pytest.skip(f"cannot make a network namespace: {up.stderr.decode()[-300:]}")
-            time.sleep(0.05)
+                pytest.skip("cannot make a network namespace (unshare --net)")
+            time.sleep(0.01)
+        up = subprocess.run(
+            [*self.prefix, "ip", "link", "set", "lo", "up"], capture_output=True, check=False
+        )
+        shown = subprocess.run(
+            [*self.prefix, "ip", "-o", "link", "show", "lo"], capture_output=True, check=False
+        )
+        if up.returncode != 0 or ",UP" not in shown.stdout.decode():
+            self.close()
+            raise AssertionError(
+                f"loopback of the test's namespace is not up: {up.stderr.decode()[-300:]}"
+                f"{shown.stdout.decode()[-300:]}"
+            )
         self._port = 20000
 
     def _entered(self) -> bool:
