@@ -104,8 +104,10 @@ class _Cluster:
         nodes: list[str],
         doomed: set[int],
         gpus: Mapping[str, int] | None = None,
+        slot: type[_Slot] = _Slot,
     ) -> None:
         self._events = events
+        self._slot = slot
         sizes = gpus or {}
         self._nodes = [NodeInfo(f"host-{n}", tuple(range(sizes.get(n, 1))), n) for n in nodes]
         self._doomed = doomed
@@ -138,7 +140,7 @@ class _Cluster:
         baseline: Mapping[int, int],
         cpus: Sequence[int],
     ) -> _Slot:
-        return _Slot(placement, self._events, self._doomed, self.log)
+        return self._slot(placement, self._events, self._doomed, self.log)
 
     def close(self) -> None:
         return None
@@ -151,20 +153,22 @@ def _run(
     *,
     text: str = _SWEEP,
     gpus: Mapping[str, int] | None = None,
+    slot: type[_Slot] = _Slot,
+    db: str = "db",
 ) -> tuple[Store, _Cluster, int]:
     loaded = load_sweep_text(text)
-    store = open_store(tmp_path / "db")
+    store = open_store(tmp_path / db)
     sweep = open_sweep(loaded, store)
     context = SweepContext(
         spec=loaded.spec,
         sweep_id=sweep.id,
         store_id=store.store_id,
-        store_path=str(tmp_path / "db"),
+        store_path=str(tmp_path / db),
         run="r1",
         log_root=str(tmp_path / "runs"),
     )
     events: queue.Queue[Event] = queue.Queue()
-    cluster = _Cluster(events, nodes, doomed, gpus)
+    cluster = _Cluster(events, nodes, doomed, gpus, slot)
     driver = Driver(
         context, store, sweep, cluster, events, NullObserver(), RunSettings(max_slots=1)
     )
@@ -208,25 +212,8 @@ def test_the_second_attempt_is_final_when_it_succeeds(tmp_path: Path) -> None:
                 self._doomed.discard(1)
             super().run(order)
 
-    loaded = load_sweep_text(_SWEEP.replace("name: lost", "name: flaky"))
-    store = open_store(tmp_path / "db2")
-    record = open_sweep(loaded, store)
-    context = SweepContext(
-        spec=loaded.spec,
-        sweep_id=record.id,
-        store_id=store.store_id,
-        store_path=str(tmp_path / "db2"),
-        run="r1",
-        log_root=str(tmp_path / "runs"),
-    )
-    events: queue.Queue[Event] = queue.Queue()
-    cluster = _Cluster(events, ["A", "B"], set())
-    cluster.open = lambda placement, **_: _Flaky(  # type: ignore[method-assign]
-        placement, events, cluster._doomed, cluster.log
-    )
-    driver = Driver(context, store, record, cluster, events, NullObserver(), RunSettings())
-    todo = store.trials(record.id)
-    driver.run(GridSource(todo), todo_count=len(todo), total=len(todo), done=0)
+    store, cluster, sweep = _run(tmp_path, ["A", "B"], set(), slot=_Flaky, db="db2")
+    todo = store.trials(sweep)
     trial = store.trial(todo[0].id)
     assert trial.outcome is Outcome.OK and trial.attempts == 2
     assert [n for t, n in cluster.log if t == trial.id] == ["A", "B"]
