@@ -321,3 +321,27 @@ def test_model_path_takes_environment_variables(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("SS_MISSING", raising=False)
     with pytest.raises(ConfigError, match=r"\$SS_MISSING, which is not set"):
         build_launch(spec("vllm", model="$SS_MISSING/m"), {})
+
+
+@pytest.mark.parametrize(
+    ("executable", "positional"),
+    [
+        (None, True),
+        (["/opt/v/bin/vllm", "serve"], True),
+        (["/opt/v/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"], True),
+        (["/opt/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"], False),
+    ],
+)
+def test_vllm_model_is_positional_for_serve_and_a_flag_for_the_api_server_module(
+    executable: list[str] | None, positional: bool
+) -> None:
+    # the api_server module parses `vllm serve`'s flags but only `vllm serve` copies the
+    # positional model to --model: there it was ignored and vLLM loaded its default model
+    kw: dict[str, Any] = {"executable": executable} if executable else {}
+    argv, _ = build_launch(spec("vllm", **kw), {"max-num-seqs": 4})
+    program = len(executable) if executable else 2
+    if positional:
+        assert argv[program] == "/models/m" and "--model" not in argv
+    else:
+        assert argv[program : program + 2] == ["--model", "/models/m"]
+    assert after(argv, "--max-num-seqs") == "4"

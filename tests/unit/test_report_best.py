@@ -160,3 +160,26 @@ def test_objective_dict_with_parts() -> None:
     assert best.trial is not None and best.trial.id == 1
     default = find_best(sweep_data(data.trials, data.results))
     assert default.objectives == (("chat.c1.output_throughput", "max"),)
+
+
+def test_a_configuration_without_swept_params_is_labelled_by_what_it_sets() -> None:
+    # #1 sets only what every trial sets: not "(defaults)", which it is not
+    data = sweep_data(
+        [
+            trial(1, {"max-num-seqs": 16, "max-model-len": 2048}),
+            trial(2, {"max-num-seqs": 16, "max-model-len": 2048, "speculative_config": "x"}),
+            trial(3, {}),
+        ],
+        {
+            1: [level("chat", "c1", output_throughput=100.0)],
+            2: [level("chat", "c1", output_throughput=90.0)],
+            3: [level("chat", "c1", output_throughput=80.0)],
+        },
+        objective={"maximize": "chat.c1.output_throughput"},
+    )
+    best = find_best(data)
+    assert best.winner is not None
+    assert best.winner.label == "#1 (fixed: max-num-seqs=16 max-model-len=2048)"
+    labels = {c.trial.id: c.label for c in best.ranking}
+    assert labels[2] == "#2 speculative_config=x"
+    assert labels[3] == "#3 (defaults)"  # no param and no server.args: the defaults

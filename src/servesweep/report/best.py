@@ -29,6 +29,7 @@ from servesweep.models import Outcome
 from servesweep.report.data import (
     MetricStats,
     config_label,
+    fixed_args,
     format_number,
     printable,
     swept_params,
@@ -197,11 +198,12 @@ def find_best(
     texts = tuple(constraints) if constraints else tuple(data.constraints)
     parsed: list[Constraint] = [parse_constraint(t) for t in texts]
     params = swept_params(data)
+    fixed = fixed_args(data)
     dirs = [d for _, d in objs]
     candidates: list[Candidate] = []
     excluded: list[Exclusion] = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
-        label = config_label(trial, params)
+        label = config_label(trial, params, fixed)
         gone = _exclude_unfinished(trial, label)
         if gone is not None:
             excluded.append(gone)

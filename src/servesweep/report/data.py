@@ -14,9 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servesweep.errors import ConfigError
 from servesweep.models import LevelResult, Outcome, parse_level
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.resources import trial_gpus
+from servesweep.spec.load import load_sweep_text
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "PhaseCost",
     "aggregate_levels",
     "config_label",
+    "fixed_args",
     "format_number",
     "format_stats",
     "metric_names",
@@ -201,11 +204,32 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def config_label(trial: TrialRecord, params: Sequence[str] | None = None) -> str:
-    """``#3 budget=12 topk=6``: the trial id and its (swept) params."""
+def config_label(
+    trial: TrialRecord,
+    params: Sequence[str] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> str:
+    """``#3 budget=12 topk=6``: the trial id and its (swept) params. A trial that sets
+    none of ``params`` is labelled by what it does set, the same in every trial: its own
+    params over ``fixed`` (the sweep's ``server.args``), ``#10 (fixed: max-num-seqs=16
+    max-model-len=2048)``; ``(defaults)`` only when there is nothing."""
     names = list(params) if params is not None else list(trial.params)
     bits = [f"{n}={format_value(trial.params.get(n))}" for n in names if n in trial.params]
-    return f"#{trial.id} " + (" ".join(bits) if bits else "(defaults)")
+    if bits:
+        return f"#{trial.id} " + " ".join(bits)
+    merged = {k.replace("_", "-"): v for k, v in (fixed or {}).items()}
+    merged.update({k.replace("_", "-"): v for k, v in trial.params.items()})
+    shown = [f"{n}={format_value(v)}" for n, v in merged.items()]
+    return f"#{trial.id} " + (f"(fixed: {' '.join(shown)})" if shown else "(defaults)")
+
+
+def fixed_args(data: SweepData) -> dict[str, Any]:
+    """The sweep file's ``server.args`` (what every trial sets under its own params);
+    empty when the stored file cannot be read by this version."""
+    try:
+        return dict(load_sweep_text(data.sweep.spec_text, data.sweep.spec_path).spec.server.args)
+    except (ConfigError, ValueError):
+        return {}
 
 
 def printable(text: str) -> str:

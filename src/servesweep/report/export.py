@@ -151,6 +151,8 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "metrics": {k: finite(v) for k, v in r.metrics.items()},
                 "warnings": list(r.warnings),
                 "load_generator": r.info.get("load_generator"),
+                "acceptance_source": r.info.get("acceptance_source"),
+                "spec_decode": r.info.get("spec_decode"),
                 "started_at": r.started_at,
                 "duration_s": r.duration_s,
                 "eval_results": [

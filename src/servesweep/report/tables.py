@@ -309,7 +309,12 @@ def render_table(
     hidden = hidden_line(view, width) if columns is None else None
     if hidden:
         console.print(Text(hidden, style="dim" if color else ""), soft_wrap=True)
-    for heading, lines in (("failures:", view.failures), ("evals:", view.evals)):
+    sections = (
+        ("failures:", view.failures),
+        ("evals:", view.evals),
+        ("acceptance_length measured from:", acceptance_sources(data)),
+    )
+    for heading, lines in sections:
         if lines:
             console.print(Text(heading, style="bold" if color else ""))
             for line in lines:
@@ -317,6 +322,30 @@ def render_table(
     for line in view.footer:
         console.print(Text(line, style="bold" if color else ""), soft_wrap=True)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+_SOURCES = {
+    "engine_counters": "the engine's speculative-decoding counters on /metrics",
+    "engine_gauge": "the engine's acceptance gauge on /metrics",
+    "tokens_per_chunk_estimate": "an estimate from tokens per streamed chunk (no counters)",
+}
+
+
+def acceptance_sources(data: SweepData) -> list[str]:
+    """One line per trial whose acceptance length was measured: where it came from."""
+    lines = []
+    for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
+        found = sorted(
+            {
+                str(r.info["acceptance_source"])
+                for r in data.results.get(trial.id, ())
+                if r.info.get("acceptance_source")
+            }
+        )
+        if found:
+            said = "; ".join(f"{s} ({_SOURCES.get(s, s)})" for s in found)
+            lines.append(_one_line(f"#{trial.id}: {said}"))
+    return lines
 
 
 def _md_cell(text: str) -> str:

@@ -135,6 +135,11 @@ VLLM_FATAL: tuple[FatalPattern, ...] = (
     PORT_IN_USE,
     ARGPARSE,
     _HF_MODEL_NOT_FOUND,
+    # pydantic prints the validator's own message on the line after its header
+    # ("1 validation error for ModelConfig"): that line names what vLLM refused, e.g.
+    # "Value error, User-specified max_model_len (4096) is greater than the derived
+    # max_model_len (max_position_embeddings=2048.0 ...)"
+    FatalPattern.of(r"^\s*(\(\w+ pid=\d+\) )?(Value|Assertion) error, ", _ARGS, "invalid_args"),
     FatalPattern.of(
         r"validation errors? for (Vllm|Model|Speculative|Cache|Parallel|Scheduler|Compilation)"
         r"Config|ValidationError: \d+ validation error",

