@@ -164,11 +164,12 @@ def test_objective_dict_with_parts() -> None:
 
 def test_a_configuration_without_swept_params_is_labelled_by_what_it_sets() -> None:
     # #1 sets only what every trial sets: not "(defaults)", which it is not
+    same = {"max-num-seqs": 16, "max-model-len": 2048}
     data = sweep_data(
         [
-            trial(1, {"max-num-seqs": 16, "max-model-len": 2048}),
-            trial(2, {"max-num-seqs": 16, "max-model-len": 2048, "speculative_config": "x"}),
-            trial(3, {}),
+            trial(1, same),
+            trial(2, {**same, "speculative_config": "x"}),
+            trial(3, {**same, "speculative_config": "y"}),
         ],
         {
             1: [level("chat", "c1", output_throughput=100.0)],
@@ -180,6 +181,19 @@ def test_a_configuration_without_swept_params_is_labelled_by_what_it_sets() -> N
     best = find_best(data)
     assert best.winner is not None
     assert best.winner.label == "#1 (fixed: max-num-seqs=16 max-model-len=2048)"
-    labels = {c.trial.id: c.label for c in best.ranking}
-    assert labels[2] == "#2 speculative_config=x"
-    assert labels[3] == "#3 (defaults)"  # no param and no server.args: the defaults
+    assert [c.label for c in best.ranking][1:] == [
+        "#2 speculative_config=x",
+        "#3 speculative_config=y",
+    ]
+
+
+def test_a_configuration_that_sets_nothing_is_the_defaults() -> None:
+    data = sweep_data(
+        [trial(1, {}), trial(2, {"max-num-seqs": 1})],
+        {
+            1: [level("chat", "c1", output_throughput=100.0)],
+            2: [level("chat", "c1", output_throughput=90.0)],
+        },
+        objective={"maximize": "chat.c1.output_throughput"},
+    )
+    assert [c.label for c in find_best(data).ranking] == ["#1 (defaults)", "#2 max-num-seqs=1"]
