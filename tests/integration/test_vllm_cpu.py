@@ -285,7 +285,7 @@ def _rows(swept: Any) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)  # runs the module's sweep (about 5 minutes on 2 idle cores)
 def test_sweep_outcomes_and_messages(swept: Any) -> None:
     rows = _rows(swept)
     by_seq = {i: r for i, r in enumerate(rows)}
