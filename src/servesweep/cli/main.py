@@ -102,6 +102,17 @@ def cli() -> None:
     "one: the sweep file's executor.address, else RAY_ADDRESS, else the cluster on this "
     "machine). Needs pip install 'servesweep[ray]'; see docs/distributed.md.",
 )
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Listen on this port instead of server.port (slot k on PORT+k).",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait for the ports and GPUs another run holds instead of exiting 1.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
 @click.option(
     "--events",
@@ -120,6 +131,8 @@ def run(
     slots: int | None,
     keep_results: bool,
     ray_address: str | None,
+    port: int | None,
+    wait: bool,
     quiet: bool,
     events: str | None,
 ) -> None:
@@ -158,6 +171,8 @@ def run(
         keep_results=keep_results,
         slots=slots,
         ray=ray_address,
+        wait=wait,
+        port=port,
     )
     _install_signal_handlers()
     try:

@@ -349,3 +349,19 @@ def check_port_free(host: str, port: int, ours: set[int]) -> None:
             details={"host": host, "port": port},
         ),
     )
+
+
+def free_port_near(
+    host: str, port: int, *, avoid: Iterable[int] = (), span: int = 1, tries: int = 200
+) -> int | None:
+    """The first port above ``port`` where ``span`` ports in a row have no listener on
+    ``host`` and none is in ``avoid`` (None when none of ``tries`` is); for messages
+    that suggest another port."""
+    avoided = set(avoid)
+    for candidate in range(port + 1, min(65536 - span, port + 1 + tries)):
+        block = range(candidate, candidate + span)
+        if any(p in avoided for p in block):
+            continue
+        if not any(listening_sockets(host, p) for p in block):
+            return candidate
+    return None

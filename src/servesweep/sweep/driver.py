@@ -196,6 +196,9 @@ class _State:
     """Slots whose process is gone: dropped once their command ends."""
     retried: dict[int, int] = field(default_factory=dict)
     """Trials run again after a lost node, and how often."""
+    last_environment: tuple[int, EnvironmentFailure | None] | None = None
+    """The trial that finished last, and its environment failure (see
+    ``environment_failure``)."""
 
 
 class Driver:
@@ -577,7 +580,27 @@ class Driver:
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:
             self.state.stopping = True
             self.writer.note(SweepWarning(message=f"--fail-fast: stopping after trial {trial.id}"))
+        self._stop_on_repeated_environment(trial)
         self.source.tell(trial, self.store.results(trial.id, with_samples=False))
+
+    def _stop_on_repeated_environment(self, trial: TrialRecord) -> None:
+        """The same environment failure (class and holder) on two trials in a row: the
+        machine, not the configurations, is at fault; every further trial would fail
+        alike. Stop the sweep (the trials not run stay pending) with one line."""
+        state = self.state
+        failure = environment_failure(trial)
+        last = state.last_environment
+        state.last_environment = (trial.id, failure)
+        if failure is None or last is None or last[1] != failure or state.stopping:
+            return
+        state.stopping = True
+        self.writer.note(
+            SweepWarning(
+                message=f"trials {last[0]} and {trial.id} both failed {failure.describe()}: "
+                "stopping the sweep (the trials not run stay pending); free it and run the "
+                "sweep again"
+            )
+        )
 
     def _retry_lost(self, trial: TrialRecord) -> bool:
         """Queue a trial whose node was lost once more (first in line); its failed
@@ -656,6 +679,39 @@ class Driver:
                 self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
         self.writer.mark_interrupted(list(state.ran))
         state.slots.clear()
+
+
+_ENVIRONMENT_CLASSES = (FailureClass.PORT_IN_USE, FailureClass.GPU_BUSY, FailureClass.STOP_FAILED)
+
+
+@dataclass(frozen=True)
+class EnvironmentFailure:
+    """A failure of the machine rather than of a configuration: its class and holder."""
+
+    failure_class: FailureClass
+    holder: tuple[int, ...]
+    """The PIDs its evidence names (GPU holders, port owners, unkillable processes)."""
+    names: str = field(default="", compare=False)
+
+    def describe(self) -> str:
+        return f"{self.failure_class.value} ({self.names or 'no holder named'})"
+
+
+def environment_failure(trial: TrialRecord) -> EnvironmentFailure | None:
+    """A failed trial's environment failure (``port_in_use``, ``gpu_busy``,
+    ``stop_failed``) and who caused it; None for any other outcome."""
+    if trial.outcome is not Outcome.FAILED or trial.failure_class not in _ENVIRONMENT_CLASSES:
+        return None
+    assert trial.failure_class is not None
+    evidence = trial.evidence
+    holders: dict[int, str] = {}
+    if evidence is not None:
+        holders.update({h.pid: h.describe() for h in evidence.gpu_holders})
+        holders.update({p.pid: p.describe() for p in evidence.processes})
+    names = "; ".join(holders[p] for p in sorted(holders)[:3])
+    if len(holders) > 3:
+        names += f" and {len(holders) - 3} more"
+    return EnvironmentFailure(trial.failure_class, tuple(sorted(holders)), names)
 
 
 def max_slots(spec: SweepSpec, option: int | None = None) -> int:

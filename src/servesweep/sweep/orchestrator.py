@@ -34,7 +34,7 @@ from servesweep.servers.ownership import lock_path_for
 from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
-from servesweep.spec.slots import gpu_need
+from servesweep.spec.slots import gpu_need, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.cluster import check_fit, check_ray_version, cluster_spec, trial_needs
 from servesweep.sweep.driver import (
@@ -47,7 +47,9 @@ from servesweep.sweep.driver import (
 )
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
 from servesweep.sweep.identity import changes
+from servesweep.sweep.leases import run_leases
 from servesweep.sweep.local import LocalExecutor
+from servesweep.sweep.node import check_slot_ports
 from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import SweepContext, this_node
 
@@ -88,6 +90,10 @@ class RunOptions:
     """``--ray``: run on a Ray cluster at this address (``""``: the sweep file's
     ``executor.address``, else ``RAY_ADDRESS``, else this machine's cluster); None:
     as the sweep file's ``executor`` says."""
+    wait: bool = False
+    """``--wait``: wait for the ports and GPUs another run holds (default: refuse)."""
+    port: int | None = None
+    """``--port``: slot 0's port instead of the sweep file's ``server.port``."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +255,7 @@ def run_sweep(
     """
     options = options or RunOptions()
     observer = observer or NullObserver()
-    loaded = load_sweep(path)
+    loaded = with_port(load_sweep(path), options.port)
     api_key = _api_key(loaded.spec)
     cluster = join_cluster(loaded, options.ray)
     try:
@@ -282,12 +288,41 @@ def _run_joined(
             loaded.spec.server.gpu_backend, fake_gpu_dir(loaded), gpus=loaded.spec.server.gpus
         ).close()
     store_path = store_path_for(loaded, options.store)
-    with sweep_lock(store_path):
+    spec = cluster_spec(loaded.spec, cluster.nodes) if cluster else loaded.spec
+    with (
+        sweep_lock(store_path),
+        run_leases(
+            spec,
+            store_path,
+            slots=max_slots(spec, options.slots),
+            fake_gpu_dir=None if cluster else fake_gpu_dir(loaded),
+            wait=options.wait,
+            notify=lambda line: observer.event(SweepWarning(message=line)),
+            cluster=cluster,
+        ),
+    ):
         store = open_store(store_path)
         try:
             return _run(loaded, store, store_path, options, observer, api_key, cluster)
         finally:
             store.close()
+
+
+def with_port(loaded: LoadedSweep, port: int | None) -> LoadedSweep:
+    """The sweep with ``--port``: slot 0 listens on ``port``, slot k on ``port + k``
+    (what is measured does not change: ports are not part of a trial's identity)."""
+    if port is None:
+        return loaded
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{port} is not a port (1-65535)", key="--port")
+    server = loaded.spec.server
+    if server.ports:
+        raise loaded.error(
+            "--port does not apply to a sweep file that lists server.ports: edit them",
+            "server.ports",
+        )
+    spec = loaded.spec.model_copy(update={"server": server.model_copy(update={"port": port})})
+    return replace(loaded, spec=spec)
 
 
 def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection | None:
@@ -412,6 +447,11 @@ def _run(
             store.reset_trial(trial.id)
     trials = store.trials(sweep.id, in_plan_only=True)
     todo = [t for t in trials if not t.outcome.final and (not options.only or t.id in options.only)]
+    if cluster is None and spec.server.launcher == "subprocess" and (todo or spec.search.samples):
+        # a program on the port would fail every trial: say so before anything starts
+        # (other launchers may find their own service there, and stop it)
+        ports = slot_ports(spec, context.slots)
+        check_slot_ports(context, spec.server.host, ports, first=True)
 
     events: queue.Queue[Event] = queue.Queue()
     executor: Executor
