@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -27,6 +27,7 @@ __all__ = [
     "ServerConfig",
     "fingerprint",
     "level_label",
+    "usable",
 ]
 
 
@@ -301,6 +302,15 @@ class LevelResult:
     """Wall-clock (time.time()) start of the run."""
     duration_s: float = 0.0
     eval_results: tuple[EvalTaskResult, ...] = ()
+    unreliable: str | None = None
+    """Why the load generator could not time this level (``bench.health``): its
+    numbers are kept and shown, marked, but ``best``, constraints and pruning leave
+    them out unless told to take them in. None: the level is reliable."""
+
+
+def usable(results: Iterable[LevelResult], include_unreliable: bool = False) -> list[LevelResult]:
+    """The results a decision may use: the reliable ones (all with ``include_unreliable``)."""
+    return [r for r in results if include_unreliable or r.unreliable is None]
 
 
 @dataclass(frozen=True)

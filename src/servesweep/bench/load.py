@@ -24,6 +24,7 @@ from servesweep.bench.datasets import (
     request_order,
     synthetic_prompts,
 )
+from servesweep.bench.health import assess
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
 from servesweep.bench.specdecode import acceptance_from_counters, counter_names, parse_counters
@@ -390,6 +391,8 @@ class _Runner:
             stream=self.w.stream,
         )
         metrics, info, samples, warnings = compute_level(raws, ctx)
+        health = assess(metrics, rate=rate)
+        info["generator_health"] = health.to_info()
         info.update(self.data_info)
         info["workers"] = n_workers
         info["t0_monotonic_ns"] = t0
@@ -434,4 +437,5 @@ class _Runner:
             info=info,
             started_at=started_at,
             duration_s=metrics[DURATION_S.name],
+            unreliable=health.reason if health.state == "unreliable" else None,
         )

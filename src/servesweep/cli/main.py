@@ -419,12 +419,20 @@ def _watch(
     multiple=True,
     help="e.g. 'chat.c1.ttft_p99_ms < 500' (repeatable; replaces the sweep file's).",
 )
+@click.option(
+    "--include-unreliable",
+    is_flag=True,
+    default=None,
+    help="Let levels the load generator could not time count (default: the sweep file's "
+    "include_unreliable, else they are left out).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def best(
     target: str | None,
     objectives: tuple[str, ...],
     minimize: bool,
     constraints: tuple[str, ...],
+    include_unreliable: bool | None,
     as_json: bool,
 ) -> None:
     """The best configuration under the objective and constraints, and why each other
@@ -452,11 +460,22 @@ def best(
         check_constraint(data, text, key="--constraint")
     if len(parsed) > 1:
         result = find_best(
-            data, None, default, constraints or tuple(data.constraints), objectives=parsed
+            data,
+            None,
+            default,
+            constraints or tuple(data.constraints),
+            objectives=parsed,
+            include_unreliable=include_unreliable or None,
         )
     else:
         objective, direction = parsed[0] if parsed else (None, default)
-        result = find_best(data, objective, direction, constraints or tuple(data.constraints))
+        result = find_best(
+            data,
+            objective,
+            direction,
+            constraints or tuple(data.constraints),
+            include_unreliable=include_unreliable or None,
+        )
     if as_json:
         click.echo(json.dumps(best_to_json(result), indent=2))
     else:

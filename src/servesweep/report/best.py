@@ -5,7 +5,10 @@ How it decides (also in docs/reports.md):
 1. Candidates are the trials still in the plan whose outcome is ``ok``; every other
    trial is excluded with its reason (failed with class and evidence, not measured).
 2. A candidate missing a value for an objective or a constraint metric is excluded
-   ("missing metric"); one violating a constraint is excluded with the value.
+   ("missing metric"); one whose value comes only from a level marked ``unreliable``
+   (the load generator could not keep time, ``bench.health``) is excluded with that
+   reason unless ``include_unreliable``; one violating a constraint is excluded with
+   the value.
 3. Candidates are ranked by the objectives in order (the first decides, the next
    ones break exact ties), values being the mean over repeats.
 4. Values equal within ``rel_tol`` (relative) are a tie: the result says so and
@@ -62,7 +65,8 @@ class Exclusion:
     trial: TrialRecord
     label: str
     kind: str
-    """``failed``, ``not_measured``, ``not_in_plan``, ``missing_metric`` or ``constraint``."""
+    """``failed``, ``not_measured``, ``not_in_plan``, ``missing_metric``, ``unreliable``
+    (a level it needs could not be timed by the load generator) or ``constraint``."""
     reason: str
     """One line a person can read."""
     metric: str | None = None
@@ -182,6 +186,7 @@ def find_best(
     *,
     objectives: Sequence[tuple[str, str]] = (),
     rel_tol: float = DEFAULT_REL_TOL,
+    include_unreliable: bool | None = None,
 ) -> BestResult:
     """The best ok trial of a sweep under objectives and constraints.
 
@@ -190,9 +195,14 @@ def find_best(
     objective is used. ``constraints`` (``chat.c1.ttft_p99_ms < 500``) replace the
     sweep file's constraints when given. Raises ConfigError for a malformed
     reference or constraint; an empty feasible set is a result (``feasible`` False,
-    every configuration in ``excluded`` with its reason).
+    every configuration in ``excluded`` with its reason). Levels the load generator
+    could not time are left out (a trial that needs one is excluded as
+    ``unreliable``) unless ``include_unreliable`` (default: the sweep file's) takes
+    them in.
     """
-    index = ResultIndex(data)
+    if include_unreliable is None:
+        include_unreliable = data.include_unreliable
+    index = ResultIndex(data, reliable_only=not include_unreliable)
     objs = _objectives(data, index, objective, direction, objectives)
     texts = tuple(constraints) if constraints else tuple(data.constraints)
     parsed: list[Constraint] = [parse_constraint(t) for t in texts]
@@ -208,22 +218,38 @@ def find_best(
             continue
         stats: list[MetricStats] = []
         missing: str | None = None
+        unreliable: str | None = None
         for ref, _ in objs:
             found = index.stats(trial, ref)
             if found is None or not math.isfinite(found.mean):
                 missing = ref.key
+                unreliable = index.unreliable_reason(trial, ref)
                 break
             stats.append(found)
         if missing is not None:
-            excluded.append(
-                Exclusion(trial, label, "missing_metric", f"missing metric {missing}", missing)
-            )
+            if unreliable is not None:
+                excluded.append(Exclusion(trial, label, "unreliable", unreliable, missing))
+            else:
+                excluded.append(
+                    Exclusion(trial, label, "missing_metric", f"missing metric {missing}", missing)
+                )
             continue
         cvalues: list[float] = []
         violation: Exclusion | None = None
         for con in parsed:
             value = index.value(trial, con.ref)
             ok = con.check(value)
+            unreliable = index.unreliable_reason(trial, con.ref) if ok is None else None
+            if unreliable is not None:
+                violation = Exclusion(
+                    trial,
+                    label,
+                    "unreliable",
+                    f"{unreliable} (constraint {con})",
+                    metric=con.ref.key,
+                    constraint=str(con),
+                )
+                break
             if ok is None:
                 violation = Exclusion(
                     trial,

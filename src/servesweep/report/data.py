@@ -105,6 +105,17 @@ class LevelStats:
     metrics: Mapping[str, MetricStats]
 
     @property
+    def unreliable(self) -> str | None:
+        """Why the load generator could not time this level (the first repeat's
+        reason, with how many repeats were so), or None when every repeat is reliable."""
+        reasons = [r.unreliable for r in self.repeats if r.unreliable is not None]
+        if not reasons:
+            return None
+        if len(self.repeats) > 1:
+            return f"{reasons[0]} ({len(reasons)} of {len(self.repeats)} repeats)"
+        return reasons[0]
+
+    @property
     def warnings(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for res in self.repeats:

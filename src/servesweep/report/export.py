@@ -72,6 +72,7 @@ def render_csv(data: SweepData) -> str:
         "repeat",
         "duration_s",
         "warnings",
+        "unreliable",
     ]
     # a metric named like a fixed column (the level's ``duration_s``) is that column
     metrics = [m for m in metric_names(levels) if m not in fixed]
@@ -96,7 +97,7 @@ def render_csv(data: SweepData) -> str:
             data.results.get(trial.id, ()), key=lambda r: (r.workload, r.level, r.repeat)
         )
         if not results:
-            writer.writerow([_csv_text(v) for v in head + [None] * (5 + len(metrics))])
+            writer.writerow([_csv_text(v) for v in head + [None] * (6 + len(metrics))])
         for res in results:
             row = [
                 *head,
@@ -105,6 +106,7 @@ def render_csv(data: SweepData) -> str:
                 res.repeat,
                 res.duration_s,
                 "; ".join(res.warnings) or None,
+                res.unreliable,
                 *(res.metrics.get(m) for m in metrics),
             ]
             writer.writerow([_csv_text(v) for v in row])
@@ -150,6 +152,8 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "repeat": r.repeat,
                 "metrics": {k: finite(v) for k, v in r.metrics.items()},
                 "warnings": list(r.warnings),
+                "unreliable": r.unreliable,
+                "generator_health": r.info.get("generator_health"),
                 "load_generator": r.info.get("load_generator"),
                 "started_at": r.started_at,
                 "duration_s": r.duration_s,
@@ -171,6 +175,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "workload": lvl.workload,
                 "level": lvl.level,
                 "repeats": len(lvl.repeats),
+                "unreliable": lvl.unreliable,
                 "metrics": {k: s.to_dict() for k, s in lvl.metrics.items()},
             }
             for lvl in index.levels.get(trial.id, ())

@@ -233,10 +233,16 @@ def _results(data: SweepData, index: ResultIndex) -> dict[str, Any]:
             blanks = [Cell("")] * (2 + (1 if repeats else 0) + len(metrics))
             rows.append((trial.outcome.value, [*lead, *blanks], ()))
         for lvl in trial_levels:
-            cells = [*lead, Cell(lvl.workload), Cell(lvl.level)]
+            level = Cell(lvl.level)
+            marks: tuple[str, ...] = ()
+            if lvl.unreliable:
+                # the load generator could not keep time: shown, not used to decide
+                level = Cell(f"{lvl.level} (unreliable)", title=lvl.unreliable)
+                marks = (f"unreliable: {lvl.unreliable}",)
+            cells = [*lead, Cell(lvl.workload), level]
             cells += [num(len(lvl.repeats))] if repeats else []
             cells += [stats_cell(lvl.metrics.get(m)) for m in metrics]
-            rows.append((trial.outcome.value, cells, lvl.warnings + lvl.notes))
+            rows.append((trial.outcome.value, cells, marks + lvl.warnings + lvl.notes))
     return {"head": head, "rows": rows}
 
 

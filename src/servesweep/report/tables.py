@@ -45,6 +45,8 @@ __all__ = [
 
 FIXED = ("trial", "outcome", "workload", "level")
 """Columns every table keeps: without them no number can be read."""
+UNRELIABLE_MARK = "*"
+"""After a level the load generator could not time (listed under the table)."""
 HIDDEN_LISTED = 8
 """Names of hidden columns listed under the table (the rest are counted)."""
 
@@ -64,6 +66,8 @@ class TableView:
     """Default columns left out to fit the width, most wanted first."""
     more: tuple[str, ...] = ()
     """Metrics measured but not among the default columns (nor chosen)."""
+    unreliable: tuple[str, ...] = ()
+    """Levels the load generator could not time (marked ``*`` in the level column)."""
     """Columns left out (to fit the width, or not chosen with ``columns``)."""
 
 
@@ -118,7 +122,7 @@ def _cells(
                 elif h == "workload":
                     row.append(lvl.workload)
                 elif h == "level":
-                    row.append(lvl.level)
+                    row.append(lvl.level + (UNRELIABLE_MARK if lvl.unreliable else ""))
                 elif h == "n":
                     row.append(str(len(lvl.repeats)))
                 else:
@@ -194,6 +198,18 @@ def table_view(
         + ", ".join(f"#{tid} {status}" for tid, status in f.statuses)
         for f in task_flips(data)
     )
+    unreliable = tuple(
+        _one_line(f"#{lvl.trial_id} {lvl.workload} {lvl.level}: {lvl.unreliable}")
+        for t in trials
+        for lvl in index.levels.get(t.id, ())
+        if lvl.unreliable
+    )
+    if unreliable:
+        left = "counted" if data.include_unreliable else "left out of best and constraints"
+        unreliable += (
+            f"({left}; raise workloads[].workers or use a less busy machine, or set "
+            "include_unreliable: true to count them)",
+        )
     counts = outcome_counts(data)
     title = _one_line(
         f"sweep {data.sweep.name} (#{data.sweep.id}): {len(data.trials)} "
@@ -210,6 +226,7 @@ def table_view(
         footer=tuple(_best_lines(data)),
         hidden=hidden,
         more=more,
+        unreliable=unreliable,
     )
 
 
@@ -309,7 +326,15 @@ def render_table(
     hidden = hidden_line(view, width) if columns is None else None
     if hidden:
         console.print(Text(hidden, style="dim" if color else ""), soft_wrap=True)
-    for heading, lines in (("failures:", view.failures), ("evals:", view.evals)):
+    sections = (
+        ("failures:", view.failures),
+        (
+            f"unreliable ({UNRELIABLE_MARK}): the load generator could not keep time",
+            view.unreliable,
+        ),
+        ("evals:", view.evals),
+    )
+    for heading, lines in sections:
         if lines:
             console.print(Text(heading, style="bold" if color else ""))
             for line in lines:
@@ -334,9 +359,14 @@ def render_markdown(data: SweepData, columns: Sequence[str] | None = None) -> st
     out.append("| " + " | ".join(_md_cell(h) for h in view.headers) + " |")
     out.append("|" + "|".join("---" for _ in view.headers) + "|")
     out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in view.rows]
-    for heading, lines in (("Failures", view.failures), ("Evals", view.evals)):
+    sections = (
+        ("Failures", view.failures),
+        ("Unreliable levels (*): the load generator could not keep time", view.unreliable),
+        ("Evals", view.evals),
+    )
+    for heading, lines in sections:
         if lines:
-            out += ["", f"### {heading}", ""]
+            out += ["", f"### {_md_cell(heading)}", ""]
             out += [f"- {_md_cell(line)}" for line in lines]
     if (view.hidden or view.more) and columns is None:
         out += ["", _md_cell(hidden_line(view, None) or "")]

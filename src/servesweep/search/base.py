@@ -24,7 +24,11 @@ History = Sequence[tuple[TrialRecord, Sequence[LevelResult]]]
 
 def goal_of(spec: SweepSpec) -> Goal:
     """The sweep's objectives and constraints, resolved against its workloads."""
-    return Goal(resolve_objectives(spec), validate_constraints(spec))
+    return Goal(
+        resolve_objectives(spec),
+        validate_constraints(spec),
+        include_unreliable=spec.include_unreliable,
+    )
 
 
 @dataclass(frozen=True)

@@ -414,6 +414,9 @@ class SweepSpec(_Frozen):
     objective: Objectives | None = None
     """Use :attr:`objectives` to read it (always a tuple)."""
     constraints: StrList = Field(default_factory=list)
+    include_unreliable: bool = False
+    """Let levels the load generator could not time (``unreliable``, see
+    docs/metrics.md) count for ``best``, constraints and pruning; default: left out."""
     search: SearchSpec = Field(default_factory=SearchSpec)
     parallel: int | None = Field(default=None, ge=1)
     """How many trials may run at the same time on one machine (default: as many as

@@ -106,3 +106,6 @@ class SweepData:
     objective: Mapping[str, Any] | None = None
     """The sweep file's objective as a dict (see spec.schema.Objective)."""
     constraints: tuple[str, ...] = ()
+    include_unreliable: bool = False
+    """The sweep file's ``include_unreliable``: levels marked unreliable count for
+    ``best`` (default: they are left out)."""

@@ -7,7 +7,7 @@ rather than guessed at.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 CREATE_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -117,5 +117,9 @@ ALTER TABLE trials ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE trials ADD COLUMN slot INTEGER;
 ALTER TABLE trials ADD COLUMN gpus TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE telemetry ADD COLUMN node TEXT NOT NULL DEFAULT '';
+""",
+    # a level the load generator could not time: why (NULL: reliable)
+    2: """
+ALTER TABLE results ADD COLUMN unreliable TEXT;
 """,
 }

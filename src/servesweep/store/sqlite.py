@@ -417,7 +417,8 @@ class Store:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO results(trial_id, attempt, workload, level, repeat, metrics, info, "
-                "warnings, started_at, duration_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "warnings, started_at, duration_s, unreliable) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     trial_id,
                     trial.attempts,
@@ -429,6 +430,7 @@ class Store:
                     _dumps(list(result.warnings)),
                     result.started_at,
                     result.duration_s,
+                    result.unreliable,
                 ),
             )
             result_id = cur.lastrowid
@@ -521,6 +523,8 @@ class Store:
             started_at=row["started_at"],
             duration_s=row["duration_s"],
             eval_results=evals,
+            # (a read-only look at an older database has no such column)
+            unreliable=row["unreliable"] if "unreliable" in row.keys() else None,  # noqa: SIM118
         )
 
     def add_telemetry(self, points: Iterable[TelemetryPoint]) -> None:
@@ -606,6 +610,7 @@ class Store:
         results = {t.id: tuple(self.results(t.id, with_samples=with_samples)) for t in trials}
         objective: dict[str, Any] | None = None
         constraints: tuple[str, ...] = ()
+        include_unreliable = False
         try:
             from servesweep.spec.load import load_sweep_text
 
@@ -613,6 +618,7 @@ class Store:
             if spec.objectives:
                 objective = spec.objectives[0].model_dump(exclude_none=True)
             constraints = tuple(spec.constraints)
+            include_unreliable = spec.include_unreliable
         except (ImportError, ServesweepError):
             pass  # an old or hand-edited sweep file must not block a report
         return SweepData(
@@ -622,4 +628,5 @@ class Store:
             telemetry=tuple(self.telemetry(sweep.id)),
             objective=objective,
             constraints=constraints,
+            include_unreliable=include_unreliable,
         )

@@ -45,6 +45,7 @@ from servesweep.sweep.channel import StoreWriter
 from servesweep.sweep.events import (
     Event,
     LeftoverAdopted,
+    LevelMeasured,
     NodeLost,
     Observer,
     SlotIdle,
@@ -52,6 +53,7 @@ from servesweep.sweep.events import (
     SweepWarning,
     TrialFinished,
 )
+from servesweep.sweep.health_notes import HealthNotes
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports
 from servesweep.sweep.scheduler import (
     Assign,
@@ -225,6 +227,7 @@ class Driver:
         self.need: GpuNeed = gpu_need(self.spec)
         self.writer = StoreWriter(store, sweep.id, observer, on_finished=self._finished)
         self.state = _State()
+        self.health = HealthNotes(self.spec.include_unreliable)
         self._closing: list[SlotHandle] = []
         """Slots torn down whose threads may still be finishing."""
         self.prepared: dict[str, NodePrepared] = {}
@@ -528,6 +531,10 @@ class Driver:
         if isinstance(event, NodeLost):
             self._node_lost(event)
         self.writer.apply(event)
+        if isinstance(event, LevelMeasured):
+            line = self.health.note(event.trial, event.result)
+            if line is not None:
+                self.writer.note(SweepWarning(trial=event.trial, message=line))
 
     def _node_lost(self, event: NodeLost) -> None:
         """No more work for the lost slot, nor for its node when the node is gone."""
