@@ -134,8 +134,9 @@ def test_concurrency_1_timing_matches_the_sims_truth(tmp_path: Path) -> None:
     assert min(ttft_error) >= -RESOLUTION_S
     assert median(ttft_error) <= ttfb + margin
     assert m["concurrency_mean"] > 0.95
-    # on a busy machine the generator may rightly warn that its loop lagged; nothing else
-    assert all("event loop lagged" in w for w in r.warnings)
+    # (on a busy machine the generator may rightly find its loop lagged: that is its
+    # health, info["generator_health"], not a warning)
+    assert not r.warnings, r.warnings
 
 
 def test_concurrency_64_timing_matches_the_sims_truth(tmp_path: Path) -> None:
