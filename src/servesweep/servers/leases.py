@@ -2,13 +2,17 @@
 
 A lease is an exclusive ``flock`` on one file per resource in a directory shared by
 every servesweep of the machine (``SERVESWEEP_LEASE_DIR``, default
-``/tmp/servesweep-leases``): ``port-18400``, ``gpu-nvml-3``,
-``gpu-fake-<digest of the fake GPU directory>-0`` (a port's file also names the
-network namespace: a port of another namespace is another port). The lock belongs to the open file
-of the live process that took it, so it ends with that process however it ends
-(SIGKILL included): a lease is never stale, and a file left in the directory means
-nothing by itself. While it holds the lock, the holder writes who it is (its sweep,
-results database, pid, machine) into the file, for the message a second run shows.
+``/tmp/servesweep-leases``): ``gpu-nvml-3``, ``gpu-fake-<digest of the fake GPU
+directory>-0``, ``port-18400-net<ns>``. A port's files name the network namespace (a
+port of another namespace is another port) and the address its servers listen on: a
+run on one address holds ``port-P-net<ns>`` shared and ``port-P-net<ns>-<address>``
+exclusive, a run on every address (``0.0.0.0``) holds ``port-P-net<ns>`` exclusive;
+so two runs on two addresses of one machine (two nodes of a test cluster) share a
+port number, and no other two runs do. The lock belongs to the open file of the live
+process that took it, so it ends with that process however it ends (SIGKILL
+included): a lease is never stale, and a file left in the directory means nothing by
+itself. While it holds the lock, the holder writes who it is (its sweep, results
+database, pid, machine) into the file, for the message a second run shows.
 
 A run takes every lease it needs before it starts anything, all or none
 (:meth:`Lease.take`), and keeps them until it ends (:meth:`Lease.release`).
@@ -60,10 +64,19 @@ class Resource:
     """For people: ``port 18400``, ``GPU 3``."""
     kind: str = "port"
     """``port`` or ``gpu``: what a message tells the user to change."""
+    host: str = ""
+    """A port's listening address ("": every address)."""
 
 
-def port_resource(port: int) -> Resource:
-    return Resource(f"port-{port}", f"port {port}", "port")
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+
+
+def port_resource(port: int, host: str = "") -> Resource:
+    """Port ``port`` as servers listening on ``host`` use it."""
+    address = "" if host in _WILDCARDS else host.strip("[]")
+    if address == "localhost":
+        address = "127.0.0.1"
+    return Resource(f"port-{port}", f"port {port}", "port", address)
 
 
 def gpu_resources(gpus: Iterable[int], fake_gpu_dir: str | None) -> list[Resource]:
@@ -77,11 +90,15 @@ def gpu_resources(gpus: Iterable[int], fake_gpu_dir: str | None) -> list[Resourc
 
 
 def resources_for(
-    ports: Sequence[int], gpus: Sequence[int], backend: str, fake_gpu_dir: str | None
+    ports: Sequence[int],
+    gpus: Sequence[int],
+    backend: str,
+    fake_gpu_dir: str | None,
+    host: str = "",
 ) -> list[Resource]:
-    """What a run holds on one machine: its slots' ports and its GPU pool (none for
-    ``gpu_backend: none``)."""
-    out = [port_resource(p) for p in ports]
+    """What a run holds on one machine: its slots' ports (its servers listening on
+    ``host``) and its GPU pool (none for ``gpu_backend: none``)."""
+    out = [port_resource(p, host) for p in ports]
     if backend != "none":
         out += gpu_resources(gpus, fake_gpu_dir if backend in ("fake", "auto") else None)
     return out
@@ -124,7 +141,7 @@ class Lease:
     def __init__(self, owner: Holder, directory: Path | None = None) -> None:
         self.owner = owner
         self.directory = directory or lease_dir()
-        self._held: dict[str, int] = {}
+        self._held: dict[str, list[int]] = {}
         self._netns = _netns()
 
     @property
@@ -137,24 +154,32 @@ class Lease:
         OSError when the lease directory cannot be used."""
         self._prepare_dir()
         taken: list[str] = []
-        for resource in sorted(resources, key=lambda r: r.name):
-            if resource.name in self._held:
+        for resource in sorted(resources, key=lambda r: (r.name, r.host)):
+            key = self._key(resource)
+            if key in self._held:
                 continue
-            fd = self._open(resource)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_holder(fd, self.file_of(resource))
-                os.close(fd)
-                for name in taken:
-                    self._let_go(name)
-                return Busy(resource, holder)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._held[resource.name] = fd
-            taken.append(resource.name)
-            self._write_owner(fd)
+            fds: list[int] = []
+            for path, exclusive in self.files_of(resource):
+                fd = self._open(path)
+                try:
+                    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = _read_holder(fd, path)
+                    os.close(fd)
+                    self._held[key] = fds
+                    for name in [*taken, key]:
+                        self._let_go(name)
+                    return Busy(resource, holder)
+                except BaseException:
+                    os.close(fd)
+                    for other in fds:
+                        os.close(other)
+                    raise
+                fds.append(fd)
+                self._write_owner(fd)
+            self._held[key] = fds
+            taken.append(key)
         return None
 
     def wait_take(
@@ -180,11 +205,9 @@ class Lease:
         for name in list(self._held):
             self._let_go(name)
 
-    def _let_go(self, name: str) -> None:
-        fd = self._held.pop(name)
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # (before the unlock: never another holder's words)
-        os.close(fd)  # the lock ends with the open file
+    def _let_go(self, key: str) -> None:
+        for fd in self._held.pop(key):
+            os.close(fd)  # the lock ends with the open file
 
     def _prepare_dir(self) -> None:
         if not self.directory.is_dir():
@@ -192,15 +215,20 @@ class Lease:
             with contextlib.suppress(OSError):
                 os.chmod(self.directory, 0o1777)  # every user's runs share the machine
 
-    def file_of(self, resource: Resource) -> Path:
-        """The lock file of ``resource`` on this machine."""
-        name = resource.name
-        if resource.kind == "port" and self._netns:
-            name += f"-net{self._netns}"
-        return self.directory / name
+    def files_of(self, resource: Resource) -> list[tuple[Path, bool]]:
+        """The lock files of ``resource`` on this machine, each with whether it is
+        held exclusively (see the module doc)."""
+        if resource.kind != "port":
+            return [(self.directory / resource.name, True)]
+        port = resource.name + (f"-net{self._netns}" if self._netns else "")
+        if not resource.host:
+            return [(self.directory / port, True)]
+        return [(self.directory / port, False), (self.directory / f"{port}-{resource.host}", True)]
 
-    def _open(self, resource: Resource) -> int:
-        path = self.file_of(resource)
+    def _key(self, resource: Resource) -> str:
+        return self.files_of(resource)[-1][0].name
+
+    def _open(self, path: Path) -> int:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except PermissionError:

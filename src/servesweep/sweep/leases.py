@@ -81,7 +81,8 @@ def run_leases(
             release()
         return
     lease = Lease(owner)
-    resources = resources_for(ports, spec.server.gpus, spec.server.gpu_backend, fake_gpu_dir)
+    server = spec.server
+    resources = resources_for(ports, server.gpus, server.gpu_backend, fake_gpu_dir, server.host)
     try:
         try:
             if wait:

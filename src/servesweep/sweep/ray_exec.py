@@ -48,6 +48,7 @@ from servesweep.sweep.cluster import (
     gpu_ids,
     gpu_nodes,
     node_context,
+    node_host,
     node_infos,
     short_error,
 )
@@ -270,7 +271,11 @@ def hold_node_leases(
             ).remote(owner)
             actors.append(actor)
             resources = resources_for(
-                ports, node.gpus, spec.server.gpu_backend, connection.fake_gpu_dirs[node.node_id]
+                ports,
+                node.gpus,
+                spec.server.gpu_backend,
+                connection.fake_gpu_dirs[node.node_id],
+                node_host(spec.server, connection.ips[node.node_id]),
             )
             last: Busy | None = None
             while True:
@@ -352,13 +357,11 @@ class RayExecutor:
         self.context = context
         self.events = events
         self.bench_from = bench_from
-        bind = "host" not in context.spec.server.model_fields_set
         self._contexts = {
             n.node_id: node_context(
                 context,
                 ip=connection.ips[n.node_id],
                 fake_gpu_dir=connection.fake_gpu_dirs[n.node_id],
-                bind_node_address=bind,
             )
             for n in connection.nodes
         }
