@@ -5,14 +5,15 @@ The generator measures its own health while it runs: the lag of its event loop
 can be) and, for an arrival rate, how late it sent requests against their plan
 (``schedule_lag_p99_ms``). Set against what the level measured:
 
-* **unreliable** when the loop lag p99 is above ``UNRELIABLE_TOKEN_SHARE`` (1.0) of
-  the median time per token (ITL p50, else TPOT p50) or above
-  ``UNRELIABLE_TTFT_SHARE`` (0.25) of the median TTFT, or when an arrival rate's
-  schedule lag p99 is above ``UNRELIABLE_ARRIVAL_SHARE`` (0.5) of the mean time
-  between arrivals — and the lag is above ``LAG_FLOOR_MS`` (2 ms). The level is
+* **unreliable** when the loop lag p99 is above ``UNRELIABLE_FLOOR_MS`` (5 ms) and
+  above ``UNRELIABLE_TOKEN_SHARE`` (4) times the median time per token (ITL p50,
+  else TPOT p50: chunks then pile up and the token timings are the generator's, not
+  the server's) or above ``UNRELIABLE_TTFT_SHARE`` (0.5) of the median TTFT; or when
+  an arrival rate's schedule lag p99 is above 5 ms and above
+  ``UNRELIABLE_ARRIVAL_SHARE`` (0.5) of the mean time between arrivals. The level is
   stored with the reason (``LevelResult.unreliable``); ``best``, constraints and
   pruning leave it out unless ``include_unreliable`` takes it in.
-* **mild** when the loop lag p99 is above ``LAG_FLOOR_MS`` and above
+* **mild** when the loop lag p99 is above ``LAG_FLOOR_MS`` (2 ms) and above
   ``MILD_TOKEN_SHARE`` (0.1) of the time per token or ``MILD_TTFT_SHARE`` (0.05)
   of the TTFT, or a rate's schedule lag above 5 ms: the medians remain usable, the
   tails carry up to that lag. One warning per sweep says so.
@@ -32,6 +33,7 @@ from servesweep.metrics_catalog import Latency, Stat, latency
 
 __all__ = [
     "LAG_FLOOR_MS",
+    "UNRELIABLE_FLOOR_MS",
     "UNRELIABLE_TOKEN_SHARE",
     "UNRELIABLE_TTFT_SHARE",
     "GeneratorHealth",
@@ -40,8 +42,10 @@ __all__ = [
 
 LAG_FLOOR_MS = 2.0
 """Below this lag (p99) the generator's timing is never questioned."""
-UNRELIABLE_TOKEN_SHARE = 1.0
-UNRELIABLE_TTFT_SHARE = 0.25
+UNRELIABLE_FLOOR_MS = 5.0
+"""Below this lag (p99) a level is never unreliable (at most mild)."""
+UNRELIABLE_TOKEN_SHARE = 4.0
+UNRELIABLE_TTFT_SHARE = 0.5
 UNRELIABLE_ARRIVAL_SHARE = 0.5
 MILD_TOKEN_SHARE = 0.1
 MILD_TTFT_SHARE = 0.05
@@ -88,13 +92,13 @@ def assess(metrics: Mapping[str, float], *, rate: float | None = None) -> Genera
     def health(state: State, reason: str = "") -> GeneratorHealth:
         return GeneratorHealth(state, reason, loop, sched)
 
-    if loop is not None and loop > LAG_FLOOR_MS:
+    if loop is not None and loop > UNRELIABLE_FLOOR_MS:
         lagged = f"the load generator's event loop lagged {loop:.1f} ms (p99)"
         if token is not None and loop > UNRELIABLE_TOKEN_SHARE * token:
             return health("unreliable", f"{lagged} against a {token_name} p50 of {token:.2f} ms")
         if ttft is not None and loop > UNRELIABLE_TTFT_SHARE * ttft:
             return health("unreliable", f"{lagged} against a TTFT p50 of {ttft:.1f} ms")
-    if rate is not None and rate > 0 and sched is not None and sched > LAG_FLOOR_MS:
+    if rate is not None and rate > 0 and sched is not None and sched > MILD_SCHEDULE_MS:
         gap = 1000.0 / rate
         if sched > UNRELIABLE_ARRIVAL_SHARE * gap:
             return health(

@@ -258,10 +258,11 @@ def hold_node_leases(
     actors: list[Any] = []
 
     def release() -> None:
-        for actor in actors:
-            with contextlib.suppress(RayError):
-                ray.get(actor.release.remote(), timeout=_CLOSE_S)
-            ray.kill(actor)
+        if ray.is_initialized():  # (once the run has left the cluster, Ray ended them)
+            for actor in actors:
+                with contextlib.suppress(Exception):  # Ray raises more than RayError here
+                    ray.get(actor.release.remote(), timeout=_CLOSE_S)
+                    ray.kill(actor)
         actors.clear()
 
     try:
