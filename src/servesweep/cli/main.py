@@ -204,8 +204,14 @@ def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Results database (for duration estimates).",
 )
-def plan(sweep_file: Path, store: Path | None) -> None:
-    """Print the trials SWEEP_FILE expands to, the restarts, and an estimate."""
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print each trial's predicted memory as JSON."
+)
+def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
+    """Print the trials SWEEP_FILE expands to, the restarts, an estimate, and each
+    trial's predicted memory per GPU."""
+    from servesweep.servers.memory import MemoryModel
+    from servesweep.servers.memory.plan import format_memory, memory_json, predict_plan
     from servesweep.spec.load import load_sweep
     from servesweep.spec.plan import build_plan, estimate_duration, format_plan
     from servesweep.store import open_store
@@ -213,6 +219,11 @@ def plan(sweep_file: Path, store: Path | None) -> None:
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
+    memory = MemoryModel(loaded.spec)
+    planned = predict_plan(loaded.spec, the_plan, memory)
+    if as_json:
+        click.echo(json.dumps(memory_json(planned), indent=2))
+        return
     path = store_path_for(loaded, store)
     history: dict[str, float] = {}
     if path.exists():
@@ -221,6 +232,8 @@ def plan(sweep_file: Path, store: Path | None) -> None:
     estimate = estimate_duration(the_plan, history) if history else None
     note = f"from earlier sweeps in {path}" if history else None
     click.echo(format_plan(the_plan, estimate, note))
+    click.echo("")
+    click.echo(format_memory(planned, memory))
 
 
 def _resolve_store(target: str | None) -> tuple[Path, str | None]:

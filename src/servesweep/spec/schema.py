@@ -155,6 +155,9 @@ class ServerSpec(_Frozen):
     model: str | None = None
     served_model_name: str | None = None
     """The model name used in requests; default: ask ``/v1/models``."""
+    model_config_file: str | None = Field(default=None, alias="model_config")
+    """``model_config:`` in the file: a ``config.json`` that describes the model when its
+    files live elsewhere (another machine, an image); the memory prediction reads it."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     """The first port: slot k of a machine listens on ``port + k`` (or ``ports[k]``)."""
