@@ -219,7 +219,7 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
-    memory = MemoryModel(loaded.spec)
+    memory = MemoryModel.of_sweep(loaded.spec)
     planned = predict_plan(loaded.spec, the_plan, memory)
     if as_json:
         click.echo(json.dumps(memory_json(planned), indent=2))
@@ -606,6 +606,8 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
     click.echo(
         json.dumps(report_data, indent=2, default=str) if as_json else format_doctor(report_data)
     )
+    for warning in report_data.get("warnings", []):
+        click.echo(f"doctor: warning: {warning}", err=True)
     for problem in report_data.get("problems", []):
         click.echo(f"doctor: {problem}", err=True)
     if report_data.get("problems"):

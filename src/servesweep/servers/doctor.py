@@ -156,6 +156,24 @@ def _engine(spec: ServerSpec) -> dict[str, Any]:
     return out
 
 
+def memory_warnings(spec: ServerSpec, configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per configuration predicted not to fit (servers.memory)."""
+    from servesweep.servers.memory import MemoryModel
+    from servesweep.spec.slots import params_label
+
+    model = MemoryModel(spec)
+    out = []
+    for params in configs or [{}]:
+        predicted = model.predict(params)
+        if predicted.verdict == "oom":
+            out.append(
+                f"{params_label(params)} is predicted not to fit: {predicted.reason} "
+                f"({predicted.per_gpu_bytes / 2**30:.1f} GiB per device, capacity "
+                f"{predicted.capacity / 2**30:.1f} GiB; servesweep plan shows the parts)"
+            )
+    return out
+
+
 def diagnose(
     spec: ServerSpec | None, probe: GpuProbe, configs: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
@@ -173,6 +191,9 @@ def diagnose(
         return report
     checked = preflight(spec, configs)
     report["problems"] = checked.problems
+    memory = memory_warnings(spec, configs)
+    if memory:
+        report["warnings"] = memory
     if checked.notes:
         report["notes"] = checked.notes
     if checked.engine:

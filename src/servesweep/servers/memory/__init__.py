@@ -28,6 +28,7 @@ from servesweep.servers.memory.prediction import (
 )
 from servesweep.servers.memory.rules import RULES, Params, TrialShape, predict
 from servesweep.spec.schema import ServerSpec, SweepSpec
+from servesweep.spec.slots import GpuNeed, gpu_need
 
 __all__ = [
     "COMPONENTS",
@@ -92,18 +93,23 @@ def capacity_of(server: ServerSpec) -> Capacity:
 class MemoryModel:
     """The predictor of one sweep: model files read once, calibrated as trials measure."""
 
-    def __init__(self, spec: SweepSpec, capacity: Capacity | None = None) -> None:
-        self.server = spec.server
-        self.capacity = capacity if capacity is not None else capacity_of(spec.server)
+    def __init__(
+        self, server: ServerSpec, capacity: Capacity | None = None, need: GpuNeed | None = None
+    ) -> None:
+        self.server = server
+        self.capacity = capacity if capacity is not None else capacity_of(server)
         self.calibration = Calibration()
         self._facts: dict[str, ModelFacts | str] = {}
-        from servesweep.spec.slots import GpuNeed, gpu_need
+        self._need = need
 
-        self._need: GpuNeed | None
+    @classmethod
+    def of_sweep(cls, spec: SweepSpec, capacity: Capacity | None = None) -> MemoryModel:
+        """The predictor of a sweep (its GPUs per trial from ``server.gpus_per_trial``)."""
         try:
-            self._need = gpu_need(spec)
+            need: GpuNeed | None = gpu_need(spec)
         except ConfigError:
-            self._need = None
+            need = None
+        return cls(spec.server, capacity, need)
 
     @property
     def engine(self) -> str:

@@ -31,7 +31,7 @@ def predict_plan(
 ) -> list[PlannedMemory]:
     """One prediction per trial of the plan; a sampling search: per configuration of
     its space when the space can be listed (none otherwise)."""
-    model = model or MemoryModel(spec)
+    model = model or MemoryModel.of_sweep(spec)
     if plan.search is None:
         configs = [t.config for t in plan.trials]
     else:
