@@ -11,11 +11,11 @@ from typing import Any
 import gguf
 import pytest
 
+from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
 from servesweep.cli.main import main
 from servesweep.servers.memory import Capacity, MemoryModel, read_model_facts
 from servesweep.servers.memory.gguf import read_gguf
 from servesweep.spec.load import load_sweep_text
-from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
 
 GiB = 2**30
 MiB = 2**20
