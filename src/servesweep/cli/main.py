@@ -102,6 +102,11 @@ def cli() -> None:
     "one: the sweep file's executor.address, else RAY_ADDRESS, else the cluster on this "
     "machine). Needs pip install 'servesweep[ray]'; see docs/distributed.md.",
 )
+@click.option(
+    "--no-predict",
+    is_flag=True,
+    help="Launch every configuration, also those predicted not to fit in memory.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
 @click.option(
     "--events",
@@ -120,6 +125,7 @@ def run(
     slots: int | None,
     keep_results: bool,
     ray_address: str | None,
+    no_predict: bool,
     quiet: bool,
     events: str | None,
 ) -> None:
@@ -158,6 +164,7 @@ def run(
         keep_results=keep_results,
         slots=slots,
         ray=ray_address,
+        predict=not no_predict,
     )
     _install_signal_handlers()
     try:

@@ -52,6 +52,7 @@ from servesweep.sweep.events import (
     SweepWarning,
     TrialFinished,
 )
+from servesweep.sweep.memory_gate import MemoryGate
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports
 from servesweep.sweep.scheduler import (
     Assign,
@@ -78,6 +79,8 @@ __all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
 
 _POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 60.0
+MAX_SKIPS_IN_ROW = 1000
+"""A search that proposes this many configurations predicted not to fit in a row stops."""
 NODE_LOST_RETRIES = 1
 """How many times a trial whose node was lost is run again."""
 
@@ -182,6 +185,8 @@ class RunSettings:
     max_slots: int | None = None
     """``--slots``: at most this many slots per machine (None: the sweep file's
     ``parallel``, else as many as fit)."""
+    predict: bool = True
+    """Predict each configuration's memory (``run --no-predict``: False)."""
 
 
 @dataclass
@@ -230,6 +235,7 @@ class Driver:
         self._trials: dict[int, TrialRecord] = {}
         self.nodes: dict[str, NodeInfo] = {n.key: n for n in executor.nodes()}
         """The machines of this run, by key (see ``NodeInfo.key``)."""
+        self.memory = MemoryGate(self.spec, enabled=settings.predict)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -403,19 +409,38 @@ class Driver:
         # a search proposes only for slots that are free (it learns from each result)
         capacity = self._max_slots() * max(1, len(self.nodes))
         room = capacity - len(self.state.running) - len(self.state.jobs)
-        if room <= 0:
-            return
-        for trial in self.source.take(room):
-            self._trials[trial.id] = trial
-            need = self.need.of(trial.params)
-            capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
-            if need > capacity:
-                raise ConfigError(
-                    f"trial {trial.id} ({params_label(trial.params)}) needs {need} GPUs; no "
-                    f"machine offers more than {capacity}",
-                    key="server.gpus_per_trial",
+        skips = 0
+        while room > 0 and not self.state.stopping:
+            skipped = [t for t in self.source.take(room) if not self._queue(t)]
+            room = len(skipped)  # a search proposes again for each one not launched
+            skips += room
+            if skips >= MAX_SKIPS_IN_ROW:
+                self.state.stopping = True
+                self.writer.note(
+                    SweepWarning(
+                        message=f"the search proposed {skips} configurations in a row that are "
+                        "predicted not to fit; it stops (see servesweep plan, or run "
+                        "--no-predict)"
+                    )
                 )
-            self.state.jobs.append(Job(trial.id, need))
+
+    def _queue(self, trial: TrialRecord) -> bool:
+        """Queue one trial, or finish it ``skipped`` (predicted_oom): False."""
+        self._trials[trial.id] = trial
+        end = self.memory.check(trial)
+        if end is not None:
+            self.writer.note(end)
+            return False
+        need = self.need.of(trial.params)
+        capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
+        if need > capacity:
+            raise ConfigError(
+                f"trial {trial.id} ({params_label(trial.params)}) needs {need} GPUs; no "
+                f"machine offers more than {capacity}",
+                key="server.gpus_per_trial",
+            )
+        self.state.jobs.append(Job(trial.id, need))
+        return True
 
     def _alive_nodes(self) -> list[NodeInfo]:
         return [n for key, n in self.nodes.items() if key not in self.state.dead_nodes]
@@ -572,6 +597,9 @@ class Driver:
 
     def _finished(self, event: TrialFinished) -> None:
         trial = self.store.trial(event.trial)
+        checked = self.memory.learn(trial)
+        if checked is not None:
+            self.writer.note(checked)
         if self._retry_lost(trial):
             return
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:

@@ -84,6 +84,8 @@ class RunOptions:
     slots: int | None = None
     """At most this many trials at once per machine (default: the sweep file's
     ``parallel``, else as many as fit in the GPU pool)."""
+    predict: bool = True
+    """``--no-predict``: False (no memory prediction, every configuration launched)."""
     ray: str | None = None
     """``--ray``: run on a Ray cluster at this address (``""``: the sweep file's
     ``executor.address``, else ``RAY_ADDRESS``, else this machine's cluster); None:
@@ -405,6 +407,10 @@ def _run(
         for trial in trials:
             if trial.outcome in (Outcome.FAILED, Outcome.INTERRUPTED):
                 store.reset_trial(trial.id)
+    if not options.predict:  # --no-predict: what the prediction skipped runs now
+        for trial in trials:
+            if trial.evidence is not None and trial.evidence.reason == "predicted_oom":
+                store.reset_trial(trial.id)
         trials = store.trials(sweep.id, in_plan_only=True)
     for trial in store.trials(sweep.id):
         if trial.outcome is Outcome.RUNNING:
@@ -432,6 +438,7 @@ def _run(
             keep_running=options.keep_running,
             fail_fast=options.fail_fast,
             max_slots=options.slots,
+            predict=options.predict,
         ),
     )
     source: TrialSource

@@ -146,8 +146,9 @@ class MemoryPrediction:
             return replace(self, margin=margin)
         verdict: Verdict = "oom" if self.per_gpu_bytes > self.capacity else "fits"
         reason = self.reason
-        if verdict == "oom" and not reason:
-            reason = f"{self.per_gpu_bytes - self.capacity} bytes over the capacity"
+        if verdict == "oom":
+            over = (self.per_gpu_bytes - self.capacity) / 2**30
+            reason = f"{over:.2f} GiB over the capacity" + (f" ({reason})" if reason else "")
         return replace(self, verdict=verdict, margin=margin, reason=reason)
 
 

@@ -429,7 +429,7 @@ def _sim(shape: TrialShape) -> MemoryPrediction:
         exact=True,
         capacity=total,
         device_bytes=total,
-        reason="mem-per-gpu (the simulated engine's whole allocation)",
+        reason="mem-per-gpu, all of it at load",
     )
 
 
