@@ -54,9 +54,7 @@ def test_grid_skips_a_predicted_oom_and_no_predict_launches_it(tmp_path: Path) -
 
 def test_search_is_told_and_the_cap_counts_launches_only(tmp_path: Path) -> None:
     sizes = ["100GiB", "120GiB", "140GiB", "90GiB", "30GiB"]
-    sweep = _sweep(
-        tmp_path, {"mem-per-gpu": sizes}, {"strategy": "random", "trials": 1, "seed": 1}
-    )
+    sweep = _sweep(tmp_path, {"mem-per-gpu": sizes}, {"strategy": "random", "trials": 1, "seed": 1})
     done = run_cli("run", str(sweep), "--quiet", timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     trials = report_json(sweep)["trials"]
