@@ -255,3 +255,55 @@ def test_plan_json_and_doctor_warning(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "2 fit, 1 predicted not to fit, 0 unknown" in out
     code, out, err = _run(capsys, "doctor", str(sweep))
     assert "warning: mem-per-gpu=100GiB is predicted not to fit" in err
+
+
+VLLM_LOG = [
+    "INFO 05-07 10:12:33 [gpu_model_runner.py:1329] Model loading took 14.9889 GiB and "
+    "4.390270 seconds",
+    "INFO 05-07 10:12:44 [gpu_worker.py:222] Available KV cache memory: 54.59 GiB",
+    "INFO 05-07 10:12:44 [kv_cache_utils.py:634] GPU KV cache size: 447,232 tokens",
+    "INFO 05-07 10:13:05 [gpu_model_runner.py:1686] Graph capturing finished in 21 secs, "
+    "took 0.53 GiB",
+]
+SGLANG_LOG = [
+    "[2025-05-07 10:00:00 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, "
+    "avail mem=64.18 GB, mem usage=15.06 GB.",
+    "[2025-05-07 10:00:01 TP0] KV Cache is allocated. #tokens: 413563, K size: 25.24 GB, "
+    "V size: 25.24 GB",
+    "[2025-05-07 10:00:10 TP0] Capture cuda graph end. Time elapsed: 8.91 s. mem usage=0.41 GB. "
+    "avail mem=8.41 GB.",
+]
+
+
+def test_engine_memory_figures_from_their_logs() -> None:
+    from servesweep.servers.memory.calibrate import parse_memory_log
+
+    vllm = parse_memory_log("vllm", VLLM_LOG)
+    assert vllm is not None
+    assert vllm.weights == int(14.9889 * GiB) and vllm.kv_cache == int(54.59 * GiB)
+    assert vllm.kv_tokens == 447232 and vllm.workspace == int(0.53 * GiB)
+    sglang = parse_memory_log("sglang", SGLANG_LOG)
+    assert sglang is not None
+    assert sglang.weights == int(15.06 * GiB) and sglang.kv_tokens == 413563
+    assert sglang.kv_cache == 2 * int(25.24 * GiB)
+    assert parse_memory_log("vllm", ["INFO nothing about memory"]) is None
+    assert parse_memory_log("generic", VLLM_LOG) is None
+
+
+def test_a_measured_trial_corrects_the_rest_of_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servesweep.servers.memory.calibrate import Calibrator, parse_memory_log
+
+    monkeypatch.chdir(tmp_path)
+    model = _vllm(tmp_path, LLAMA_8B, {"max-model-len": 8192})
+    first = model.predict({})
+    measured = parse_memory_log("vllm", VLLM_LOG)
+    assert measured is not None
+    calibrator = Calibrator("vllm")
+    model.learn(calibrator.add(first, measured, model.calibration))
+    after = model.predict({})
+    assert after.calibrated == 1
+    assert abs(after.weights - measured.weights) < MiB
+    per_token = measured.kv_cache / measured.kv_tokens
+    assert abs(after.kv_cache / after.kv_tokens - per_token) < 0.01 * per_token

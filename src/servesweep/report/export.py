@@ -127,6 +127,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
         "failure": None
         if trial.evidence is None
         else {"summary": trial.evidence.summary(), **trial.evidence.to_dict()},
+        "memory": data.memory.get(trial.id),
         "phase": trial.phase.value if trial.phase else None,
         "phase_seconds": {k: finite(v) for k, v in trial.phase_seconds.items()},
         "phase_started": dict(trial.phase_started),

@@ -106,3 +106,6 @@ class SweepData:
     objective: Mapping[str, Any] | None = None
     """The sweep file's objective as a dict (see spec.schema.Objective)."""
     constraints: tuple[str, ...] = ()
+    memory: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Per trial id: its predicted memory and what the engine reported
+    (``{"predicted": {...}, "measured": {...}}``, bytes; the latest attempt)."""

@@ -622,4 +622,9 @@ class Store:
             telemetry=tuple(self.telemetry(sweep.id)),
             objective=objective,
             constraints=constraints,
+            memory={
+                e["trial"]: {"predicted": e.get("predicted", {}), "measured": e.get("measured", {})}
+                for e in self.events(sweep.id, "memory")
+                if e["trial"] is not None
+            },
         )
