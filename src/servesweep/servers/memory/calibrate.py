@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.servers.memory.prediction import Calibration, MemoryPrediction
+from servesweep.servers.memory.rules import CUDA_CONTEXT
 
 __all__ = ["Calibrator", "MeasuredMemory", "parse_memory_log", "read_measured"]
 
@@ -225,6 +226,8 @@ class Calibrator:
             return self.calibration()
         self.trials += 1
         raw_weights = predicted.weights / applied.weights
+        if self.engine == "vllm":  # "Model loading took" counts the draft's weights too
+            raw_weights += predicted.draft / applied.weights
         raw_kv = predicted.kv_cache / applied.kv_cache
         pairs = {"weights": _ratio(measured.weights, raw_weights)}
         if measured.kv_tokens and predicted.kv_tokens:
@@ -236,6 +239,13 @@ class Calibrator:
         if self.engine in ("llama-server", "llamacpp"):
             raw_ws = (predicted.workspace - applied.overhead) / applied.workspace
             pairs["workspace"] = _ratio(measured.workspace, raw_ws)
+        elif self.engine == "vllm" and measured.weights and measured.kv_cache:
+            # vLLM's share of the GPU less weights and KV cache: its activations,
+            # sampler, CUDA graphs and context, all it does not report one by one
+            context = applied.overhead if applied.trials and applied.overhead else CUDA_CONTEXT
+            rest = predicted.capacity - measured.weights - measured.kv_cache - context
+            raw_ws = (predicted.workspace - context) / applied.workspace
+            pairs["workspace"] = _ratio(rest, raw_ws)
         for name, value in pairs.items():
             if value is not None:
                 self.ratios.setdefault(name, []).append(value)

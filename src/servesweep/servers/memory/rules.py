@@ -216,11 +216,15 @@ def _vllm(shape: TrialShape) -> MemoryPrediction:
     """vLLM: the engine takes ``gpu-memory-utilization`` (default 0.9) of each GPU;
     weights are split by ``tensor-parallel-size`` and ``pipeline-parallel-size``
     (routed experts by TP x DP with ``enable-expert-parallel``); the workspace is the
-    profile run's activations for ``max-num-batched-tokens`` (default 8192), the
-    sampler's logits for ``max-num-seqs`` (default 256), CUDA graphs (8 MiB per
-    captured size, 67 sizes up to 512 by default, none with ``enforce-eager``) and the
-    CUDA context; the KV cache is what is left, and vLLM refuses to start when it holds
-    fewer than ``max-model-len`` tokens (default: the model's context)."""
+    profile run's activations for ``max-num-batched-tokens`` (default 8192: 16 bytes
+    per hidden unit and 6 per intermediate unit and token), the sampler's buffers for
+    ``max-num-seqs`` (default 256; 4 f32 copies of the vocabulary per sequence), with
+    speculative decoding the verify step's (the same per sequence and draft position
+    of ``num_speculative_tokens`` + 1), CUDA graphs (8 MiB per captured size, 67 sizes
+    up to 512 by default, none with ``enforce-eager``) and the CUDA context; the KV
+    cache (the target's and the draft's, per token) is what is left, and vLLM refuses
+    to start when it holds fewer than ``max-model-len`` tokens (default: the model's
+    context)."""
     facts = shape.model
     if facts is None:
         return unknown(shape.engine, shape.model_error, shape.capacity)
@@ -235,7 +239,7 @@ def _vllm(shape: TrialShape) -> MemoryPrediction:
     max_len = p.int("max-model-len", default=facts.n_ctx_train or 8192)
     weights = _sharded_weights(facts, tp, pp, ep)
     act = tokens * (facts.hidden * 2 * 8 + facts.intermediate / tp * 2 * 3)
-    sampler = seqs * facts.vocab * 4 * 2
+    sampler = seqs * facts.vocab * 4 * 4  # f32 logits, probabilities, top-k/top-p sort
     graphs = 0
     if not p.flag("enforce-eager"):
         sizes = p.get("cuda-graph-sizes", "compilation-config.cudagraph-capture-sizes")
@@ -251,10 +255,10 @@ def _vllm(shape: TrialShape) -> MemoryPrediction:
         return draft
     cal = shape.calibration
     per_token = (per_token + extra_tokens) * cal.kv_cache
-    weights = int(weights * cal.weights)
-    workspace = int((act + sampler + graphs) * cal.workspace) + _context(cal)
+    weights, draft = int(weights * cal.weights), int(draft * cal.weights)
     k = p.int("speculative-config.num-speculative-tokens", default=0)
-    workspace += seqs * (k + 1) * facts.vocab * 4 if k else 0
+    verify = seqs * (k + 1) * facts.vocab * 4 * 4 if k else 0
+    workspace = int((act + sampler + graphs + verify) * cal.workspace) + _context(cal)
     total = shape.capacity.bytes or 0
     budget = int(util * total)
     left = budget - weights - draft - workspace
@@ -290,6 +294,8 @@ def _vllm_draft(shape: TrialShape, tp: int, cache: float) -> tuple[Any, float]:
     model = p.get("speculative-config.model")
     if not model or method in ("ngram", "suffix"):
         return 0, 0.0
+    if p.get("speculative-config.num-speculative-tokens") in (0, "0"):
+        return 0, 0.0  # no draft tokens: no speculative decoding
     if shape.draft is None:
         return unknown(shape.engine, f"draft model: {shape.draft_error}", shape.capacity), 0.0
     dtp = max(p.int("speculative-config.draft-tensor-parallel-size", default=tp), 1)
