@@ -43,7 +43,11 @@ MODEL: dict[str, Any] = {
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": False,
 }
-DRAFT: dict[str, Any] = {**MODEL, "num_hidden_layers": 1, "architectures": ["EagleQwen2ForCausalLM"]}
+DRAFT: dict[str, Any] = {
+    **MODEL,
+    "num_hidden_layers": 1,
+    "architectures": ["EagleQwen2ForCausalLM"],
+}
 
 # the engine's own constants (what it really allocates)
 _ACT_HIDDEN = 10  # bytes per batched token per hidden unit (predictor: 16)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.servers.memory.prediction import Calibration, MemoryPrediction
-from servesweep.servers.memory.rules import CUDA_CONTEXT
+from servesweep.servers.memory.rules import context_bytes as _context
 
 __all__ = ["Calibrator", "MeasuredMemory", "parse_memory_log", "read_measured"]
 
@@ -237,12 +237,13 @@ class Calibrator:
         else:
             pairs["kv_cache"] = _ratio(measured.kv_cache, raw_kv)
         if self.engine in ("llama-server", "llamacpp"):
-            raw_ws = (predicted.workspace - applied.overhead) / applied.workspace
+            context = _context(applied) if predicted.device == "gpu" else 0
+            raw_ws = (predicted.workspace - context) / applied.workspace
             pairs["workspace"] = _ratio(measured.workspace, raw_ws)
         elif self.engine == "vllm" and measured.weights and measured.kv_cache:
             # vLLM's share of the GPU less weights and KV cache: its activations,
             # sampler, CUDA graphs and context, all it does not report one by one
-            context = applied.overhead if applied.trials and applied.overhead else CUDA_CONTEXT
+            context = _context(applied)
             rest = predicted.capacity - measured.weights - measured.kv_cache - context
             raw_ws = (predicted.workspace - context) / applied.workspace
             pairs["workspace"] = _ratio(rest, raw_ws)

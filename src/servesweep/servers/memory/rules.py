@@ -171,7 +171,7 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
         )
     cal = shape.calibration
     weights, kv = int(weights * cal.weights), int(kv * cal.kv_cache)
-    workspace = int(workspace * cal.workspace) + (cal.overhead if on_gpu else 0)
+    workspace = int(workspace * cal.workspace) + (_context(cal) if on_gpu else 0)
     capacity = shape.capacity.bytes or 0
     return MemoryPrediction(
         engine=shape.engine,
@@ -189,9 +189,12 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     )
 
 
-def _context(cal: Calibration) -> int:
+def context_bytes(cal: Calibration) -> int:
     """Per-GPU memory outside every component: measured once calibrated."""
     return cal.overhead if cal.trials and cal.overhead else CUDA_CONTEXT
+
+
+_context = context_bytes
 
 
 # -- vLLM ----------------------------------------------------------------------------
