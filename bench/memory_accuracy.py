@@ -27,19 +27,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf  # noqa: E402
-
-from servesweep.servers.memory import Capacity, MemoryModel  # noqa: E402
-from servesweep.servers.memory.calibrate import parse_memory_log  # noqa: E402
-from servesweep.spec.schema import SweepSpec  # noqa: E402
+from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
+from servesweep.servers.memory import Capacity, MemoryModel
+from servesweep.servers.memory.calibrate import parse_memory_log
+from servesweep.spec.schema import SweepSpec
 
 SHAPES = {
     "8x512": TinyLlamaShape(n_embd=512, n_layer=8, n_head=8, n_head_kv=4, n_ff=1024),
     "4x1024": TinyLlamaShape(n_embd=1024, n_layer=4, n_head=16, n_head_kv=8, n_ff=2048),
 }
 CONFIGS: list[dict[str, Any]] = [
-    {"ctx-size": c, "parallel": p, "batch-size": b, "ubatch-size": min(u, b)}
+    {"ctx-size": c, "parallel": p, "batch-size": b, "ubatch-size": u}
     for c, p, b, u in itertools.product([1024, 8192], [1, 4], [64, 2048], [64, 512])
+    if u <= b
 ] + [
     {"ctx-size": 4096, "parallel": 2, "cache-type-k": "q8_0", "cache-type-v": "q8_0"},
     {"ctx-size": 4096, "parallel": 2, "cache-type-k": "q4_0"},
@@ -80,14 +80,14 @@ def _flags(config: dict[str, Any]) -> list[str]:
 def run_once(binary: str, model: Path, config: dict[str, Any], log: Path) -> list[str]:
     """Start llama-server until it listens (its buffers are allocated by then)."""
     argv = [binary, "-m", str(model), "--port", str(_port()), "--host", "127.0.0.1"]
-    argv += ["--threads", "2", "-ngl", "0", *_flags(config)]
+    argv += ["--threads", "2", "-ngl", "0", "-lv", "4", *_flags(config)]
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             text = log.read_text(errors="replace")
-            if "server is listening" in text or "HTTP server listening" in text:
+            if "listening on http" in text or "server is listening" in text:
                 break
             time.sleep(0.05)
     finally:

@@ -46,6 +46,10 @@ def test_weights_and_kv_cache_within_10_percent_of_llama_server(
         port=free_port(),
         points=POINTS,
         workloads=[{"name": "chat", "concurrency": [1], "requests": 1, "max_tokens": 4}],
+        # llama-server prints its buffer sizes at -lv 4
+        server_extra={
+            "args": {"threads": 2, "n-gpu-layers": 0, "alias": "tiny", "log-verbosity": 4}
+        },
     )
     planned = run_cli("plan", str(sweep), "--json")
     assert planned.returncode == 0, planned.stderr

@@ -467,8 +467,9 @@ class Driver:
         while True:
             if not state.stopping:
                 self._queue_more()
-                for decision in self._scheduler().decide(state.jobs, self._views()):
-                    self._carry_out(decision)
+                decisions = self._scheduler().decide(state.jobs, self._views())
+                if not all([self._carry_out(d) for d in decisions]):
+                    continue  # a trial skipped at its start: queue and place again
             busy = any(s.busy for s in state.slots.values())
             if not busy and (state.stopping or not state.jobs):
                 return
@@ -480,15 +481,21 @@ class Driver:
                 )
             self._wait_event()
 
-    def _carry_out(self, decision: Decision) -> None:
+    def _carry_out(self, decision: Decision) -> bool:
+        """Carry out one decision; False when its trial was skipped instead (predicted
+        not to fit, with the predictor as the trials before it calibrated it)."""
         state = self.state
         if isinstance(decision, Teardown):
             slot = state.slots[(decision.node, decision.slot)]
             slot.busy = slot.tearing = True
             slot.handle.teardown()
-            return
+            return True
         job = next(j for j in state.jobs if j.trial == decision.trial)
         state.jobs.remove(job)
+        end = self.memory.check(self._trials.get(job.trial) or self.store.trial(job.trial))
+        if end is not None:
+            self.writer.note(end)
+            return False
         if isinstance(decision, Open):
             # a sweep without a GPU pool schedules on one token "GPU" per machine
             gpus = decision.gpus if self.spec.server.gpus else ()
@@ -512,6 +519,7 @@ class Driver:
         state.running[decision.trial] = key
         state.ran.append(decision.trial)
         slot.handle.run(self._order(decision.trial))
+        return True
 
     def _order(self, trial_id: int) -> TrialOrder:
         trial = self.store.trial(trial_id)
@@ -600,6 +608,8 @@ class Driver:
         checked = self.memory.learn(trial)
         if checked is not None:
             self.writer.note(checked)
+        while self.memory.notes:
+            self.writer.note(SweepWarning(message=self.memory.notes.pop(0)))
         if self._retry_lost(trial):
             return
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:

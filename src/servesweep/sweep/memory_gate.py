@@ -56,6 +56,9 @@ class MemoryGate:
         self.model = MemoryModel.of_sweep(spec) if self.active else None
         self.calibrator = Calibrator(spec.server.engine)
         self._predicted: dict[int, tuple[MemoryPrediction, Calibration]] = {}
+        self.notes: list[str] = []
+        """Warnings for the sweep (taken by the driver)."""
+        self._told_verbosity = False
 
     def check(self, trial: TrialRecord) -> TrialFinished | None:
         """The trial's end when it must not be launched (None: launch it)."""
@@ -90,6 +93,13 @@ class MemoryGate:
         measured = read_measured(self.model.engine, trial.log_path) if trial.log_path else None
         if measured is not None:
             self.model.learn(self.calibrator.add(predicted, measured, applied))
+        elif self.model.engine == "llama-server" and trial.log_path and not self._told_verbosity:
+            self._told_verbosity = True
+            self.notes.append(
+                f"trial {trial.id}: llama-server printed no buffer sizes, so its memory "
+                "cannot calibrate the prediction: add 'log-verbosity: 4' to server.args "
+                "(llama-server prints them at -lv 4)"
+            )
         return MemoryChecked(
             trial=trial.id,
             predicted=predicted.to_json(),

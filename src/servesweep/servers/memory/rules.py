@@ -119,10 +119,13 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     evenly over the GPUs, the token embedding stays in host memory. KV cache: layers x
     KV heads x (key + value head size) in ``cache-type-k/-v`` (default f16) x
     ``ctx-size`` cells (0: the model's training context; llama-server divides them
-    among ``parallel`` sequences, the total stays). Workspace (the compute buffer):
-    ``ubatch-size`` x (vocabulary + the attention scores over the context, without
-    flash attention) in f32, plus the host's output buffer (``parallel`` x vocabulary
-    x 4). Draft model (``model-draft``): its weights and a KV cache of
+    among ``parallel`` sequences, the total stays). Workspace: the compute buffer,
+    ``ubatch-size`` tokens x the larger of the logits (vocabulary + hidden, f32) and
+    the activations (36 bytes per hidden unit; without flash attention, the scores of
+    every head over a sequence's context, ``ctx-size / parallel``), plus the f16 mask
+    with flash attention (on by default in llama-server: ``-fa auto``), and the host's
+    output buffer (``parallel`` x vocabulary x 4); fitted to llama-server's buffer
+    report (docs/benchmarks.md). Draft model (``model-draft``): its weights and a KV cache of
     ``ctx-size-draft`` (default ``ctx-size``) cells."""
     facts = shape.model
     if facts is None:
@@ -154,9 +157,20 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
         kv = _kv_row(facts, type_k, type_v) * layers * ctx
     except ValueError as exc:
         return unknown(shape.engine, f"cache type: {exc}", shape.capacity)
-    flash = str(p.get("flash-attn", "fa", default="auto")).lower() in ("on", "1", "true", "auto")
-    scores = 0 if flash else ubatch * ctx * max(facts.n_heads, 1) * 4
-    workspace = ubatch * facts.vocab * 4 + scores + parallel * facts.vocab * 4
+    # llama-server: -fa auto (on where the device has the kernels); llama-cpp-python: off
+    default_fa = "auto" if shape.engine == "llama-server" else "off"
+    fa = str(p.get("flash-attn", "fa", default=default_fa)).lower()
+    flash = fa in ("on", "1", "true", "auto")
+    unified = p.flag("kv-unified", "kvu") or shape.engine != "llama-server"
+    ctx_seq = ctx if unified else max(ctx // parallel, 1)
+    hidden, vocab = facts.hidden, facts.vocab
+    logits = vocab * 4 + hidden * 4
+    if flash:  # the f16 mask over a sequence's context; activations, reused
+        per_token, mask = max(logits, hidden * 36), ubatch * ctx_seq * 2
+    else:  # the attention scores of every head over a sequence's context
+        scores = ctx_seq * max(facts.n_heads, 1) * 4 + ctx_seq * 4 + hidden * 24
+        per_token, mask = max(logits, scores), 0
+    workspace = ubatch * per_token + mask + parallel * vocab * 4
     draft = 0
     draft_model = p.get("model-draft", "md", "spec-draft-model")
     if draft_model:
