@@ -301,6 +301,13 @@ class LevelResult:
     """Wall-clock (time.time()) start of the run."""
     duration_s: float = 0.0
     eval_results: tuple[EvalTaskResult, ...] = ()
+    intervals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """``{metric: (lo, hi)}``: the confidence interval of each key metric, computed
+    from this level's own requests (see ``servesweep.level_intervals``)."""
+    confidence: float | None = None
+    """The confidence of ``intervals`` (0.95); None when the level has none."""
+    launch: int = 0
+    """Which launch of the server measured it (0..launches-1; see ``launches``)."""
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ def test_table_shows_repeat_spread() -> None:
         {1: [level("chat", "c1", r, output_throughput=v) for r, v in enumerate((10.0, 12.0))]},
     )
     text = render(data, "table")
-    assert "│ 2 │           11 ±1.4 │" in text
+    # the interval of the mean of two repeats, 10 and 12: 11 ± 1.96 x 1.414 / sqrt(2)
+    assert "│ 2 │             11 ±2 │" in text
     assert "┃ level ┃ n ┃ output_throughput ┃" in text
 
 

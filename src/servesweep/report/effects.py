@@ -186,6 +186,13 @@ def metric_vs_param_charts(
                  "color": color, "symbol": "circle", "symbolSize": 10, "showAllSymbol": True,
                  "lineStyle": {"width": 1.5, "opacity": 0.7}}
             )  # fmt: skip
+            bars = error_bars(index, ref, ordered, name, categories)
+            if bars:
+                series.append(
+                    {"type": "custom", "name": key, "renderItem": "error-bar", "data": bars,
+                     "color": color, "silent": True, "z": 1,
+                     "encode": {"x": 0, "y": [1, 2]}}
+                )  # fmt: skip
         failed = [s for s in rows if s.status == Status.FAILED and name in s.trial.params]
         if failed:
             series.append(
@@ -211,6 +218,24 @@ def metric_vs_param_charts(
     return charts
 
 
+def error_bars(
+    index: ResultIndex,
+    ref: MetricRef,
+    members: Sequence[Standing],
+    name: str,
+    categories: list[str] | None,
+) -> list[list[object]]:
+    """``[x, lo, hi]`` of each member's confidence interval on ``ref`` (members
+    without one are left out): drawn by the page as error bars (``error-bar``)."""
+    out: list[list[object]] = []
+    for s in members:
+        stats = index.stats(s.trial, ref)
+        if stats is None or stats.lo is None or stats.hi is None:
+            continue
+        out.append([_x(s.trial.params.get(name), categories), stats.lo, stats.hi])
+    return out
+
+
 def _x_sort(value: object) -> tuple[int, float, str]:
     return (0, float(value), "") if is_number(value) else (1, 0.0, _key(value))  # type: ignore[arg-type]
 
@@ -223,6 +248,9 @@ def _point(
     s: Standing, name: str, ref: MetricRef, categories: list[str] | None, color: str
 ) -> dict[str, Any]:
     lines = [f"{ref.key} = {fmt(s.value)}"]
+    if s.interval is not None:
+        lo, hi, confidence = s.interval
+        lines[0] += f" ({confidence:.0%} interval {fmt(lo)}..{fmt(hi)})"
     item: dict[str, Any] = {
         "value": [_x(s.trial.params.get(name), categories), s.value],
         "trial": s.trial.id,
@@ -270,6 +298,9 @@ def parallel_chart(data: SweepData, index: ResultIndex, best: BestResult | None)
             for i, n in enumerate(names)
         ]
         lines = [f"{ref.key} = {fmt(s.value)}"]
+    if s.interval is not None:
+        lo, hi, confidence = s.interval
+        lines[0] += f" ({confidence:.0%} interval {fmt(lo)}..{fmt(hi)})"
         item = {"value": [*values, s.value], "trial": s.trial.id, "level": _level_key(ref),
                 "lines": lines}  # fmt: skip
         if s.status == Status.FEASIBLE:

@@ -30,7 +30,7 @@ from markupsafe import Markup
 
 from servesweep.errors import ServesweepError
 from servesweep.models import Outcome
-from servesweep.report.best import BestResult, find_best
+from servesweep.report.best import BestResult, Candidate, find_best
 from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.data import (
     MetricStats,
@@ -54,6 +54,7 @@ from servesweep.report.refs import ResultIndex
 from servesweep.report.standing import objective_ref
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
+from servesweep.report.uncertainty import margin
 from servesweep.store.records import SweepData
 
 __all__ = ["ECHARTS_VERSION", "Cell", "render_html"]
@@ -89,10 +90,16 @@ def num(value: float | None, text: str | None = None, title: str = "") -> Cell:
 def stats_cell(stats: MetricStats | None) -> Cell:
     if stats is None:
         return Cell("", float("nan"))
-    title = ""
+    bits = []
+    if stats.lo is not None and stats.hi is not None and stats.confidence is not None:
+        bits.append(
+            f"{stats.confidence:.0%} interval {format_number(stats.lo)}..{format_number(stats.hi)}"
+        )
     if stats.n > 1:
-        title = f"{stats.n} repeats: min {format_number(stats.min)}, max {format_number(stats.max)}"
-    return Cell(format_stats(stats), stats.mean, title)
+        bits.append(
+            f"{stats.n} repeats: min {format_number(stats.min)}, max {format_number(stats.max)}"
+        )
+    return Cell(format_stats(stats), stats.mean, "; ".join(bits))
 
 
 def _asset(name: str) -> str:
@@ -184,36 +191,34 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
                 for (k, d), s in zip(best.objectives, win.stats, strict=True)
             ]
             + [
-                f"constraint {c}: {format_number(v)} (met)"
-                for c, v in zip(best.constraints, win.constraint_values, strict=True)
+                f"constraint {c}: {v.describe()}"
+                for c, v in zip(best.constraints, win.verdicts, strict=True)
             ],
             "command": win.trial.launch_command or "(launch command not recorded)",
         }
-    # the noise column: only when repeats measured a spread
-    repeats = any(s.n > 1 for c in best.ranking for s in c.stats)
-    top = best.ranking[0] if best.ranking else None
+    # against the winner: tied with it, or behind it beyond uncertainty and threshold
     rows = []
+    leader = best.winner
     for i, cand in enumerate(best.ranking, 1):
-        spread = cand.stats[0].spread
-        noise: Cell | None = None
-        if repeats:
-            text = "-" if spread is None else format_number(spread, digits=2)
-            if i > 1 and top is not None:
-                spreads = [s for s in (top.stats[0].spread, spread) if s is not None]
-                if spreads and abs(cand.values[0] - top.values[0]) <= max(spreads):
-                    text += " (within noise of #1)"
-            noise = Cell(
-                text,
-                spread if spread is not None else float("nan"),
-                f"max - min over {cand.stats[0].n} repeats: {format_number(spread)}"
-                if spread is not None
-                else "",
-            )
         pareto = " (Pareto)" if cand in best.pareto else ""
-        rows.append((i, cand.label + pareto, [stats_cell(s) for s in cand.stats], noise))
+        rows.append((i, cand.label + pareto, [stats_cell(s) for s in cand.stats],
+                     Cell(_standing(best, cand)) if leader is not None else None))  # fmt: skip
     out["ranking"] = rows
-    out["noise"] = repeats
+    out["noise"] = leader is not None and len(best.ranking) > 1
     return out
+
+
+def _standing(best: BestResult, cand: Candidate) -> str:
+    """How a ranked candidate stands against the winner, in a few words."""
+    win = best.winner
+    assert win is not None
+    if cand is win:
+        return "winner" if best.decided else "winner (picked from the tie)"
+    direction = best.objectives[0][1]
+    lead = margin(win.stats[0], cand.stats[0], direction, best.rules)
+    if cand in best.ties:
+        return f"tied: #{win.trial.id} {lead.describe()}"
+    return f"behind: #{win.trial.id} {lead.describe()}"
 
 
 def _results(data: SweepData, index: ResultIndex) -> dict[str, Any]:

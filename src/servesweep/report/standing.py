@@ -34,6 +34,8 @@ class Standing:
     why: str = ""
     """The violated constraint, the failure class (with its reason), or why not measured."""
     best: bool = False
+    interval: tuple[float, float, float] | None = None
+    """(lo, hi, confidence) of the objective's value, when it has one."""
 
 
 def objective_ref(best: BestResult | None) -> tuple[MetricRef, str] | None:
@@ -76,7 +78,13 @@ def standings(
         elif trial.outcome is Outcome.OK and (gone is None or gone.kind == "missing_metric"):
             status = Status.FEASIBLE if gone is None else Status.INFEASIBLE
             why = "" if gone is None else gone.reason
-            out.append(Standing(trial, status, value, why, best=trial.id == winner))
+            stats = index.stats(trial, ref) if ref is not None else None
+            interval = (
+                None
+                if stats is None or stats.lo is None or stats.hi is None
+                else (stats.lo, stats.hi, stats.confidence or 0.95)
+            )
+            out.append(Standing(trial, status, value, why, trial.id == winner, interval))
         else:  # pruned, interrupted, running: measured in part
             out.append(Standing(trial, Status.INFEASIBLE, value, trial.outcome.value))
     return out

@@ -1,6 +1,6 @@
 """The results as a table: terminal (rich, plain unless ``color``) and Markdown.
 
-One row per trial x workload x level (repeats aggregated: ``mean ±stdev``), the
+One row per trial x workload x level (repeats aggregated: ``mean ±half-interval``), the
 outcome and failure class of each trial, then every failure with its one-line
 evidence, pass rates and flipped eval tasks, and the best configuration.
 """
@@ -207,7 +207,7 @@ def table_view(
         row_outcomes=tuple(outcomes),
         failures=failures,
         evals=evals,
-        footer=tuple(_best_lines(data)),
+        footer=tuple(_best_lines(data) + _interval_line(index)),
         hidden=hidden,
         more=more,
     )
@@ -251,6 +251,21 @@ def _decision_metrics(data: SweepData) -> list[str]:
     except ServesweepError:
         pass
     return names
+
+
+def _interval_line(index: ResultIndex) -> list[str]:
+    """What ``±`` means, when a cell has one."""
+    found = {
+        s.confidence
+        for levels in index.levels.values()
+        for lvl in levels
+        for s in lvl.metrics.values()
+        if s.confidence is not None
+    }
+    if not found:
+        return []
+    conf = ", ".join(f"{c:.0%}" for c in sorted(found))
+    return [f"±: half the {conf} confidence interval, from the level's requests and its repeats"]
 
 
 def _best_lines(data: SweepData) -> list[str]:

@@ -63,6 +63,8 @@ class PlanWorkload:
     levels: tuple[str, ...]
     """Level labels in run order (``c1``, ``c8``, ``r2.5``); empty for an eval."""
     spec: WorkloadSpec
+    launches: int = 1
+    """Separate launches of the server it is measured in (the sweep's ``launches``)."""
 
     @property
     def is_eval(self) -> bool:
@@ -112,8 +114,9 @@ class Plan:
     @property
     def measurements(self) -> int:
         """Workload runs over the whole plan (levels x repeats; an eval counts once)."""
-        per_trial = sum(max(len(w.levels), 1) * w.spec.repeats for w in self.workloads)
-        return per_trial * (len(self.trials) if self.search is None else self.restarts)
+        per_trial = sum(max(len(w.levels), 1) * w.spec.repeats * w.launches for w in self.workloads)
+        trials = len(self.trials) if self.search is None else self.search.max_trials or 0
+        return per_trial * trials
 
 
 def _changes(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> tuple[str, ...]:
@@ -152,14 +155,16 @@ def _outline(spec: SweepSpec) -> SearchOutline:
 def build_plan(spec: SweepSpec) -> Plan:
     """Expand the sweep into its plan (raises ConfigError for an invalid params section).
     A sampling search gets its outline instead of a list of trials."""
-    workloads = tuple(PlanWorkload(w.name, workload_levels(w), w) for w in spec.workloads)
+    workloads = tuple(
+        PlanWorkload(w.name, workload_levels(w), w, spec.launches_of(w)) for w in spec.workloads
+    )
     if spec.search.samples:
         outline = _outline(spec)
         return Plan(
             name=spec.name,
             trials=(),
             workloads=workloads,
-            restarts=outline.max_trials or 0,
+            restarts=(outline.max_trials or 0) * spec.max_launches,
             params=param_names(spec.params),
             search=outline,
         )
@@ -172,7 +177,7 @@ def build_plan(spec: SweepSpec) -> Plan:
         name=spec.name,
         trials=tuple(trials),
         workloads=workloads,
-        restarts=len(trials),
+        restarts=len(trials) * spec.max_launches,
         params=param_names(spec.params),
     )
 
@@ -188,8 +193,8 @@ def estimate_duration(plan: Plan, history: Mapping[str, float]) -> float | None:
         return sum(known) * len(plan.trials)
     budget = plan.search.budget
     limit = budget.time if budget is not None else None
-    if plan.restarts:
-        total = sum(known) * plan.restarts
+    if plan.search.max_trials:
+        total = sum(known) * plan.search.max_trials
         return total if limit is None else min(total, limit)
     return limit
 
@@ -241,6 +246,8 @@ def _describe_workload(workload: PlanWorkload) -> str:
     text += f", max_tokens {spec.max_tokens}"
     if spec.repeats > 1:
         text += f", {spec.repeats} repeats"
+    if workload.launches > 1:
+        text += f", in {workload.launches} launches"
     return text
 
 

@@ -211,6 +211,7 @@ class LevelMeasured(Event):
             "workload": r.workload,
             "level": r.level,
             "repeat": r.repeat,
+            "launch": r.launch,
             "metrics": headline(r),
         }
 

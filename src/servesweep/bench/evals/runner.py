@@ -17,6 +17,8 @@ from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.bench.evals.suites import CodingTask, Task, TextTask, load_suite
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError
+from servesweep.intervals import DEFAULT_CONFIDENCE
+from servesweep.level_intervals import eval_intervals
 from servesweep.models import EvalTaskResult, LevelResult
 from servesweep.spec.schema import EvalSpec, WorkloadSpec
 
@@ -204,6 +206,8 @@ def _summarize(
             mc.EVAL_ERROR_RATE.name: errors / total if total else 0.0,
         },
         warnings=tuple(warnings),
+        intervals=eval_intervals(results, confidence=DEFAULT_CONFIDENCE),
+        confidence=DEFAULT_CONFIDENCE,
         info={
             "suite": suite,
             "status_counts": dict(sorted(counts.items())),
