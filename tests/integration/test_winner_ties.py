@@ -48,6 +48,8 @@ def test_seed_only_configs_are_a_tie_with_intervals_everywhere(tmp_path: Path) -
             lo, hi = res.intervals["ttft_p99_ms"]
             assert lo <= res.metrics["ttft_p99_ms"] <= hi
             assert "acceptance_length" in res.intervals
+            # measured with ignore_eos: marked as not what real traffic gets
+            assert res.info["acceptance_context"]["trusted"] is False
         # the table's cells carry ± and say what it is
         assert "±: half the 95% confidence interval" in done.stdout
         best = run_cli("best", str(sweep), "--json")

@@ -169,3 +169,11 @@ def test_a_big_level_costs_well_under_a_second() -> None:
     level_intervals(samples, duration_s=duration, slo={})
     # 65 k tokens: the thinned bootstrap keeps it to a fraction of a second of CPU
     assert time.process_time() - start < 2.0
+
+
+def test_acceptance_is_marked_untrusted_on_synthetic_text_or_ignore_eos() -> None:
+    from servesweep.bench.load import acceptance_caveat
+
+    assert acceptance_caveat("builtin:math", False) is None
+    assert "ignore_eos" in (acceptance_caveat("builtin:chat", True) or "")
+    assert "random-token prompts" in (acceptance_caveat("synthetic", False) or "")

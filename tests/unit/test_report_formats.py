@@ -26,7 +26,12 @@ def test_table_lists_every_level_failure_and_best() -> None:
     assert "failures:" in lines
     assert any("#4 start_crash: (oom) server exited while loading" in ln for ln in lines)
     assert "  flipped coding/t3: #1 fail, #2 pass, #3 fail" in lines
-    assert lines[-1] == "best (max chat.c1.output_throughput): #2 budget=8 topk=4 = 150"
+    assert lines[-2] == "best (max chat.c1.output_throughput): #2 budget=8 topk=4 = 150"
+    assert lines[-1].startswith("note: #2 beats the runner-up #1 on chat.c1.output_throughput")
+    # the eval's pass rates carry Wilson intervals: the table says what ± means
+    assert "±: half the 95% confidence interval, from the level's requests and its repeats" in (
+        lines
+    )
     assert all(ln == ln.rstrip() for ln in lines)
 
 

@@ -625,7 +625,7 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
     "--dataset",
     default="builtin:chat",
     show_default=True,
-    help="builtin:chat, builtin:coding, synthetic, or a JSONL/ShareGPT file.",
+    help="builtin:chat, builtin:coding, builtin:math, synthetic, or a JSONL/ShareGPT file.",
 )
 @click.option("--input-tokens", type=int, help="Prompt length for --dataset synthetic.")
 @click.option(

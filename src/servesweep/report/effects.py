@@ -298,9 +298,9 @@ def parallel_chart(data: SweepData, index: ResultIndex, best: BestResult | None)
             for i, n in enumerate(names)
         ]
         lines = [f"{ref.key} = {fmt(s.value)}"]
-    if s.interval is not None:
-        lo, hi, confidence = s.interval
-        lines[0] += f" ({confidence:.0%} interval {fmt(lo)}..{fmt(hi)})"
+        if s.interval is not None:
+            lo, hi, confidence = s.interval
+            lines[0] += f" ({confidence:.0%} interval {fmt(lo)}..{fmt(hi)})"
         item = {"value": [*values, s.value], "trial": s.trial.id, "level": _level_key(ref),
                 "lines": lines}  # fmt: skip
         if s.status == Status.FEASIBLE:

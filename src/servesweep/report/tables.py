@@ -64,6 +64,8 @@ class TableView:
     """Default columns left out to fit the width, most wanted first."""
     more: tuple[str, ...] = ()
     """Metrics measured but not among the default columns (nor chosen)."""
+    legend: tuple[str, ...] = ()
+    """What the cells' ``±`` means (under the table)."""
     """Columns left out (to fit the width, or not chosen with ``columns``)."""
 
 
@@ -207,7 +209,8 @@ def table_view(
         row_outcomes=tuple(outcomes),
         failures=failures,
         evals=evals,
-        footer=tuple(_best_lines(data) + _interval_line(index)),
+        footer=tuple(_best_lines(data)),
+        legend=tuple(_interval_line(index)),
         hidden=hidden,
         more=more,
     )
@@ -321,6 +324,8 @@ def render_table(
     )
     view = table_view(data, width, columns)
     console.print(_rich_table(view, color))
+    for line in view.legend:
+        console.print(Text(line, style="dim" if color else ""), soft_wrap=True)
     hidden = hidden_line(view, width) if columns is None else None
     if hidden:
         console.print(Text(hidden, style="dim" if color else ""), soft_wrap=True)
@@ -349,6 +354,8 @@ def render_markdown(data: SweepData, columns: Sequence[str] | None = None) -> st
     out.append("| " + " | ".join(_md_cell(h) for h in view.headers) + " |")
     out.append("|" + "|".join("---" for _ in view.headers) + "|")
     out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in view.rows]
+    if view.legend:
+        out += ["", *(_md_cell(line) for line in view.legend)]
     for heading, lines in (("Failures", view.failures), ("Evals", view.evals)):
         if lines:
             out += ["", f"### {heading}", ""]

@@ -233,7 +233,8 @@ def judge(con: Constraint, stats: MetricStats, rules: Rules) -> Verdict:
     bounds = rescaled(stats, rules.confidence)
     value = stats.mean
     ok = bool(con.check(value))
-    if bounds is None:
+    if bounds is None or con.op in ("==", "!="):
+        # an equality is a fact about what was counted (error_rate == 0), not a bound
         return Verdict("met" if ok else "violated", value)
     lo, hi = bounds
     ends = [bool(con.check(lo)), bool(con.check(hi))]

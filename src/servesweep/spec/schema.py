@@ -270,7 +270,8 @@ class WorkloadSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
     endpoint: Literal["chat", "completions"] = "chat"
     dataset: str = "builtin:chat"
-    """``builtin:chat``, ``builtin:coding``, ``synthetic``, a JSONL or ShareGPT JSON path."""
+    """``builtin:chat``, ``builtin:coding``, ``builtin:math``, ``synthetic``, a JSONL or
+    ShareGPT JSON path."""
     input_tokens: int | None = Field(default=None, ge=1)
     """For ``synthetic``: prompt length in tokens."""
     concurrency: Annotated[list[Annotated[int, Field(ge=1)]], BeforeValidator(_one_number)] = Field(
