@@ -7,9 +7,8 @@ at the sizes of one level, a few thousand values, pure Python costs milliseconds
   carrying one or more values (a request's TTFT; a request's inter-token latencies),
   with a fixed seed and a bounded number of resamples, so it is deterministic and
   fast. Every statistic of :func:`summary_of` comes from the same resamples.
-- :func:`batch_means`: the interval of a rate (tokens/s) from equal time windows:
-  the mean of the windows' rates is the whole level's rate, their spread its
-  uncertainty (Student t with windows - 1 degrees of freedom).
+- :func:`bootstrap_ratio`: the interval of a ratio of sums over the same units
+  (tokens over seconds in flight), resampled like the statistics above.
 - :func:`wilson`: the Wilson score interval of a proportion (a pass rate of 4/5 is
   0.38..0.96 at 95 %, not evidence of >= 0.8).
 - :func:`combine`: the interval of a mean over repeats (or launches) from each
@@ -33,7 +32,7 @@ __all__ = [
     "SEED",
     "Combined",
     "Interval",
-    "batch_means",
+    "bootstrap_ratio",
     "bootstrap_stats",
     "combine",
     "quantile",
@@ -198,19 +197,39 @@ def _thinned(
     return out
 
 
-def batch_means(
-    window_totals: Sequence[float], window_s: float, *, confidence: float = DEFAULT_CONFIDENCE
-) -> tuple[float, float] | None:
-    """(lo, hi) of a rate from the totals of equal time windows of ``window_s``
-    seconds each (at least three windows), centred on their mean (the whole span's
-    rate); the lower bound is never below zero. None with too few windows."""
-    k = len(window_totals)
-    if k < 3 or window_s <= 0:
-        return None
-    rates = [t / window_s for t in window_totals]
-    mean = math.fsum(rates) / k
-    half = t_quantile(confidence, k - 1) * statistics.stdev(rates) / math.sqrt(k)
-    return max(0.0, mean - half), mean + half
+def bootstrap_ratio(
+    numerators: Sequence[Sequence[float]],
+    denominator: Sequence[float],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = SEED,
+) -> list[tuple[float, float] | None]:
+    """Percentile-bootstrap intervals of ``sum(numerator) / sum(denominator)`` over
+    units (requests), for several numerators sharing one denominator: unit ``u`` has
+    ``numerators[k][u]`` and ``denominator[u]``. None for a numerator with fewer than
+    two units or a zero denominator."""
+    n = len(denominator)
+    if n < 2 or any(len(x) != n for x in numerators):
+        return [None for _ in numerators]
+    rng = random.Random(seed)
+    draws: list[list[float]] = [[] for _ in numerators]
+    for _ in range(resamples):
+        picks = rng.choices(range(n), k=n)
+        den = math.fsum(denominator[p] for p in picks)
+        if den <= 0:
+            continue
+        for k, num in enumerate(numerators):
+            draws[k].append(math.fsum(num[p] for p in picks) / den)
+    alpha = (1.0 - confidence) / 2.0
+    out: list[tuple[float, float] | None] = []
+    for vals in draws:
+        if len(vals) < 2:
+            out.append(None)
+            continue
+        vals.sort()
+        out.append((quantile(vals, alpha), quantile(vals, 1.0 - alpha)))
+    return out
 
 
 def wilson(

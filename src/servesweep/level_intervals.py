@@ -9,9 +9,9 @@ numbers. Pure functions over :class:`~servesweep.models.RequestSample` and
 
 - latency statistics (mean, median, p90, p99 of TTFT, TPOT, ITL, E2E): a bootstrap
   over the completed requests (a request's inter-token latencies travel together);
-- throughputs (requests, output, input, total tokens, goodput): batch means over
-  equal time windows of the level, each request's tokens counted when their chunks
-  arrived and each request's count spread over its time in flight;
+- throughputs (requests, output, input, total tokens, goodput): by Little's law, the
+  mean number in flight (set by the load) times the requests' tokens per second in
+  flight, bootstrapped over the requests;
 - acceptance length: the bootstrap of the tokens per decode chunk over requests,
   its relative width applied to the engine counters' value when those decided it;
 - pass rates and error rates: the Wilson interval.
@@ -26,7 +26,7 @@ from servesweep import metrics_catalog as mc
 from servesweep.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
-    batch_means,
+    bootstrap_ratio,
     bootstrap_stats,
     wilson,
 )
@@ -58,8 +58,8 @@ _RATES = (
     mc.TOTAL_TOKEN_THROUGHPUT,
     mc.GOODPUT,
 )
-_WINDOWS = 10
-"""Time windows of the batch means (fewer when the level completed few requests)."""
+_MIN_FOR_RATES = 5
+"""Completed requests a throughput interval needs at least."""
 
 INTERVAL_METRICS: frozenset[str] = frozenset(
     [latency(k, s).name for k in _KINDS for s in _STATS]
@@ -87,68 +87,44 @@ def meets_slo(slo: Mapping[str, float], values: Mapping[str, float | None], toke
     return True
 
 
-def _spread(windows: list[float], width: float, q: float, a: float, b: float) -> None:
-    """Add ``q`` to the windows, spread evenly over the time span ``a..b``."""
-    k = len(windows)
-    if b <= a:
-        windows[min(k - 1, max(0, int(b / width)))] += q
-        return
-    rate = q / (b - a)
-    first, last = max(0, int(a / width)), min(k - 1, int(b / width))
-    for j in range(first, last + 1):
-        overlap = min(b, (j + 1) * width) - max(a, j * width)
-        if overlap > 0:
-            windows[j] += rate * overlap
-
-
 def _rates(
     done: Sequence[RequestSample],
     goods: Sequence[bool],
     duration_s: float,
     confidence: float,
+    resamples: int,
 ) -> dict[str, tuple[float, float]]:
-    k = min(_WINDOWS, len(done) // 2)
-    if k < 3 or duration_s <= 0:
+    """Throughputs by Little's law: a rate over the level is the mean number of
+    requests in flight (``sum(e2e) / duration``, which the load generator's
+    concurrency or arrival rate sets) times a per-second-in-flight ratio of the
+    requests (tokens / e2e); the ratio is bootstrapped over the requests."""
+    e2e = [(s.finished_at - s.sent_at) if s.finished_at is not None else 0.0 for s in done]
+    total = math.fsum(e2e)
+    if len(done) < _MIN_FOR_RATES or duration_s <= 0 or total <= 0:
         return {}
-    width = duration_s / k
-    requests = [0.0] * k
-    good = [0.0] * k
-    out_tokens = [0.0] * k
-    in_tokens = [0.0] * k
-    for s, is_good in zip(done, goods, strict=True):
-        end = s.finished_at if s.finished_at is not None else s.sent_at
-        _spread(requests, width, 1.0, s.sent_at, end)
-        if is_good:
-            _spread(good, width, 1.0, s.sent_at, end)
-        if s.prompt_tokens is not None:
-            first = s.first_token_at if s.first_token_at is not None else end
-            _spread(in_tokens, width, float(s.prompt_tokens), s.sent_at, first)
-        ct = s.completion_tokens or 0
-        chunk_sum = sum(s.chunk_tokens)
-        if ct and s.first_token_at is not None and chunk_sum > 0:
-            t = s.first_token_at
-            scale = ct / chunk_sum
-            times = [t]
-            for gap in s.chunk_gaps:
-                t += gap
-                times.append(t)
-            for at, tokens in zip(times, s.chunk_tokens, strict=False):
-                out_tokens[min(k - 1, max(0, int(at / width)))] += tokens * scale
-        elif ct:
-            _spread(out_tokens, width, float(ct), s.first_token_at or s.sent_at, end)
-    totals = {
-        mc.REQUEST_THROUGHPUT.name: requests,
-        mc.GOODPUT.name: good,
-        mc.OUTPUT_THROUGHPUT.name: out_tokens,
-        mc.INPUT_THROUGHPUT.name: in_tokens,
-        mc.TOTAL_TOKEN_THROUGHPUT.name: [a + b for a, b in zip(in_tokens, out_tokens, strict=True)],
+    in_flight = total / duration_s
+    out_tokens = [float(s.completion_tokens or 0) for s in done]
+    in_tokens = [float(s.prompt_tokens or 0) for s in done]
+    names = [
+        mc.REQUEST_THROUGHPUT.name,
+        mc.GOODPUT.name,
+        mc.OUTPUT_THROUGHPUT.name,
+        mc.INPUT_THROUGHPUT.name,
+        mc.TOTAL_TOKEN_THROUGHPUT.name,
+    ]
+    numerators = [
+        [1.0] * len(done),
+        [1.0 if g else 0.0 for g in goods],
+        out_tokens,
+        in_tokens,
+        [a + b for a, b in zip(in_tokens, out_tokens, strict=True)],
+    ]
+    found = bootstrap_ratio(numerators, e2e, confidence=confidence, resamples=resamples)
+    return {
+        name: (in_flight * b[0], in_flight * b[1])
+        for name, b in zip(names, found, strict=True)
+        if b is not None
     }
-    out: dict[str, tuple[float, float]] = {}
-    for name, windows in totals.items():
-        found = batch_means(windows, width, confidence=confidence)
-        if found is not None:
-            out[name] = found
-    return out
 
 
 def level_intervals(
@@ -202,7 +178,7 @@ def level_intervals(
         for stat in _STATS:
             if stat.value in stats:
                 out[latency(kind, stat).name] = stats[stat.value]
-    rates = _rates(done, goods, duration_s, confidence)
+    rates = _rates(done, goods, duration_s, confidence, resamples)
     if slo is None:
         rates.pop(mc.GOODPUT.name, None)
     out.update(rates)

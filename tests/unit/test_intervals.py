@@ -9,7 +9,7 @@ import time
 import pytest
 
 from servesweep.intervals import (
-    batch_means,
+    bootstrap_ratio,
     bootstrap_stats,
     combine,
     quantile,
@@ -59,11 +59,16 @@ def test_bootstrap_needs_two_units_and_keeps_units_together() -> None:
     assert lo == 1.0 and hi == 9.0
 
 
-def test_batch_means_centres_on_the_rate() -> None:
-    lo, hi = batch_means([10.0, 12.0, 8.0, 10.0, 10.0], 1.0)  # type: ignore[misc]
-    assert (lo + hi) / 2 == pytest.approx(10.0)
-    assert hi - lo == pytest.approx(2 * t_quantile(0.95, 4) * (2.0**0.5) / 5**0.5)
-    assert batch_means([1.0, 2.0], 1.0) is None
+def test_bootstrap_ratio_of_sums() -> None:
+    tokens = [10.0, 20.0, 30.0, 40.0]
+    seconds = [1.0, 2.0, 3.0, 4.0]  # every request at 10 tokens/s: no uncertainty
+    ((lo, hi),) = bootstrap_ratio([tokens], seconds)  # type: ignore[misc]
+    assert lo == pytest.approx(10.0) and hi == pytest.approx(10.0)
+    r = random.Random(2)
+    noisy = [r.uniform(5, 15) for _ in range(50)]
+    ((lo, hi),) = bootstrap_ratio([noisy], [1.0] * 50)  # type: ignore[misc]
+    assert lo < sum(noisy) / 50 < hi
+    assert bootstrap_ratio([[1.0]], [1.0]) == [None]
 
 
 def test_combine_takes_the_wider_of_within_and_between() -> None:
