@@ -141,7 +141,8 @@ async def run_eval_workload(
     if sandbox is None:
         sandbox = Sandbox(
             SandboxLimits(timeout_s=spec.timeout),
-            allow_no_netns=spec.allow_no_netns,
+            host_filesystem=spec.sandbox == "host-filesystem",
+            backend="none" if spec.sandbox == "host-filesystem" else spec.sandbox,
             parallel=spec.parallel,
         )
     wall, started = time.time(), time.monotonic()
