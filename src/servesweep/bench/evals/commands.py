@@ -135,14 +135,13 @@ class Commands:
         if backend == "unshare":
             # The process builds its own root (rootfs.py) as root in its new mount
             # namespace, then drops to the run's uid (confine.py).
-            base = folder / "root"
+            base = rundir / f"{role}-root"  # outside the folder /sandbox shows
             base.mkdir(mode=0o700)
             rootfs = {**self.rootfs_plan(folder), "base": str(base)}
             job = {**job, "uid": uid, "gid": uid, "workdir": _WORK_DIR, "limits": limits}
             job["rootfs"] = rootfs
             (folder / "job.json").write_text(json.dumps(job), encoding="utf-8")
             self._own(folder, uid)
-            os.chown(base, 0, 0)
             env |= {"HOME": _WORK_DIR, "TMPDIR": _WORK_DIR}
             argv = [*_UNSHARE, *py, str(folder / script), str(folder / "job.json")]
             return Launch(argv, env, "/", fds)
