@@ -9,7 +9,7 @@ from typing import Any
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.release import wait_released
-from servesweep.spec.schema import parse_duration, parse_size
+from servesweep.spec.schema import WorkloadSpec, parse_duration, parse_size
 
 __all__ = ["doctor", "format_doctor", "parse_gpu_list", "wait_gpus"]
 
@@ -87,6 +87,7 @@ def doctor(
 
     spec = None
     configs: list[dict[str, Any]] = []
+    workloads: list[WorkloadSpec] = []
     if sweep_file is not None:
         from servesweep.spec.expand import expand_configs
         from servesweep.spec.load import load_sweep
@@ -94,6 +95,7 @@ def doctor(
 
         loaded = load_sweep(sweep_file)
         spec = loaded.spec.server
+        workloads = list(loaded.spec.workloads)
         configs = [dict(c.params) for c in expand_configs(loaded.spec)]
         if backend == "auto":
             backend = spec.gpu_backend
@@ -101,9 +103,33 @@ def doctor(
         fake_dir = fake_dir or fake_gpu_dir(loaded)
     probe = open_probe(backend, fake_dir)
     try:
-        return diagnose(spec, probe, configs)
+        report = diagnose(spec, probe, configs)
     finally:
         probe.close()
+    sandboxes, problems = _eval_sandboxes(workloads)
+    if sandboxes:
+        report["eval_sandbox"] = sandboxes
+    if problems:
+        report["problems"] = [*report.get("problems", []), *problems]
+    return report
+
+
+def _eval_sandboxes(workloads: list[WorkloadSpec]) -> tuple[dict[str, Any], list[str]]:
+    """Which backend runs each eval workload's generated code here and what it
+    does not protect; a setting that cannot run here is a problem."""
+    from servesweep.bench.evals.sandbox import describe
+
+    settings: dict[str, list[str]] = {}
+    for workload in workloads:
+        if workload.eval is not None:
+            settings.setdefault(workload.eval.sandbox, []).append(workload.name)
+    found: dict[str, Any] = {}
+    problems = []
+    for setting, names in settings.items():
+        found[", ".join(names)] = entry = describe(setting)
+        if entry.get("error"):
+            problems.append(f"eval workload {', '.join(names)}: {entry['error']}")
+    return found, problems
 
 
 def format_doctor(report: dict[str, Any]) -> str:

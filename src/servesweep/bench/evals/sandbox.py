@@ -58,7 +58,7 @@ from servesweep.bench.evals.execution import Launch, execute
 from servesweep.bench.evals.outcome import SandboxLimits, SandboxResult, decide
 from servesweep.errors import SandboxError
 
-__all__ = ["Backend", "Sandbox", "SandboxLimits", "SandboxResult"]
+__all__ = ["UNPROTECTED", "Backend", "Sandbox", "SandboxLimits", "SandboxResult", "describe"]
 
 _UID_RANGE = (1_900_000_000, 2_000_000_000)
 _SANDBOX_PIDS = 4
@@ -71,9 +71,9 @@ _PROBE_CANDIDATE = (
 _PROBE_TEST = "def check(candidate):\n    assert candidate() == (['lo'], [], False)\n"
 """Only a loopback of its own, an empty private /tmp, a read-only root."""
 UNPROTECTED: dict[Backend, str] = {
-    "bwrap": "nothing of the list (with bubblewrap older than 0.8 generated code may "
-    "make user namespaces)",
-    "unshare": "nothing of the list",
+    "bwrap": "nothing of the threat model in docs/evals.md (with bubblewrap older than "
+    "0.8, generated code may make user namespaces)",
+    "unshare": "nothing of the threat model in docs/evals.md",
     "none": "generated code sees and may change every file the run's uid can reach "
     "(world-readable secrets, world-writable files, /tmp, /dev/shm), reaches the "
     "network and the host's loopback, and a process it leaves in the background "
@@ -313,3 +313,27 @@ class Sandbox:
             if not group.remove():
                 self._stuck.append(group)
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def describe(setting: str) -> dict[str, Any]:
+    """What ``servesweep doctor`` says of an ``eval.sandbox`` setting here: the
+    backend that will run generated code (found as a run would: a real probe), what
+    it does not protect and what it cannot enforce; ``error`` when none can run."""
+    host = setting == "host-filesystem"
+    backend: Any = "none" if host else setting
+    box = Sandbox(backend=backend, host_filesystem=host, parallel=1)
+    try:
+        chosen = asyncio.run(box.start())
+        warnings = list(box.warnings)
+        memory = box.memory_limit
+    except SandboxError as exc:
+        return {"setting": setting, "backend": None, "error": str(exc)}
+    finally:
+        box.close()
+    return {
+        "setting": setting,
+        "backend": chosen,
+        "does_not_protect": UNPROTECTED[chosen],
+        "memory_limit": memory,
+        "warnings": warnings,
+    }
