@@ -212,6 +212,7 @@ def _summarize(
             "tasks": len(per_task),
             "samples": spec.samples,
             "sandbox": sandbox.backend or "not used",
+            "sandbox_setting": spec.sandbox,
             **(
                 {
                     "sandbox_memory_limit": sandbox.memory_limit,
