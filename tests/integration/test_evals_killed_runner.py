@@ -7,7 +7,7 @@ must be gone, by PID, within a bounded wait.
 Each backend that can start here: bwrap; unshare, chosen by ``auto`` on a PATH
 without bwrap (the machine of a new GPU box); and ``none`` (``sandbox:
 host-filesystem``), which promises less: the processes it started die with
-servesweep, a daemon they left does not (docs/evals.md)."""
+servesweep, a daemon they left may not (docs/evals.md)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,7 @@ def test_sigkill_of_servesweep_takes_the_run_with_it(
             _, err = child.communicate()
             pytest.fail(f"the daemon never started: {err.decode(errors='replace')[-2000:]}")
         processes = _run_processes(child.pid, marker)
+        daemons = _with_marker(marker) & set(processes)
         names = {name for _, name in processes.values()}
         if tool is not None:
             assert tool in names, f"not run by {tool}: {sorted(names)}"
@@ -165,11 +166,11 @@ def test_sigkill_of_servesweep_takes_the_run_with_it(
         while _alive(processes) and time.monotonic() < end:
             time.sleep(0.05)
         left = _alive(processes)
-        daemons = {pid for pid in left if pid in _with_marker(marker)}
         if backend == "none":
-            # It promises only that the processes it started die with servesweep.
-            assert set(left) == daemons, f"left besides the daemon: {left}"
-            assert daemons, "the daemon died: the checks here could not fail"
+            # It promises only that the processes it started die with servesweep (the
+            # daemon may live on; any sandbox start here that finds the dead run's
+            # cgroups kills it, so whether it is still there is not checked).
+            assert daemons and set(left) <= daemons, (left, daemons)
         else:
             assert left == {}, f"{len(left)} processes of the run outlived servesweep: {left}"
     finally:

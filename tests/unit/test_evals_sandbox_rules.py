@@ -182,6 +182,8 @@ def test_unshare_command_dies_with_servesweep_and_builds_a_root_of_its_own(
         if s != "/etc/ld.so.cache"
     )
     assert plan["folder"] == str(tmp_path / "judge") and plan["tmpfs_bytes"] == LIMITS.tmpfs_bytes
-    assert not plan["base"].startswith(plan["folder"]), "the root's base must not show in /sandbox"
+    assert not plan["base"].startswith(plan["folder"] + "/"), (
+        "the root's base must not show in /sandbox"
+    )
     assert job["workdir"] == "/tmp" and launch.env["HOME"] == "/tmp" == launch.env["TMPDIR"]
     assert "rootfs.py" in os.listdir(tmp_path / "judge")
