@@ -220,6 +220,8 @@ class Sandbox:
             return f"{tool} is not installed"
         if backend == "unshare" and not self._root:
             return "needs root (use bwrap, which works unprivileged)"
+        if backend == "unshare" and shutil.which("setpriv", path="/usr/bin:/bin") is None:
+            return "setpriv (util-linux) is not installed"
         test = _PROBE_TEST if backend != "none" else "def check(candidate):\n    candidate()\n"
         result = await self._run(backend, _PROBE_CANDIDATE, test, "interfaces", "")
         if result.status == "pass":
