@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.errors import ServesweepError
-from servesweep.models import GpuHolder, ProcessInfo
+from servesweep.models import GpuHolder, ProcessInfo, short_cmdline
 from servesweep.servers import ports, procs
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu.base import GpuProbe
@@ -34,7 +34,7 @@ def _holder(h: GpuHolder) -> dict[str, Any]:
         "pid": full.pid,
         "name": full.name,
         "used_bytes": full.used_bytes,
-        "cmdline": full.cmdline[:300],
+        "cmdline": short_cmdline(full.cmdline, 300),
         "servesweep_instance": procs.tag_of(full.pid),
     }
 
@@ -44,7 +44,7 @@ def _process(p: ProcessInfo) -> dict[str, Any]:
         "pid": p.pid,
         "name": p.name,
         "state": p.state,
-        "cmdline": p.cmdline[:300],
+        "cmdline": short_cmdline(p.cmdline, 300),
         "servesweep_instance": procs.tag_of(p.pid) if p.pid > 0 else None,
     }
 
@@ -165,7 +165,11 @@ def diagnose(
     report: dict[str, Any] = {
         "gpus": _gpus(probe, list(spec.gpus) if spec and spec.gpus else None),
         "servesweep_processes": [
-            {"pid": pid, "instance": tag, "cmdline": procs.describe(pid).cmdline[:300]}
+            {
+                "pid": pid,
+                "instance": tag,
+                "cmdline": short_cmdline(procs.describe(pid).cmdline, 300),
+            }
             for pid, tag in sorted(procs.tagged().items())
         ],
     }

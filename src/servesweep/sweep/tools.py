@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.errors import ConfigError, TrialFailed
+from servesweep.models import short_cmdline
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.release import wait_released
 from servesweep.spec.schema import WorkloadSpec, parse_duration, parse_size
@@ -73,7 +74,7 @@ def wait_gpus(
         )
     except TrialFailed as failure:
         return False, f"GPUs {gpus} not free: {failure.evidence.message}" + "".join(
-            f"\n  {h.describe()}  {h.cmdline[:120]}" for h in failure.evidence.gpu_holders
+            f"\n  {h.describe()}  {short_cmdline(h.cmdline)}" for h in failure.evidence.gpu_holders
         )
     finally:
         probe.close()
