@@ -131,9 +131,15 @@ def _engine(spec: ServerSpec) -> dict[str, Any]:
     out["endpoints"] = endpoints
     model = spec.served_model_name or (first_model(listing) if listing else None)
     if model is None:
+        failed = endpoints["models"].get("error")
+        why = (
+            f"{preset.models_path} failed: {failed}"
+            if failed
+            else f"{preset.models_path} listed none"
+        )
         out["generation"] = {
             "ok": False,
-            "error": "no model name (no served_model_name, and /v1/models listed none)",
+            "error": f"no model name (no served_model_name, and {why})",
         }
         return out
     body = {
