@@ -14,9 +14,10 @@ first token, so a large or endless answer costs nothing; a server that ignores
 ``stream`` answers with one JSON document, read whole (up to ``_MAX_BODY``).
 
 Who accepted the connection is looked up once it is made and before the request is
-written (:class:`_OwnerConnector`): the local address of the connection, found among
-the server sockets of ``/proc/net/tcp`` whose inode one of the instance's processes
-holds (:func:`servesweep.servers.ports.connection_owner`).
+written (:class:`_OwnerConnector`): the server side of the connection from its local
+address (netlink ``sock_diag``, else ``/proc/net/tcp``), then whether one of the
+instance's processes holds that socket; every process's descriptors are read only
+when none of the instance's does (to name the other one).
 
 Every socket or HTTP error is an observation (:class:`HttpError`), never an
 exception: ``kind`` says whether the server could not be reached (``connect``), did
