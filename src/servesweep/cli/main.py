@@ -532,7 +532,30 @@ def apply(
     raise _Exit(EXIT_OK if result.ok else EXIT_FAILED)
 
 
-@cli.command("wait-gpus")
+@cli.command(short_help="Stop the servers a sweep left running.")
+@click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results database (default: the sweep file's store).",
+)
+def stop(sweep_file: Path, store: Path | None) -> None:
+    """Stop the servers of SWEEP_FILE's sweep that are left running on this machine.
+
+    What `servesweep apply` or `run --keep-running` left running, or what a run that
+    died left behind: only instances of this results database, never another sweep's.
+    Refused while a run of this database is alive (stop that run with Ctrl-C). Exit 1
+    when an instance could not be stopped."""
+    from servesweep.sweep.stop import stop_instances
+
+    _install_signal_handlers()
+    result = stop_instances(sweep_file, store=store)
+    for line in result.lines:
+        click.echo(line)
+    raise _Exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+@cli.command("wait-gpus", short_help="Wait until GPUs are free (for shell scripts).")
 @click.option("--gpus", required=True, help="GPU indexes: 0-7 or 0,1,2.")
 @click.option("--tolerance", default="1GiB", show_default=True, help="Used memory allowed per GPU.")
 @click.option(

@@ -128,4 +128,6 @@ def format_status(status: dict[str, Any]) -> str:
             f"  trial {inst['trial']} ({params}): {what} on {inst['node'] or 'this machine'} "
             f"port {inst['port']}" + (f" gpus {gpus}" if gpus else "") + f" — {state}"
         )
+    if any(inst["running"] is not False for inst in instances):
+        lines.append(f"  stop them: servesweep stop {status.get('sweep_file') or 'SWEEP_FILE'}")
     return "\n".join(lines)
