@@ -89,10 +89,11 @@ def doctor(
     spec = None
     configs: list[dict[str, Any]] = []
     workloads: list[WorkloadSpec] = []
+    store_id = ""
     if sweep_file is not None:
         from servesweep.spec.expand import expand_configs
         from servesweep.spec.load import load_sweep
-        from servesweep.sweep.orchestrator import fake_gpu_dir
+        from servesweep.sweep.orchestrator import fake_gpu_dir, store_path_for
 
         loaded = load_sweep(sweep_file)
         spec = loaded.spec.server
@@ -102,9 +103,10 @@ def doctor(
             backend = spec.gpu_backend
         # the sweep's fake GPUs, as `run` sees them (relative to the sweep file)
         fake_dir = fake_dir or fake_gpu_dir(loaded)
+        store_id = _store_id(store_path_for(loaded))
     probe = open_probe(backend, fake_dir)
     try:
-        report = diagnose(spec, probe, configs)
+        report = diagnose(spec, probe, configs, store_id)
     finally:
         probe.close()
     sandboxes, problems = _eval_sandboxes(workloads)
@@ -131,6 +133,21 @@ def _eval_sandboxes(workloads: list[WorkloadSpec]) -> tuple[dict[str, Any], list
         if entry.get("error"):
             problems.append(f"eval workload {', '.join(names)}: {entry['error']}")
     return found, problems
+
+
+def _store_id(path: Path) -> str:
+    """The id of the results database at ``path`` ('' when there is none yet): what
+    marks the instances this sweep left running as its own."""
+    from servesweep.errors import ServesweepError
+    from servesweep.store import open_store
+
+    if not path.exists():
+        return ""
+    try:
+        with open_store(path, readonly=True) as store:
+            return store.store_id
+    except ServesweepError:
+        return ""
 
 
 def format_doctor(report: dict[str, Any]) -> str:
