@@ -785,7 +785,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except click.exceptions.Abort:
         code = EXIT_INTERRUPTED
     except (Interrupted, KeyboardInterrupt) as exc:
-        err.print(f"servesweep: interrupted ({exc or 'SIGINT'})", markup=False)
+        text = str(exc) or "SIGINT"
+        err.print(
+            f"servesweep: {text}"
+            if text.startswith("interrupted")
+            else f"servesweep: interrupted ({text})",
+            markup=False,
+        )
         code = EXIT_INTERRUPTED
     except (ConfigError, SandboxError) as exc:
         err.print(f"servesweep: {exc}", markup=False, highlight=False)

@@ -257,8 +257,12 @@ class Driver:
                     self._loop()
                 self._finish_slots()
         except (KeyboardInterrupt, Interrupted):
-            self._abort()
-            raise Interrupted("interrupted; the running instances were stopped") from None
+            stopped = self._abort()
+            raise Interrupted(
+                "interrupted; "
+                + ("the running instances were stopped; " if stopped else "")
+                + "run the same command again to continue (what was measured is kept)"
+            ) from None
         except BaseException:
             # a bug or an unusable environment ends the sweep: no server left behind and
             # no trial left "running" (the next run continues where this one stopped)
@@ -634,14 +638,18 @@ class Driver:
     def _finish_timeout(self) -> float:
         return stop_timeout(self.spec.server)
 
-    def _abort(self) -> None:
-        """Stop everything now: instances stopped, trials in flight ``interrupted``."""
+    def _abort(self) -> bool:
+        """Stop everything now: instances stopped, trials in flight ``interrupted``.
+        Whether there were instances to stop."""
         state = self.state
         state.stopping = True
         with contextlib.suppress(BaseException):
             self._drain()  # what slots reported before the stop is kept
         self.writer.mark_interrupted(list(state.running))
-        if state.slots:  # a refusal before any slot opened has nothing to stop
+        running = bool(state.slots and self.store.live_instances(self.sweep.id))
+        if running:
+            # a refusal before any slot opened, or slots whose servers never started,
+            # have nothing to stop
             self.observer.event(SweepWarning(message="stopping the running instances"))
         for slot in list(state.slots.values()):
             slot.handle.interrupt()
@@ -656,6 +664,7 @@ class Driver:
                 self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
         self.writer.mark_interrupted(list(state.ran))
         state.slots.clear()
+        return running
 
 
 def max_slots(spec: SweepSpec, option: int | None = None) -> int:
