@@ -61,7 +61,14 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_CODES_HELP = (
+    "Exit codes: 0 every trial ok (or the command succeeded); 1 some trials failed, no "
+    "feasible configuration, GPUs not free, or doctor found a problem; 2 usage or "
+    "sweep-file error; 3 internal error (a bug: please report it); 130 interrupted."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, "--version", prog_name="servesweep")
 def cli() -> None:
     """Sweep the launch configuration of an LLM inference server, safely, and tell
@@ -71,7 +78,7 @@ def cli() -> None:
 # -- run ------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Run or continue a sweep.", epilog=EXIT_CODES_HELP)
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--store", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
 @click.option("--fresh", is_flag=True, help="Start a new sweep instead of continuing the last.")
@@ -107,6 +114,7 @@ def cli() -> None:
     "--events",
     type=str,
     default=None,
+    metavar="FILE|-",
     help="Write one JSON object per state change to FILE or - (stdout).",
 )
 def run(
@@ -197,7 +205,7 @@ def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
 # -- plan, status ---------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="The trials a sweep file expands to.")
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--store",
@@ -242,7 +250,7 @@ def _resolve_store(target: str | None) -> tuple[Path, str | None]:
     return candidate, None
 
 
-@cli.command()
+@cli.command(short_help="Where a sweep stands (also while it runs).")
 @click.argument("target", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(target: str | None, as_json: bool) -> None:
@@ -285,16 +293,21 @@ def _load_data(path: Path, sweep_id: int | None, name: str | None) -> Any:
 FORMAT_ALIASES = {"md": "markdown"}
 
 
-@cli.command()
+@cli.command(short_help="Render a sweep's results (table, CSV, JSON, HTML).")
 @click.argument("target", required=False)
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["table", "markdown", "md", "csv", "json", "html"]),
     default="table",
+    show_default=True,
     help="Output format (md is markdown).",
 )
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file (html on a terminal, without --out: NAME-report.html here).",
+)
 @click.option("--sweep", "sweep_id", type=int, help="Sweep id in the database (default: latest).")
 @click.option(
     "--columns",
@@ -388,7 +401,7 @@ def _watch(
     )
 
 
-@cli.command()
+@cli.command(short_help="The best configuration and why the others lost.")
 @click.argument("target", required=False)
 @click.option(
     "--objective",
@@ -450,7 +463,7 @@ def best(
         raise _Exit(EXIT_FAILED)
 
 
-@cli.command()
+@cli.command(short_help="Two sweeps or two configurations side by side.")
 @click.argument("a")
 @click.argument("b")
 @click.option("--trial-a", type=int, help="A trial of A to compare (with --trial-b).")
@@ -493,7 +506,7 @@ def compare(
 # -- apply, wait-gpus, doctor ---------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Move the server to one configuration, leave it up.")
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--trial", "trial_id", type=int, help="Use the params of this trial.")
 @click.option("--set", "sets", multiple=True, help="key=value param (repeatable).")
@@ -587,7 +600,7 @@ def wait_gpus(
     raise _Exit(EXIT_OK if ok else EXIT_FAILED)
 
 
-@cli.command()
+@cli.command(short_help="Can the engine start? GPUs, port, unit, flags.")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -625,7 +638,7 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
 # -- bench, sim -----------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Benchmark a running server without a sweep file.")
 @click.option("--url", required=True, help="Base URL of an OpenAI-compatible server.")
 @click.option("--model", help="Model name (default: ask /v1/models).")
 @click.option("--concurrency", default="", help="Closed-loop levels, e.g. 1,4,16.")
@@ -733,11 +746,12 @@ def bench(
 
 
 @cli.command(
+    short_help="Run the simulated inference engine.",
     context_settings={
         "ignore_unknown_options": True,
         "allow_extra_args": True,
         "help_option_names": [],
-    }
+    },
 )
 @click.pass_context
 def sim(ctx: click.Context) -> None:
@@ -749,6 +763,7 @@ def sim(ctx: click.Context) -> None:
 
 @cli.command(
     "fake-gpus",
+    short_help="Create, show or hold fake GPUs for tests.",
     context_settings={
         "ignore_unknown_options": True,
         "allow_extra_args": True,
