@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -348,6 +349,9 @@ def report(
         _watch(path, data.sweep.id, fmt, out, interval, chosen)
         return
     console = _console()
+    if out is None and fmt == "html" and sys.stdout.isatty():
+        # a page of HTML is no terminal output: it goes to a file, and the line says where
+        out = Path(re.sub(r"[^A-Za-z0-9._-]+", "_", data.sweep.name) + "-report.html")
     text = render(
         data,
         fmt,
@@ -360,7 +364,7 @@ def report(
             out.write_text(text, encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot write {out}: {exc.strerror}", key="--out") from exc
-        click.echo(f"wrote {out}", err=True)
+        click.echo(f"wrote {out.resolve()}", err=True)
     else:
         click.echo(text)
 
