@@ -90,6 +90,9 @@ class FailureClass(str, Enum):
         return self not in _ENVIRONMENT_FAILURES
 
 
+_CLASS_NAMES = frozenset(c.value for c in FailureClass)
+"""A reason spelled as a failure class refines nothing (see ``Evidence.summary``)."""
+
 _ENVIRONMENT_FAILURES = frozenset(
     {
         FailureClass.PORT_IN_USE,
@@ -229,8 +232,10 @@ class Evidence:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
+        """One line: ``(reason) message: "matched line" — see LOG``. A reason that only
+        repeats a failure class (``invalid_args``), which is shown beside it, is left out."""
         text = self.message
-        if self.reason:
+        if self.reason and self.reason not in _CLASS_NAMES:
             text = f"({self.reason}) {text}"
         if self.matched_line:
             text += f': "{self.matched_line.strip()[:160]}"'

@@ -219,17 +219,21 @@ def plan(sweep_file: Path, store: Path | None) -> None:
     from servesweep.spec.plan import build_plan, estimate_duration, format_plan
     from servesweep.store import open_store
     from servesweep.sweep.orchestrator import store_path_for
+    from servesweep.sweep.status import known_trials
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
     path = store_path_for(loaded, store)
     history: dict[str, float] = {}
+    known: dict[str, Any] = {}
+    next_number = 1
     if path.exists():
         with open_store(path, readonly=True) as db:
             history = db.phase_history(loaded.spec.name)
+            known, next_number = known_trials(db, loaded.spec.name)
     estimate = estimate_duration(the_plan, history) if history else None
     note = f"from earlier sweeps in {path}" if history else None
-    click.echo(format_plan(the_plan, estimate, note))
+    click.echo(format_plan(the_plan, estimate, note, known=known, next_number=next_number))
 
 
 def _resolve_store(target: str | None) -> tuple[Path, str | None]:

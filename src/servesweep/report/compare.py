@@ -149,14 +149,13 @@ class Comparison:
         return any(c.noise is not None for p in self.pairs for c in p.changes)
 
 
-def _pick(data: SweepData, trial_id: int, side: str) -> TrialRecord:
+def _pick(data: SweepData, number: int, side: str) -> TrialRecord:
+    """The trial numbered ``number`` in its sweep (``#3``)."""
     for trial in data.trials:
-        if trial.id == trial_id:
+        if trial.number == number:
             return trial
-    ids = ", ".join(str(t.id) for t in data.trials) or "none"
-    raise ConfigError(
-        f"sweep {data.sweep.name!r} has no trial {trial_id} (trials: {ids})", key=side
-    )
+    ids = ", ".join(str(t.number) for t in data.trials) or "none"
+    raise ConfigError(f"sweep {data.sweep.name!r} has no trial {number} (trials: {ids})", key=side)
 
 
 def _changes(levels_a: list[LevelStats], levels_b: list[LevelStats]) -> list[MetricChange]:
@@ -186,7 +185,7 @@ def _flips(a: SweepData, ta: TrialRecord, b: SweepData, tb: TrialRecord) -> list
 
     sa, sb = statuses(a, ta), statuses(b, tb)
     return [
-        TaskFlip(w, t, ((ta.id, sa[(w, t)]), (tb.id, sb[(w, t)])))
+        TaskFlip(w, t, ((ta.number, sa[(w, t)]), (tb.number, sb[(w, t)])))
         for (w, t) in sorted(sa.keys() & sb.keys())
         if (sa[(w, t)] == "pass") != (sb[(w, t)] == "pass")
     ]

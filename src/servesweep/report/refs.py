@@ -32,7 +32,7 @@ from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import SweepSpec
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["ResultIndex", "check_constraint", "check_ref", "objective_of", "ref_label"]
+__all__ = ["ResultIndex", "check_constraint", "check_ref", "is_search", "objective_of", "ref_label"]
 
 
 def ref_label(ref: MetricRef) -> str:
@@ -139,6 +139,13 @@ def _stored_spec(data: SweepData) -> SweepSpec | None:
         return load_sweep_text(data.sweep.spec_text, data.sweep.spec_path).spec
     except ServesweepError:
         return None
+
+
+def is_search(data: SweepData) -> bool:
+    """Whether the sweep was a search that proposes its trials (``search.strategy``
+    other than ``grid``), as its stored sweep file says."""
+    spec = _stored_spec(data)
+    return bool(spec is not None and spec.search.samples)
 
 
 def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:

@@ -225,7 +225,7 @@ class _Gate:
         raise TrialFailed(
             pattern.failure_class,
             self.evidence(
-                f"the server log shows {pattern.reason} after {self.elapsed():.1f}s{what}{advice}",
+                f"the server log has a fatal line after {self.elapsed():.1f}s{what}{advice}",
                 reason=pattern.reason,
                 matched_line=match.line,
                 exit_code=status.exit_code if status else None,

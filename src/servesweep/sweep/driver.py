@@ -246,6 +246,7 @@ class Driver:
                 todo=todo_count,
                 done=done,
                 slots=self._max_slots(),
+                at_most=not isinstance(source, GridSource),
             )
         )
         self._warn_cpu_sharing()
@@ -415,7 +416,7 @@ class Driver:
             capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
             if need > capacity:
                 raise ConfigError(
-                    f"trial {trial.id} ({params_label(trial.params)}) needs {need} GPUs; no "
+                    f"trial {trial.number} ({params_label(trial.params)}) needs {need} GPUs; no "
                     f"machine offers more than {capacity}",
                     key="server.gpus_per_trial",
                 )
@@ -504,6 +505,7 @@ class Driver:
             params=dict(trial.params),
             log_path=str(log),
             prune=self.source.prune_policy(),
+            number=trial.number,
         )
 
     def _wait_event(self) -> None:
@@ -580,7 +582,9 @@ class Driver:
             return
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:
             self.state.stopping = True
-            self.writer.note(SweepWarning(message=f"--fail-fast: stopping after trial {trial.id}"))
+            self.writer.note(
+                SweepWarning(message=f"--fail-fast: stopping after trial {trial.number}")
+            )
         self.source.tell(trial, self.store.results(trial.id, with_samples=False))
 
     def _retry_lost(self, trial: TrialRecord) -> bool:
@@ -597,7 +601,7 @@ class Driver:
             self.writer.note(
                 SweepWarning(
                     trial=trial.id,
-                    message=f"trial {trial.id} is not run again: it needs {need} GPUs and no "
+                    message=f"trial {trial.number} is not run again: it needs {need} GPUs and no "
                     f"machine left has that many (largest: {largest})",
                 )
             )
@@ -609,7 +613,7 @@ class Driver:
         self.writer.note(
             SweepWarning(
                 trial=trial.id,
-                message=f"trial {trial.id} lost its {lost} on {trial.node}: running it again",
+                message=f"trial {trial.number} lost its {lost} on {trial.node}: running it again",
             )
         )
         return True
