@@ -278,3 +278,22 @@ def test_without_ray_installed_a_ray_sweep_is_one_line_of_advice(
     with pytest.raises(ConfigError, match=r"--ray: Ray is not installed"):
         join_cluster(load_sweep_text(_SWEEP.format(server="", extra="")), "")
     assert join_cluster(load_sweep_text(_SWEEP.format(server="", extra="")), None) is None
+
+
+def test_a_long_cluster_error_is_cut_after_a_whole_word() -> None:
+    said = "The actor died because its node has died. " + "the actor's node was terminated " * 9
+    short = short_error(said, 200)
+    assert len(short) <= 200 and short.endswith("...")
+    assert short[:-3].split(" ")[-1] in said.split(" "), short  # no word cut in two
+    assert short_error("short enough", 200) == "short enough"
+
+
+def test_status_knows_a_cluster_node_started_on_this_machine() -> None:
+    import socket
+
+    from servesweep.sweep.status import _on_this_machine
+
+    assert _on_this_machine(socket.gethostname()) and _on_this_machine("")
+    # the test cluster's nodes (and any node on a loopback address) run here
+    assert _on_this_machine("127.0.0.3") and _on_this_machine("127.0.0.2#0a1b2c3d")
+    assert not _on_this_machine("gpu-node-7.example") and not _on_this_machine("192.0.2.7")

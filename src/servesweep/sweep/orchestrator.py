@@ -215,7 +215,8 @@ def _on_cluster(context: SweepContext, cluster: RayConnection, observer: Observe
     ``cluster.cluster_spec``)."""
     spec = context.spec
     scheduled = cluster_spec(spec, cluster.nodes)
-    if spec.server.gpus and spec.server.gpus != scheduled.server.gpus:
+    if spec.server.gpus:
+        # said whenever the list is set, even when it happens to match a node's GPUs
         observer.event(
             SweepWarning(
                 message=f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each "
