@@ -297,3 +297,28 @@ def test_status_knows_a_cluster_node_started_on_this_machine() -> None:
     # the test cluster's nodes (and any node on a loopback address) run here
     assert _on_this_machine("127.0.0.3") and _on_this_machine("127.0.0.2#0a1b2c3d")
     assert not _on_this_machine("gpu-node-7.example") and not _on_this_machine("192.0.2.7")
+
+
+def test_server_gpus_is_said_unused_on_a_cluster_even_when_it_matches_a_node() -> None:
+    from types import SimpleNamespace
+
+    from servesweep.sweep.events import SweepWarning
+    from servesweep.sweep.orchestrator import _on_cluster
+
+    class Warnings:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def event(self, event: object) -> None:
+            if isinstance(event, SweepWarning):
+                self.seen.append(event.message)
+
+    # the quickstart's gpus: [0, 1], on a cluster whose largest node has GPUs 0 and 1
+    context = _context(_spec("  gpus: [0, 1]\n  gpus_per_trial: 1"))
+    cluster = SimpleNamespace(nodes=[NodeInfo("a", (0, 1), "A"), NodeInfo("b", (0, 1), "B")])
+    observer = Warnings()
+    _on_cluster(context, cluster, observer)  # type: ignore[arg-type]
+    assert observer.seen == [
+        "server.gpus [0, 1] is not used on a Ray cluster: each node's GPUs are those Ray "
+        "offers there"
+    ]
