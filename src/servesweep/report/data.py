@@ -32,7 +32,9 @@ __all__ = [
     "config_label",
     "format_number",
     "format_stats",
+    "in_plan_count",
     "metric_names",
+    "out_of_plan",
     "outcome_counts",
     "phase_costs",
     "printable",
@@ -313,13 +315,15 @@ def metric_names(levels: Iterable[LevelStats]) -> list[str]:
 
 
 def swept_params(data: SweepData) -> list[str]:
-    """Param names that take more than one value across the sweep's trials (all
-    params when every trial has the same ones), in order of first appearance."""
+    """Param names that take more than one value across the trials of the plan (all
+    trials when none is in it; all params when every trial has the same ones), in
+    order of first appearance."""
+    trials = [t for t in data.trials if t.in_plan] or list(data.trials)
     names: dict[str, None] = {}
-    for trial in data.trials:
+    for trial in trials:
         for name in trial.params:
             names.setdefault(name, None)
-    varying = [n for n in names if len({_hashable(t.params.get(n)) for t in data.trials}) > 1]
+    varying = [n for n in names if len({_hashable(t.params.get(n)) for t in trials}) > 1]
     return varying or list(names)
 
 
@@ -340,10 +344,10 @@ def _hashable(value: Any) -> Any:
 
 
 def config_label(trial: TrialRecord, params: Sequence[str] | None = None) -> str:
-    """``#3 budget=12 topk=6``: the trial id and its (swept) params."""
+    """``#3 budget=12 topk=6``: the trial's number in its sweep and its (swept) params."""
     names = list(params) if params is not None else list(trial.params)
     bits = [f"{n}={format_value(trial.params.get(n))}" for n in names if n in trial.params]
-    return f"#{trial.id} " + (" ".join(bits) if bits else "(defaults)")
+    return f"#{trial.number} " + (" ".join(bits) if bits else "(defaults)")
 
 
 def printable(text: str) -> str:
@@ -407,8 +411,20 @@ def phase_costs(data: SweepData) -> tuple[list[PhaseCost], int]:
 
 
 def outcome_counts(data: SweepData) -> dict[str, int]:
-    """Trials by outcome, every outcome listed (zero included)."""
+    """Trials of the plan by outcome, every outcome listed (zero included); trials the
+    sweep file no longer has are counted by :func:`out_of_plan`."""
     counts = {o.value: 0 for o in Outcome}
     for trial in data.trials:
-        counts[trial.outcome.value] += 1
+        if trial.in_plan:
+            counts[trial.outcome.value] += 1
     return counts
+
+
+def in_plan_count(data: SweepData) -> int:
+    """Trials of the sweep file's plan (what ``plan``, ``run`` and ``status`` count)."""
+    return sum(1 for t in data.trials if t.in_plan)
+
+
+def out_of_plan(data: SweepData) -> int:
+    """Trials the sweep file no longer has (kept as history, marked ``not in plan``)."""
+    return sum(1 for t in data.trials if not t.in_plan)

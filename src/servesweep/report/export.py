@@ -16,7 +16,9 @@ from servesweep.report.data import (
     GPU_PHASES,
     all_params,
     finite,
+    in_plan_count,
     metric_names,
+    out_of_plan,
     outcome_counts,
     phase_costs,
     result_intervals,
@@ -65,6 +67,7 @@ def render_csv(data: SweepData) -> str:
         "seq",
         "fingerprint",
         "outcome",
+        "in_plan",
         "failure_class",
         "failure_reason",
         "gpus",
@@ -88,10 +91,11 @@ def render_csv(data: SweepData) -> str:
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
         head = [
             data.sweep.name,
-            trial.id,
+            trial.number,
             trial.seq,
             trial.fingerprint,
             trial.outcome.value,
+            int(trial.in_plan),
             trial.failure_class.value if trial.failure_class else None,
             trial.evidence.reason if trial.evidence else None,
             trial_gpu_count(data, trial),
@@ -133,6 +137,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
             peak[key] = max(peak.get(key, 0), point.used_bytes)
     return {
         "id": trial.id,
+        "number": trial.number,
         "seq": trial.seq,
         "fingerprint": trial.fingerprint,
         "params": dict(trial.params),
@@ -224,7 +229,8 @@ def report_document(data: SweepData) -> dict[str, Any]:
         "constraints": list(data.constraints),
         "swept_params": swept_params(data),
         "summary": {
-            "trials": len(data.trials),
+            "trials": in_plan_count(data),
+            "not_in_plan": out_of_plan(data),
             "outcomes": outcome_counts(data),
             "phase_seconds": {c.phase: c.seconds for c in costs},
             "gpu_hours": {c.phase: c.gpu_hours for c in costs},

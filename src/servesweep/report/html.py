@@ -19,6 +19,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.data import (
     MetricStats,
     format_value,
+    in_plan_count,
     metric_names,
+    out_of_plan,
     outcome_counts,
     phase_costs,
     swept_params,
@@ -50,12 +53,13 @@ from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.importance import MIN_TRIALS, importance_chart
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.progress import progress_charts
-from servesweep.report.refs import ResultIndex
+from servesweep.report.refs import ResultIndex, is_search
 from servesweep.report.standing import objective_ref
+from servesweep.report.tables import column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
 from servesweep.report.uncertainty import margin
-from servesweep.store.records import SweepData
+from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ECHARTS_VERSION", "Cell", "render_html"]
 
@@ -145,17 +149,32 @@ def _duration(seconds: float) -> str:
     return f"{format_number(seconds / 3600)} h"
 
 
+def _gpu_time(hours: float) -> str:
+    """GPU time in the unit that reads best: ``3.2 GPU-h``, ``12 GPU-min``,
+    ``0.11 GPU-s`` (never ``2.932e-05``)."""
+    seconds = hours * 3600.0
+    if seconds == 0:
+        return "0"
+    if hours >= 0.1:
+        return f"{format_number(hours)} GPU-h"
+    if seconds >= 60:
+        return f"{format_number(seconds / 60)} GPU-min"
+    return f"{format_number(seconds, digits=2 if seconds < 1 else 3)} GPU-s"
+
+
 def _summary(data: SweepData) -> dict[str, Any]:
     counts = outcome_counts(data)
-    cards = [("trials", len(data.trials))] + [
+    cards = [("trials", in_plan_count(data))] + [
         (o, n) for o, n in counts.items() if n or o in ("ok", "failed", "skipped")
     ]
+    if out_of_plan(data):
+        cards.append(("not in plan", out_of_plan(data)))
     costs, unknown = phase_costs(data)
     rows = [
         (
             c.phase,
             num(c.seconds, _duration(c.seconds)),
-            num(c.gpu_hours, format_number(c.gpu_hours)),
+            num(c.gpu_hours, _gpu_time(c.gpu_hours)),
         )
         for c in costs
     ]
@@ -164,7 +183,7 @@ def _summary(data: SweepData) -> dict[str, Any]:
     return {
         "cards": cards,
         "costs": rows,
-        "total": (num(total_s, _duration(total_s)), num(total_h, format_number(total_h))),
+        "total": (num(total_s, _duration(total_s)), num(total_h, _gpu_time(total_h))),
         "unknown": unknown,
     }
 
@@ -221,17 +240,23 @@ def _standing(best: BestResult, cand: Candidate) -> str:
     return f"behind: #{win.trial.id} {lead.describe()}"
 
 
-def _results(data: SweepData, index: ResultIndex) -> dict[str, Any]:
+def _results(data: SweepData, index: ResultIndex, every: bool = False) -> dict[str, Any]:
+    """The results table: the terminal table's default metrics (the objective's, the
+    constraints', the key ones), or ``every`` metric measured."""
     params = swept_params(data)
     levels = [lvl for lv in index.levels.values() for lvl in lv]
     metrics = metric_names(levels)
+    if not every:
+        default, _ = column_priority(data, index)
+        metrics = [m for m in default if m in metrics]
     repeats = any(len(lvl.repeats) > 1 for lvl in levels)
     head = ["trial", *params, "outcome", "workload", "level"]
     head += ["repeats"] if repeats else []
     head += [*metrics, "warnings"]
     rows: list[tuple[str, list[Cell], tuple[str, ...]]] = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
-        lead = [num(trial.id, f"#{trial.id}")] + [_param_cell(trial.params.get(p)) for p in params]
+        lead = [num(trial.number, f"#{trial.number}")]
+        lead += [_param_cell(trial.params.get(p)) for p in params]
         lead.append(Cell(outcome_text(trial)))
         trial_levels = index.levels.get(trial.id, [])
         if not trial_levels:
@@ -251,7 +276,47 @@ def _param_cell(value: object) -> Cell:
     return Cell(format_value(value))
 
 
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _same_way(trial: TrialRecord) -> tuple[str, ...]:
+    """What makes two failures the same: class, reason, and the message and matched
+    line with their numbers (times, PIDs, ports) left out."""
+    ev = trial.evidence
+    assert ev is not None
+    cls = trial.failure_class.value if trial.failure_class else ""
+    return (
+        cls,
+        ev.reason or "",
+        _DIGITS.sub("N", ev.message),
+        _DIGITS.sub("N", ev.matched_line or ""),
+    )
+
+
 def _failures(data: SweepData) -> list[dict[str, Any]]:
+    """One entry per way of failing: trials that failed the same way (see
+    :func:`_same_way`) share it, with the first one's evidence and every trial's log."""
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
+    for entry, trial in _failure_entries(data):
+        group = groups.get(_same_way(trial))
+        if group is None:
+            groups[_same_way(trial)] = entry | {"members": [entry]}
+        else:
+            group["members"].append(entry)
+    out = list(groups.values())
+    for group in out:
+        members = group["members"]
+        group["ids"] = ", ".join(f"#{m['id']}" for m in members)
+        if len(members) > 1:
+            group["facts"] = (
+                [("trials", f"{len(members)} failed this way")]
+                + [(f"#{m['id']}", f"{m['params']} — {m['log']}") for m in members]
+                + [(k, v) for k, v in group["facts"] if k != "log"]
+            )
+    return out
+
+
+def _failure_entries(data: SweepData) -> list[tuple[dict[str, Any], TrialRecord]]:
     out = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
         ev = trial.evidence
@@ -266,16 +331,16 @@ def _failures(data: SweepData) -> list[dict[str, Any]]:
         facts += [("processes", "; ".join(p.describe() for p in ev.processes) or None)]
         facts += [(f"{k} (s)", format_number(v)) for k, v in ev.timings.items()]
         facts += [(str(k), format_value(v)) for k, v in ev.details.items()]
-        out.append(
-            {
-                "id": trial.id,
-                "params": " ".join(f"{k}={format_value(v)}" for k, v in trial.params.items()),
-                "cls": cls,
-                "summary": ev.summary(),
-                "facts": [(k, str(v)) for k, v in facts if v is not None],
-                "tail": "\n".join(ev.log_tail[-LOG_EXCERPT_LINES:]),
-            }
-        )
+        entry = {
+            "id": trial.number,
+            "params": " ".join(f"{k}={format_value(v)}" for k, v in trial.params.items()),
+            "cls": cls,
+            "summary": ev.summary(),
+            "log": ev.log_path or trial.log_path or "-",
+            "facts": [(k, str(v)) for k, v in facts if v is not None],
+            "tail": "\n".join(ev.log_tail[-LOG_EXCERPT_LINES:]),
+        }
+        out.append((entry, trial))
     return out
 
 
@@ -306,9 +371,11 @@ def _sections(
     found = objective_ref(best)
     sections = []
     progress = progress_charts(data, index, best)
-    if progress:
+    search = is_search(data)
+    if progress and search:
+        # a search is judged by how fast it finds its best: that leads
         sections.append(
-            Section("progress", "Search progress", "How fast the sweep found its best.", progress)
+            Section("progress", "Search progress", "How fast the search found its best.", progress)
         )
     effects: list[Chart] = []
     if found is not None:
@@ -330,6 +397,12 @@ def _sections(
         sections.append(
             Section("tradeoffs", "Trade-offs", "Speed for a user vs speed for the fleet.", trade)
         )
+    if progress and not search:
+        # a grid runs every point in a fixed order: its progress is a footnote
+        sections.append(
+            Section("progress", "Progress", "The best so far as the grid ran, in its fixed "
+                    "order: when the sweep reached its best.", progress)
+        )  # fmt: skip
     spec = acceptance_charts(data, index, best)
     if spec:
         sections.append(
@@ -405,6 +478,7 @@ def render_html(data: SweepData, *, reload_s: float | None = None) -> str:
         best=_best(best, error),
         sections=sections,
         results=_results(data, index),
+        results_all=_results(data, index, every=True),
         evals=_evals(data),
         failures=_failures(data),
         live=live,

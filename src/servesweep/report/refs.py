@@ -36,6 +36,7 @@ __all__ = [
     "ResultIndex",
     "check_constraint",
     "check_ref",
+    "is_search",
     "objective_of",
     "ref_label",
     "stored_spec",
@@ -146,6 +147,13 @@ def stored_spec(data: SweepData) -> SweepSpec | None:
         return load_sweep_text(data.sweep.spec_text, data.sweep.spec_path).spec
     except ServesweepError:
         return None
+
+
+def is_search(data: SweepData) -> bool:
+    """Whether the sweep was a search that proposes its trials (``search.strategy``
+    other than ``grid``), as its stored sweep file says."""
+    spec = stored_spec(data)
+    return bool(spec is not None and spec.search.samples)
 
 
 def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servesweep.fakegpu.units import parse_size
+from servesweep.sim.helpstyle import click_style
 
 __all__ = ["SimConfig", "build_parser", "parse_args"]
 
@@ -300,7 +301,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         help="task JSONL file (repeatable; default: the builtin eval task files)",
     )
-    return p
+    return click_style(p)
 
 
 def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:

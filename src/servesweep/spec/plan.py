@@ -26,6 +26,7 @@ from servesweep.spec.space import build_space, describe_dimensions
 
 __all__ = [
     "ESTIMATE_PHASES",
+    "KnownTrial",
     "Plan",
     "PlanTrial",
     "PlanWorkload",
@@ -292,29 +293,65 @@ def _format_search(plan: Plan, outline: SearchOutline) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class KnownTrial:
+    """What the results database already holds of a planned configuration."""
+
+    number: int
+    """The trial's number, as ``run``, ``status`` and the reports show it."""
+    outcome: str
+    """``ok``, ``failed start_crash``, ``pending``...: its stored outcome."""
+    done: bool
+    """Final (``run`` does not run it again without ``--retry-failed``)."""
+
+
 def format_plan(
-    plan: Plan, estimate_s: float | None = None, history_note: str | None = None
+    plan: Plan,
+    estimate_s: float | None = None,
+    history_note: str | None = None,
+    *,
+    known: Mapping[str, KnownTrial] | None = None,
+    next_number: int = 1,
 ) -> str:
-    """The plan as plain text for ``servesweep plan``."""
+    """The plan as plain text for ``servesweep plan``. ``known`` (by fingerprint): the
+    trials the results database already has; every other trial gets the number ``run``
+    will give it, from ``next_number`` on in plan order."""
     if plan.search is not None:
         lines = _format_search(plan, plan.search)
         return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
     trials = len(plan.trials)
+    known = known or {}
+    numbers: list[int] = []
+    upcoming = next_number
+    for trial in plan.trials:
+        if trial.fingerprint in known:
+            numbers.append(known[trial.fingerprint].number)
+        else:
+            numbers.append(upcoming)
+            upcoming += 1
+    done = sum(1 for t in plan.trials if t.fingerprint in known and known[t.fingerprint].done)
+    progress = f"; {done} already done, {trials - done} to run" if known else ""
     lines = [
         f"sweep {plan.name}: {trials} trial{'s' if trials != 1 else ''} x "
         f"{len(plan.workloads)} workload{'s' if len(plan.workloads) != 1 else ''} "
-        f"= {plan.measurements} measurements",
+        f"= {plan.measurements} measurements{progress}",
         f"params swept: {', '.join(plan.params) if plan.params else 'none (server defaults)'}",
         "",
         "trials:",
     ]
     width = max((len(t.config.label()) for t in plan.trials), default=0)
-    lines.append(f"  {'#':>3}  {'fingerprint':<12}  {'params'.ljust(width)}  | changes")
+    states = [
+        known[t.fingerprint].outcome if t.fingerprint in known else "new" for t in plan.trials
+    ]
+    state_width = max((len(x) for x in states), default=0) if known else 0
+    state_head = f"{'state'.ljust(state_width)}  " if known else ""
+    lines.append(f"  {'#':>3}  {state_head}{'fingerprint':<12}  {'params'.ljust(width)}  | changes")
     previous: PlanTrial | None = None
-    for trial in plan.trials:
+    for trial, number, state in zip(plan.trials, numbers, states, strict=True):
         label = trial.config.label().ljust(width)
         change = _describe_changes(trial, previous)
-        lines.append(f"  {trial.seq:>3}  {trial.fingerprint}  {label}  | {change}")
+        shown = f"{state.ljust(state_width)}  " if known else ""
+        lines.append(f"  {number:>3}  {shown}{trial.fingerprint}  {label}  | {change}")
         previous = trial
     return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
 

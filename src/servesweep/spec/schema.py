@@ -260,8 +260,22 @@ class EvalSpec(_Frozen):
     timeout: Duration = 10.0
     """Wall-clock limit per program run in the sandbox."""
     parallel: int = Field(default=4, ge=1)
-    allow_no_netns: bool = False
-    """Run generated code even where no network namespace can be made (unsafe)."""
+    sandbox: Literal["auto", "bwrap", "unshare", "host-filesystem"] = "auto"
+    """Where generated code runs: ``auto`` (bubblewrap, else util-linux unshare as
+    root; both without the host's files and network), one of them by name, or
+    ``host-filesystem`` (no namespaces: generated code sees the host's files and
+    network; unsafe, and every result and the report say so)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_allow_no_netns(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "allow_no_netns" in data:
+            raise ValueError(
+                "eval.allow_no_netns is replaced by eval.sandbox: without namespaces "
+                "generated code also sees the host's files; apt-get install bubblewrap, "
+                "or write sandbox: host-filesystem to accept that"
+            )
+        return data
 
 
 class WorkloadSpec(_Frozen):

@@ -38,7 +38,10 @@ __all__ = ["Store", "open_store"]
 _TRIAL_COLUMNS = (
     "id, sweep_id, seq, fingerprint, params, outcome, failure_class, evidence, phase, "
     "phase_started, phase_seconds, instance, log_path, attempts, started_at, finished_at, "
-    "in_plan, adopted, launch_command, node, node_id, slot, gpus"
+    "in_plan, adopted, launch_command, node, node_id, slot, gpus, "
+    # the trial's number within its sweep (what people read): its rank by id there
+    "(SELECT COUNT(*) FROM trials AS o WHERE o.sweep_id = trials.sweep_id "
+    "AND o.id <= trials.id) AS sweep_number"
 )
 
 
@@ -241,6 +244,7 @@ class Store:
             node_id=row["node_id"],
             slot=row["slot"],
             gpus=tuple(json.loads(row["gpus"])),
+            sweep_number=row["sweep_number"],
         )
 
     def sync_trials(self, sweep_id: int, configs: Sequence[ServerConfig]) -> list[TrialRecord]:

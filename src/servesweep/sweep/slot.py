@@ -170,6 +170,8 @@ class TrialOrder:
     prune: PrunePolicy | None = None
     """When set, the benchmark stops early once the trial can no longer win (see
     ``search.prune``): the outcome is ``pruned`` with the reason."""
+    number: int = 0
+    """The trial's number within its sweep, for people (0: use ``trial``)."""
 
 
 class _Pruned(Exception):
@@ -575,6 +577,7 @@ class SlotWorker:
             TrialStarted(
                 trial=order.trial,
                 seq=order.seq,
+                number=order.number or order.trial,
                 params=dict(order.params),
                 attempt=order.attempt,
                 at=time.time(),

@@ -143,7 +143,8 @@ async def run_eval_workload(
     if sandbox is None:
         sandbox = Sandbox(
             SandboxLimits(timeout_s=spec.timeout),
-            allow_no_netns=spec.allow_no_netns,
+            host_filesystem=spec.sandbox == "host-filesystem",
+            backend="none" if spec.sandbox == "host-filesystem" else spec.sandbox,
             parallel=spec.parallel,
         )
     wall, started = time.time(), time.monotonic()
@@ -215,6 +216,7 @@ def _summarize(
             "tasks": len(per_task),
             "samples": spec.samples,
             "sandbox": sandbox.backend or "not used",
+            "sandbox_setting": spec.sandbox,
             **(
                 {
                     "sandbox_memory_limit": sandbox.memory_limit,
