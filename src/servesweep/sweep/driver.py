@@ -252,6 +252,7 @@ class Driver:
                 todo=todo_count,
                 done=done,
                 slots=self._max_slots(),
+                at_most=not isinstance(source, GridSource),
             )
         )
         self._warn_cpu_sharing()
@@ -263,8 +264,12 @@ class Driver:
                     self._loop()
                 self._finish_slots()
         except (KeyboardInterrupt, Interrupted):
-            self._abort()
-            raise Interrupted("interrupted; the running instances were stopped") from None
+            stopped = self._abort()
+            raise Interrupted(
+                "interrupted; "
+                + ("the running instances were stopped; " if stopped else "")
+                + "run the same command again to continue (what was measured is kept)"
+            ) from None
         except BaseException:
             # a bug or an unusable environment ends the sweep: no server left behind and
             # no trial left "running" (the next run continues where this one stopped)
@@ -435,7 +440,7 @@ class Driver:
         capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
         if need > capacity:
             raise ConfigError(
-                f"trial {trial.id} ({params_label(trial.params)}) needs {need} GPUs; no "
+                f"trial {trial.number} ({params_label(trial.params)}) needs {need} GPUs; no "
                 f"machine offers more than {capacity}",
                 key="server.gpus_per_trial",
             )
@@ -533,6 +538,7 @@ class Driver:
             params=dict(trial.params),
             log_path=str(log),
             prune=self.source.prune_policy(),
+            number=trial.number,
         )
 
     def _wait_event(self) -> None:
@@ -614,7 +620,9 @@ class Driver:
             return
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:
             self.state.stopping = True
-            self.writer.note(SweepWarning(message=f"--fail-fast: stopping after trial {trial.id}"))
+            self.writer.note(
+                SweepWarning(message=f"--fail-fast: stopping after trial {trial.number}")
+            )
         self.source.tell(trial, self.store.results(trial.id, with_samples=False))
 
     def _retry_lost(self, trial: TrialRecord) -> bool:
@@ -631,7 +639,7 @@ class Driver:
             self.writer.note(
                 SweepWarning(
                     trial=trial.id,
-                    message=f"trial {trial.id} is not run again: it needs {need} GPUs and no "
+                    message=f"trial {trial.number} is not run again: it needs {need} GPUs and no "
                     f"machine left has that many (largest: {largest})",
                 )
             )
@@ -643,7 +651,7 @@ class Driver:
         self.writer.note(
             SweepWarning(
                 trial=trial.id,
-                message=f"trial {trial.id} lost its {lost} on {trial.node}: running it again",
+                message=f"trial {trial.number} lost its {lost} on {trial.node}: running it again",
             )
         )
         return True
@@ -672,14 +680,18 @@ class Driver:
     def _finish_timeout(self) -> float:
         return stop_timeout(self.spec.server)
 
-    def _abort(self) -> None:
-        """Stop everything now: instances stopped, trials in flight ``interrupted``."""
+    def _abort(self) -> bool:
+        """Stop everything now: instances stopped, trials in flight ``interrupted``.
+        Whether there were instances to stop."""
         state = self.state
         state.stopping = True
         with contextlib.suppress(BaseException):
             self._drain()  # what slots reported before the stop is kept
         self.writer.mark_interrupted(list(state.running))
-        if state.slots:  # a refusal before any slot opened has nothing to stop
+        running = bool(state.slots and self.store.live_instances(self.sweep.id))
+        if running:
+            # a refusal before any slot opened, or slots whose servers never started,
+            # have nothing to stop
             self.observer.event(SweepWarning(message="stopping the running instances"))
         for slot in list(state.slots.values()):
             slot.handle.interrupt()
@@ -694,6 +706,7 @@ class Driver:
                 self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
         self.writer.mark_interrupted(list(state.ran))
         state.slots.clear()
+        return running
 
 
 def max_slots(spec: SweepSpec, option: int | None = None) -> int:
