@@ -32,7 +32,15 @@ from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import SweepSpec
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["ResultIndex", "check_constraint", "check_ref", "objective_of", "ref_label"]
+__all__ = [
+    "ResultIndex",
+    "check_constraint",
+    "check_ref",
+    "is_search",
+    "objective_of",
+    "ref_label",
+    "stored_spec",
+]
 
 
 def ref_label(ref: MetricRef) -> str:
@@ -152,7 +160,7 @@ def _eval_stat(lvl: LevelStats, metric: str) -> MetricStats | None:
     return MetricStats.of(values) if values else None
 
 
-def _stored_spec(data: SweepData) -> SweepSpec | None:
+def stored_spec(data: SweepData) -> SweepSpec | None:
     """The sweep file as stored with the sweep, when its text still loads (an old or
     hand-edited one may not)."""
     if not data.sweep.spec_text.strip():
@@ -163,9 +171,16 @@ def _stored_spec(data: SweepData) -> SweepSpec | None:
         return None
 
 
+def is_search(data: SweepData) -> bool:
+    """Whether the sweep was a search that proposes its trials (``search.strategy``
+    other than ``grid``), as its stored sweep file says."""
+    spec = stored_spec(data)
+    return bool(spec is not None and spec.search.samples)
+
+
 def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:
     """The objective as the sweep file itself resolves it, when its text still loads."""
-    spec = _stored_spec(data)
+    spec = stored_spec(data)
     if spec is None:
         return None  # fall back to the stored dict
     try:
@@ -187,7 +202,7 @@ def check_ref(
     """
     try:
         ref = parse_metric_ref(text)
-        spec = _stored_spec(data)
+        spec = stored_spec(data)
         if spec is not None:
             return validate_ref(ref, spec)
         return _check_measured(ref, index or ResultIndex(data))

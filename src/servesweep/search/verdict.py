@@ -10,8 +10,9 @@ the sampler should count it.
 - ``failed`` because of the environment (``gpu_busy``, ``port_in_use``,
   ``stop_failed``, ``node_lost``) -> ``retry``: never blamed on the configuration.
 - ``pruned`` -> ``pruned`` with the objective value measured before the stop.
-- ``skipped`` -> ``ignored``; a trial not finished (pending, running, interrupted) ->
-  ``retry``.
+- ``skipped`` -> ``ignored``, except ``skipped`` with reason ``predicted_oom`` (the
+  memory prediction said it cannot fit) -> ``infeasible``; a trial not finished
+  (pending, running, interrupted) -> ``retry``.
 
 A level the load generator could not time (``LevelResult.unreliable``) is left out
 as if not measured, unless the goal's ``include_unreliable`` takes it in.
@@ -171,6 +172,8 @@ def judge(goal: Goal, record: TrialRecord, results: Sequence[LevelResult]) -> Ve
             reason += f" ({record.evidence.reason})"
         return _infeasible(goal, reason)
     if outcome is Outcome.SKIPPED:
+        if record.evidence is not None and record.evidence.reason == "predicted_oom":
+            return _infeasible(goal, "predicted_oom")  # not launched: it would not fit
         return Verdict(VerdictKind.IGNORED, (None,) * count, (0.0,) * count, (), "skipped")
     if outcome not in (Outcome.OK, Outcome.PRUNED):
         return Verdict(

@@ -446,6 +446,7 @@ PRESETS: dict[str, EnginePreset] = {
         program=_SIM_PROGRAM,
         dist="servesweep",
         module="servesweep.sim",
+        parser="sim",
     ),
 }
 

@@ -231,12 +231,19 @@ _KINDS: dict[str, type[ServesweepError]] = {
 
 
 def short_error(text: str, limit: int = 300) -> str:
-    """The lines of a cluster's error message that say what happened, on one line."""
+    """The lines of a cluster's error message that say what happened, on one line, at
+    most ``limit`` characters: cut after a whole word, with ``...`` when cut."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     keep = [
         line for line in lines if not re.match(r"(class_name|actor_id|pid|namespace|name):", line)
     ]
-    return " ".join(keep)[:limit]
+    joined = " ".join(keep)
+    if len(joined) <= limit:
+        return joined
+    cut = joined[: max(0, limit - 3)]
+    if " " in cut and not joined[len(cut)].isspace():
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "..."
 
 
 def lost_evidence(

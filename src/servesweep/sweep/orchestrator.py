@@ -19,7 +19,7 @@ import queue
 import secrets
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,12 +80,15 @@ class RunOptions:
     keep_running: bool = False
     """Leave the last instance running at the end (default: stop it)."""
     only: tuple[int, ...] = ()
-    """Run only these trial ids (others stay as they are)."""
+    """Run only these trials, by their number in the sweep (``--trial N``, as the
+    reports show it); the others stay as they are."""
     keep_results: bool = False
     """Keep results measured before the sweep file changed what a trial measures."""
     slots: int | None = None
     """At most this many trials at once per machine (default: the sweep file's
     ``parallel``, else as many as fit in the GPU pool)."""
+    predict: bool = True
+    """``--no-predict``: False (no memory prediction, every configuration launched)."""
     ray: str | None = None
     """``--ray``: run on a Ray cluster at this address (``""``: the sweep file's
     ``executor.address``, else ``RAY_ADDRESS``, else this machine's cluster); None:
@@ -220,7 +223,8 @@ def _on_cluster(context: SweepContext, cluster: RayConnection, observer: Observe
     ``cluster.cluster_spec``)."""
     spec = context.spec
     scheduled = cluster_spec(spec, cluster.nodes)
-    if spec.server.gpus and spec.server.gpus != scheduled.server.gpus:
+    if spec.server.gpus:
+        # said whenever the list is set, even when it happens to match a node's GPUs
         observer.event(
             SweepWarning(
                 message=f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each "
@@ -379,6 +383,21 @@ def sweep_lock(store_path: Path) -> Iterator[None]:
         handle.close()
 
 
+def _only_ids(only: Sequence[int], trials: Sequence[TrialRecord], name: str) -> set[int]:
+    """The ids of the trials ``--trial N`` names by their number in the sweep's plan;
+    a number that is not there is a usage error (not an empty run that exits 0)."""
+    by_number = {t.number: t.id for t in trials}
+    unknown = [n for n in only if n not in by_number]
+    if unknown:
+        listed = ", ".join(str(t.number) for t in trials) or "none"
+        raise ConfigError(
+            f"no trial {unknown[0]} in sweep {name!r} (its trials: {listed}; "
+            "see servesweep status)",
+            key="--trial",
+        )
+    return {by_number[n] for n in only}
+
+
 def new_run_id() -> str:
     """A run's id: unique, and readable in a process's environment."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -440,13 +459,18 @@ def _run(
         for trial in trials:
             if trial.outcome in (Outcome.FAILED, Outcome.INTERRUPTED):
                 store.reset_trial(trial.id)
+    if not options.predict:  # --no-predict: what the prediction skipped runs now
+        for trial in trials:
+            if trial.evidence is not None and trial.evidence.reason == "predicted_oom":
+                store.reset_trial(trial.id)
         trials = store.trials(sweep.id, in_plan_only=True)
     for trial in store.trials(sweep.id):
         if trial.outcome is Outcome.RUNNING:
             # the run that owned it died; its results are incomplete: run it again
             store.reset_trial(trial.id)
     trials = store.trials(sweep.id, in_plan_only=True)
-    todo = [t for t in trials if not t.outcome.final and (not options.only or t.id in options.only)]
+    only = _only_ids(options.only, trials, spec.name)
+    todo = [t for t in trials if not t.outcome.final and (not only or t.id in only)]
     if cluster is None and spec.server.launcher == "subprocess" and (todo or spec.search.samples):
         # a program on the port would fail every trial: say so before anything starts
         # (other launchers may find their own service there, and stop it)
@@ -472,6 +496,7 @@ def _run(
             keep_running=options.keep_running,
             fail_fast=options.fail_fast,
             max_slots=options.slots,
+            predict=options.predict,
         ),
     )
     source: TrialSource
