@@ -1,12 +1,22 @@
 """How many restarts and GPU-hours a search needs to reach a near-best configuration.
 
 A simulated landscape stands in for an inference server: 48 configurations over three
-vLLM-like params (``max-num-seqs`` 4 values x ``max-num-batched-tokens`` 4 x
-``num-speculative-tokens`` 3), a memory model that makes 16 of them fail with CUDA OOM
-while loading, a latency model under which 7 more miss the constraint
-``chat.c1.ttft_p99_ms < 200``, and an output throughput at concurrency 8 (the
-objective) whose ground truth is known. The best feasible configuration sits next to
-the OOM cliff and the constraint; 3 configurations are within 2 % of it.
+vLLM params (``max-num-seqs`` 4 values x ``max-num-batched-tokens`` 4 x
+``speculative_config.num_speculative_tokens`` 3), the memory of a vLLM-like engine
+serving a 7.6 B model with an EAGLE-style draft on a 24 GiB GPU (bench/landscape_memory.py)
+under which 12 of them fail with CUDA OOM while loading, a latency model under which
+more miss the constraint ``chat.c1.ttft_p99_ms < 200``, and an output throughput at
+concurrency 8 (the objective) whose ground truth is known. The best feasible
+configuration sits next to the OOM cliff and the constraint.
+
+With ``+predict`` (rows ``grid+predict``, ``random+predict``, ``tpe+predict``) every
+proposal first goes through servesweep's memory predictor as the driver's memory gate
+calls it: the predictor reads the model's and the draft's config.json and the engine's
+settings (never the landscape's truth), a configuration predicted not to fit by more
+than the margin is skipped (``predicted_oom``, no GPU time) and told to the search as
+infeasible, and every configuration that came up calibrates the predictor with the
+figures the engine prints while loading. ``oom_started`` counts the OOM crashes
+launched before the best was reached.
 
 Every strategy runs through :class:`servesweep.search.Search` exactly as the driver
 calls it (ask, run the levels c1, c8, c32 with :func:`prune_reason` after each, tell),
@@ -41,14 +51,20 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+from landscape_memory import GPU_BYTES, engine_memory, sweep_server, write_models
 
 from servesweep.bench.capacity_search import Probe, estimate, next_load
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
 from servesweep.search import Search, prune_reason
+from servesweep.servers.memory import Capacity, MemoryModel
+from servesweep.servers.memory.calibrate import Calibrator
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.schema_search import CapacitySpec
 from servesweep.store.records import TrialRecord
@@ -56,13 +72,14 @@ from servesweep.store.records import TrialRecord
 SEQS = [32, 64, 128, 256]
 TOKENS = [2048, 4096, 8192, 16384]
 SPEC_TOKENS = [0, 2, 4]
+SPEC_PARAM = "speculative_config.num_speculative_tokens"
+_MODELS = write_models(Path(tempfile.mkdtemp(prefix="servesweep-landscape-")))
 LEVELS = (("c1", 180.0), ("c8", 240.0), ("c32", 240.0))
 """Load levels in run order with their bench seconds."""
 GPUS = 8
 STOP_RELEASE_S = 30.0
 LOAD_S = 420.0
 OOM_AFTER_S = 360.0
-MEMORY_GIB = 72.0
 TTFT_LIMIT_MS = 200.0
 NEAR = 0.02
 THROUGHPUT_NOISE = 0.01
@@ -73,13 +90,10 @@ LATENCY_NOISE = 0.03
 class Truth:
     throughput: float
     """Output tokens/s at concurrency 8."""
-    memory_gib: float
+    oom: bool
+    """The engine's memory does not fit (bench/landscape_memory.py)."""
     ttft_ms: float
     """p99 time to first token at concurrency 1."""
-
-    @property
-    def oom(self) -> bool:
-        return self.memory_gib > MEMORY_GIB
 
     @property
     def feasible(self) -> bool:
@@ -95,16 +109,15 @@ def truth(seqs: int, tokens: int, spec_tokens: int) -> Truth:
         * (1 + 0.16 * j - 0.035 * j * j)
         * (1 + 0.16 * h - 0.05 * h * h - 0.035 * h * i)
     )
-    memory = 38 + 7.5 * i * (1 + 0.35 * j) + 5 * h * (1 + 0.5 * i)
     ttft = 70 + 0.0105 * tokens * (1 + 0.12 * h) + 9 * i
-    return Truth(throughput, memory, ttft)
+    return Truth(throughput, engine_memory(seqs, tokens, spec_tokens).oom, ttft)
 
 
 def _key(params: Mapping[str, Any]) -> tuple[int, int, int]:
     return (
         int(params["max-num-seqs"]),
         int(params["max-num-batched-tokens"]),
-        int(params["num-speculative-tokens"]),
+        int(params[SPEC_PARAM]),
     )
 
 
@@ -117,12 +130,12 @@ def sweep_spec(strategy: str, seed: int, **search: Any) -> SweepSpec:
     return SweepSpec.model_validate(
         {
             "name": "landscape",
-            "server": {"engine": "sim"},
+            "server": sweep_server(*_MODELS),
             "params": {
                 "grid": {
                     "max-num-seqs": SEQS,
                     "max-num-batched-tokens": TOKENS,
-                    "num-speculative-tokens": SPEC_TOKENS,
+                    SPEC_PARAM: SPEC_TOKENS,
                 }
             },
             "workloads": [{"name": "chat", "concurrency": [1, 8, 32]}],
@@ -197,31 +210,96 @@ class Reach:
     failed: int
     seconds: float
     """Wall time of the search's own calls (ask, tell, prune decisions)."""
+    oom_started: int = 0
+    """OOM crashes launched before the best was reached (all of them when never)."""
+    skipped: int = 0
+    """Configurations the memory prediction did not launch, before the best."""
+    skipped_feasible: int = 0
+    """Of those, configurations that would have fit (the predictor's false alarms)."""
 
 
-def run_search(strategy: str, seed: int, **search: Any) -> Reach:
-    spec = sweep_spec(strategy, seed, **search)
+class Predictor:
+    """servesweep's memory gate as the driver runs it: predict, skip a certain OOM,
+    calibrate from what each configuration that came up reported."""
+
+    def __init__(self, spec: SweepSpec) -> None:
+        self.model = MemoryModel.of_sweep(spec, Capacity(GPU_BYTES, "gpu", "landscape"))
+        self.calibrator = Calibrator("vllm")
+
+    def skip(self, config: ServerConfig) -> Evidence | None:
+        predicted = self.model.predict(config.params)
+        self._last = (predicted, self.model.calibration)
+        if not predicted.certain_oom:
+            return None
+        return Evidence(
+            message=f"predicted not to fit: {predicted.reason}",
+            reason="predicted_oom",
+            details={"predicted_memory": predicted.to_json()},
+        )
+
+    def learn(self, config: ServerConfig) -> None:
+        predicted, applied = self._last
+        measured = engine_memory(*_key(config.params)).measured()
+        self.model.learn(self.calibrator.add(predicted, measured, applied))
+
+
+def _skipped(seq: int, config: ServerConfig, evidence: Evidence, clock: float) -> TrialRecord:
+    return TrialRecord(
+        id=seq,
+        sweep_id=1,
+        seq=seq,
+        fingerprint=config.fingerprint,
+        params=dict(config.params),
+        outcome=Outcome.SKIPPED,
+        evidence=evidence,
+        finished_at=clock,
+    )
+
+
+def run_search(
+    strategy: str, seed: int, predict: bool = False, predict_mode: str = "auto", **search: Any
+) -> Reach:
+    spec = sweep_spec(strategy, seed, predict=predict_mode, **search)
     engine = Search.create(spec, [])
+    predictor = Predictor(spec) if predict else None
     rng = random.Random(f"noise:{seed}")
     clock = gpu_seconds = own = 0.0
-    pruned = failed = 0
+    pruned = failed = launched = skipped = false_alarms = 0
     for seq in itertools.count(1):
         started = time.perf_counter()
         config = engine.ask()
         own += time.perf_counter() - started
         if config is None:
             break
+        if predictor is not None:
+            started = time.perf_counter()
+            evidence = predictor.skip(config)
+            if evidence is not None:
+                engine.tell(_skipped(seq, config, evidence, clock), [])
+                own += time.perf_counter() - started
+                skipped += 1
+                false_alarms += not TRUTH[_key(config.params)].oom
+                continue
+            own += time.perf_counter() - started
+        launched += 1
         record, results, seconds = run_trial(engine, seq, config, clock, rng)
         clock += seconds
         gpu_seconds += seconds * GPUS
         started = time.perf_counter()
         engine.tell(record, results)
+        if predictor is not None and record.outcome is not Outcome.FAILED:
+            predictor.learn(config)  # it came up: the engine printed its memory
         own += time.perf_counter() - started
         pruned += record.outcome is Outcome.PRUNED
         failed += record.outcome is Outcome.FAILED
         if record.outcome is Outcome.OK and _key(config.params) in NEAR_BEST:
-            return Reach(strategy, seed, seq, gpu_seconds / 3600, seq, pruned, failed, own)
-    return Reach(strategy, seed, None, None, seq - 1, pruned, failed, own)
+            return Reach(
+                strategy, seed, launched, gpu_seconds / 3600, launched, pruned, failed, own,
+                failed, skipped, false_alarms,
+            )  # fmt: skip
+    return Reach(
+        strategy, seed, None, None, launched, pruned, failed, own, failed, skipped, false_alarms
+    )
 
 
 def grid_cost() -> float:
@@ -255,6 +333,11 @@ def summarize(reaches: Sequence[Reach], full: float) -> dict[str, Any]:
         "share_of_grid_p90": _pct(hours, 0.9) / full,
         "search_seconds_per_trial": sum(r.seconds for r in reaches)
         / max(1, sum(r.trials_run for r in reaches)),
+        "oom_started_median": statistics.median(r.oom_started for r in reaches),
+        "oom_started_p90": _pct([r.oom_started for r in reaches], 0.9),
+        "oom_started_max": max(r.oom_started for r in reaches),
+        "skipped_median": statistics.median(r.skipped for r in reaches),
+        "skipped_feasible_total": sum(r.skipped_feasible for r in reaches),
     }
 
 
@@ -320,7 +403,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--strategies", default="grid,random,tpe")
+    parser.add_argument(
+        "--strategies",
+        default="grid,random,tpe,grid+predict,random+predict,tpe+predict",
+        help="strategies; NAME+predict runs NAME through the memory prediction",
+    )
     parser.add_argument(
         "--startup",
         default="",
@@ -340,14 +427,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "search": {},
     }
-    runs: list[tuple[str, str, dict[str, Any]]] = [
-        (s, s, {}) for s in args.strategies.split(",") if s
-    ]
+    runs: list[tuple[str, str, dict[str, Any]]] = []
+    for name in (s for s in args.strategies.split(",") if s):
+        base, _, flag = name.partition("+")
+        runs.append((name, base, {"predict": True} if flag == "predict" else {}))
     runs += [
         (f"tpe/s={n}", "tpe", {"startup_trials": int(n)}) for n in args.startup.split(",") if n
     ]
     for label, strategy, settings in runs:
         seeds = [0] if strategy == "grid" else list(range(args.seeds))
+        if strategy == "grid" and settings.get("predict"):
+            settings = {**settings, "predict_mode": "skip"}
         reaches = [run_search(strategy, seed, **settings) for seed in seeds]
         out["search"][label] = {
             "summary": summarize(reaches, full),
@@ -366,15 +456,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{land['grid_gpu_hours']} GPU-h"
     )
     print(
-        f"{'strategy':<8} {'runs':>4} {'restarts p50':>12} {'p90':>5} "
-        f"{'GPU-h p50':>10} {'p90':>6} {'% grid p50':>10} {'p90':>6}"
+        f"{'strategy':<15} {'runs':>4} {'restarts p50':>12} {'p90':>5} "
+        f"{'GPU-h p50':>10} {'p90':>6} {'% grid p50':>10} {'p90':>6} "
+        f"{'OOM started p50':>15} {'p90':>4} {'max':>4} {'skipped p50':>11} {'false skips':>11}"
     )
     for strategy, data in out["search"].items():
         s = data["summary"]
         print(
-            f"{strategy:<8} {s['runs']:>4} {s['restarts_median']:>12} {s['restarts_p90']:>5} "
+            f"{strategy:<15} {s['runs']:>4} {s['restarts_median']:>12} {s['restarts_p90']:>5} "
             f"{s['gpu_hours_median']:>10.1f} {s['gpu_hours_p90']:>6.1f} "
-            f"{s['share_of_grid_median']:>10.0%} {s['share_of_grid_p90']:>6.0%}"
+            f"{s['share_of_grid_median']:>10.0%} {s['share_of_grid_p90']:>6.0%} "
+            f"{s['oom_started_median']:>15} {s['oom_started_p90']:>4} {s['oom_started_max']:>4} "
+            f"{s['skipped_median']:>11} {s['skipped_feasible_total']:>11}"
         )
     print()
     print(

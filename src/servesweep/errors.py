@@ -16,6 +16,7 @@ has to know a library's exception types.
     ├── BenchError               the load generator could not run a workload
     │   └── DatasetError         a prompt dataset file is invalid (names the line)
     ├── SandboxError             the eval sandbox cannot run safely here
+    ├── ResourceBusy             another run holds a port or GPU this run needs
     ├── TrialFailed              a trial failed; carries a FailureClass and Evidence.
     │                            The sweep records it as data and goes on.
     └── Interrupted              the user asked servesweep to stop (SIGINT/SIGTERM)
@@ -39,6 +40,7 @@ __all__ = [
     "Interrupted",
     "LaunchError",
     "NoGpuDriverError",
+    "ResourceBusy",
     "SandboxError",
     "ServesweepError",
     "StoreError",
@@ -107,6 +109,10 @@ class DatasetError(BenchError):
 
 class SandboxError(ServesweepError):
     """Model-generated code cannot be run safely on this machine."""
+
+
+class ResourceBusy(ServesweepError):
+    """Another run holds (leases) a port or GPU this run needs; nothing was started."""
 
 
 class Interrupted(ServesweepError):

@@ -37,6 +37,7 @@ __all__ = [
     "CAPACITY_METRICS",
     "CAPACITY_OUTPUT_THROUGHPUT",
     "CATALOG",
+    "CLIENT_HEALTH",
     "COMPLETED",
     "COMPLETION_TOKENS_MEAN",
     "CONCURRENCY_MEAN",
@@ -227,6 +228,9 @@ LOOP_LAG_P99_MS = Metric(
     "p99 event-loop lag of the load generator (the client's own health)",
     "when the level ended before the first 5 ms sample",
 )
+CLIENT_HEALTH = frozenset({SCHEDULE_LAG_P99_MS.name, LOOP_LAG_P99_MS.name})
+"""Metrics of the load generator's own health (how well it measured), not of the
+server: reports keep them apart from the configuration's figures."""
 GPU_MEM_USED_MAX_MIB = Metric(
     "gpu_mem_used_max_mib",
     _LEVEL,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -27,6 +27,8 @@ __all__ = [
     "ServerConfig",
     "fingerprint",
     "level_label",
+    "short_cmdline",
+    "usable",
 ]
 
 
@@ -89,6 +91,9 @@ class FailureClass(str, Enum):
         return self not in _ENVIRONMENT_FAILURES
 
 
+_CLASS_NAMES = frozenset(c.value for c in FailureClass)
+"""A reason spelled as a failure class refines nothing (see ``Evidence.summary``)."""
+
 _ENVIRONMENT_FAILURES = frozenset(
     {
         FailureClass.PORT_IN_USE,
@@ -97,6 +102,61 @@ _ENVIRONMENT_FAILURES = frozenset(
         FailureClass.NODE_LOST,
     }
 )
+
+
+_INTERPRETERS = ("python", "bash", "sh", "node", "perl", "ruby", "java", "env", "uv", "torchrun")
+_GAP = " ... "
+
+
+def short_cmdline(cmdline: str, limit: int = 120) -> str:
+    """``cmdline`` in at most ``limit`` characters, shortened in the middle: the
+    program, and for an interpreter (python, bash, ``-m`` module...) the script or
+    module it runs, are kept whole (long paths lose their leading folders first), then
+    as much of the end of the line as fits."""
+    if len(cmdline) <= limit:
+        return cmdline
+    words = cmdline.split()
+    n = _head_words(words)
+    head = " ".join(words[:n])
+    if len(head) > limit:
+        head = " ".join(_short_path(w) for w in words[:n])
+    if len(head) > limit:
+        keep = max(0, limit - len(_GAP.strip()))
+        return _GAP.strip() + head[len(head) - keep :]
+    tail = " ".join(words[n:])
+    room = limit - len(head) - len(_GAP)
+    if room <= 0 or not tail:
+        return head
+    end = tail[len(tail) - room :]
+    if len(tail) > room and " " in end:
+        end = end.split(" ", 1)[1]  # whole words only
+    return head + _GAP + end
+
+
+def _head_words(words: Sequence[str]) -> int:
+    """How many leading words name the program and what it runs."""
+    if not words:
+        return 0
+    base = words[0].rsplit("/", 1)[-1]
+    if not base.startswith(_INTERPRETERS):
+        return 1
+    i = 1
+    while i < len(words):
+        word = words[i]
+        if word in ("-m", "-c") and i + 1 < len(words):
+            return i + 2
+        if not word.startswith("-"):
+            return i + 1
+        i += 1
+    return 1
+
+
+def _short_path(word: str) -> str:
+    """A long path with only its last two parts, ``.../server/holder.py``."""
+    parts = word.split("/")
+    if len(word) <= 40 or len(parts) <= 3:
+        return word
+    return ".../" + "/".join(parts[-2:])
 
 
 @dataclass(frozen=True)
@@ -148,7 +208,7 @@ class ProcessInfo:
         if self.wchan:
             bits.append(f"wchan {self.wchan}")
         if self.cmdline:
-            bits.append(repr(self.cmdline[:120]))
+            bits.append(repr(short_cmdline(self.cmdline)))
         return " ".join(bits)
 
 
@@ -173,8 +233,10 @@ class Evidence:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
+        """One line: ``(reason) message: "matched line" — see LOG``. A reason that only
+        repeats a failure class (``invalid_args``), which is shown beside it, is left out."""
         text = self.message
-        if self.reason:
+        if self.reason and self.reason not in _CLASS_NAMES:
             text = f"({self.reason}) {text}"
         if self.matched_line:
             text += f': "{self.matched_line.strip()[:160]}"'
@@ -301,6 +363,22 @@ class LevelResult:
     """Wall-clock (time.time()) start of the run."""
     duration_s: float = 0.0
     eval_results: tuple[EvalTaskResult, ...] = ()
+    intervals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """``{metric: (lo, hi)}``: the confidence interval of each key metric, computed
+    from this level's own requests (see ``servesweep.level_intervals``)."""
+    confidence: float | None = None
+    """The confidence of ``intervals`` (0.95); None when the level has none."""
+    launch: int = 0
+    """Which launch of the server measured it (0..launches-1; see ``launches``)."""
+    unreliable: str | None = None
+    """Why the load generator could not time this level (``bench.health``): its
+    numbers are kept and shown, marked, but ``best``, constraints and pruning leave
+    them out unless told to take them in. None: the level is reliable."""
+
+
+def usable(results: Iterable[LevelResult], include_unreliable: bool = False) -> list[LevelResult]:
+    """The results a decision may use: the reliable ones (all with ``include_unreliable``)."""
+    return [r for r in results if include_unreliable or r.unreliable is None]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -227,3 +228,38 @@ def test_named_gpus_that_no_backend_sees_are_an_error_not_free(tmp_path: Path) -
     )
     ok = run_cli("run", str(sweep), "--quiet", "--fresh", env=env_free, timeout=300)
     assert ok.returncode == 0, (ok.stdout[-2000:], ok.stderr[-2000:])
+
+
+@pytest.mark.parametrize(
+    ("setting", "path_without_bwrap", "backend", "words"),
+    [
+        ("auto", False, "bwrap", "nothing of the threat model"),
+        ("auto", True, "unshare", "nothing of the threat model"),
+        ("host-filesystem", False, "none", "world-readable secrets"),
+    ],
+)
+def test_doctor_names_the_eval_sandbox_and_what_it_does_not_protect(
+    tmp_path: Path, setting: str, path_without_bwrap: bool, backend: str, words: str
+) -> None:
+    if os.geteuid() != 0 and backend != "bwrap":
+        pytest.skip(f"the {backend} backend runs generated code as a fresh uid only as root")
+    if backend == "bwrap" and not shutil.which("bwrap"):
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    coding = {"name": "coding", "eval": {"suite": "builtin:coding", "sandbox": setting}}
+    sweep_file = write_sweep(tmp_path, name="doctor", workloads=[coding])
+    gpus = tmp_path / "gpus"
+    _init_gpus(gpus)
+    env = dict(os.environ)
+    if path_without_bwrap:
+        # A machine without bubblewrap: only unshare (and the Python) on PATH.
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "unshare").symlink_to(str(shutil.which("unshare")))
+        env["PATH"] = f"{bin_dir}:{Path(sys.executable).parent}"
+    done = run_cli("doctor", str(sweep_file), "--json", "--fake-gpus", str(gpus), env=env)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)["eval_sandbox"]["coding"]
+    assert entry["setting"] == setting and entry["backend"] == backend
+    assert words in entry["does_not_protect"]
+    plain = run_cli("doctor", str(sweep_file), "--fake-gpus", str(gpus), env=env)
+    assert f"backend: {backend}" in plain.stdout and "does_not_protect:" in plain.stdout

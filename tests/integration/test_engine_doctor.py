@@ -140,3 +140,40 @@ def test_engine_version_of_installed_programs(tmp_path: Path) -> None:
     assert engine_version(ServerSpec(engine="llama-server", executable=[hangs]), 0.5) is None
     no_sglang = ServerSpec(engine="sglang", executable=[sys.executable, "-m", "x"])
     assert engine_version(no_sglang) is None
+
+
+def test_doctor_checks_the_simulated_engines_flags_and_says_what_it_did_not_check(
+    tmp_path: Path,
+) -> None:
+    sim = _sweep(tmp_path, {"engine": "sim"}, {"grid": {"budget": [2], "budgte": [4]}})
+    done = run_cli("doctor", str(sim), timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    problems = _problems(done.stderr)
+    assert len(problems) == 1, problems
+    assert "engine sim rejects a flag" in problems[0]
+    assert "unrecognized arguments: --budgte 4" in problems[0]
+    assert "nothing listens on the port yet: normal before a sweep" in done.stdout
+    assert "error: nothing listens" not in done.stdout
+    # an engine whose parser servesweep cannot build here: said plainly, not passed
+    fake = _tool(tmp_path / "llama-server", "exit 0\n")
+    native = _sweep(tmp_path, {"engine": "llama-server", "executable": [fake], "model": str(fake)})
+    done = run_cli("doctor", str(native), timeout=60)
+    assert "flags not checked: " in done.stdout and "native program" in done.stdout
+
+
+def test_doctor_counts_a_port_held_by_someone_else_as_a_problem(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        path = tmp_path / "sweep.yaml"
+        spec = yaml.safe_load(_sweep(tmp_path, {"engine": "sim"}).read_text())
+        spec["server"]["port"] = port
+        path.write_text(yaml.safe_dump(spec))
+        done = run_cli("doctor", str(path), timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (problem,) = _problems(done.stderr)
+    assert problem.startswith(f"doctor: server.port {port} on 127.0.0.1 is in use by pid ")
+    assert "every start would fail port_in_use" in problem

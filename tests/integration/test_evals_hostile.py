@@ -1,6 +1,13 @@
 """The hostile corpus: candidate programs that attack the host or cheat, each run in
-the sandbox, reported as a failure (never a pass), and the host checked
-unaffected afterwards."""
+the sandbox of every backend that can start here (bwrap, unshare, and none with
+its opt-in), reported as a failure (never a pass), and the host checked
+unaffected afterwards.
+
+The ``none`` backend (``eval.sandbox: host-filesystem``) has no namespaces: the
+attacks in :data:`NONE_DOES_NOT_CONTAIN` reach the host there (docs/evals.md says
+so), and are not run against it, so that no test writes the host's shared places
+or fills its disk; :func:`test_checks_notice_an_attack_without_isolation` shows
+that the checks catch the ones aimed at the test's own files."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +28,7 @@ import pytest
 
 from servesweep.bench.evals import Sandbox, SandboxLimits, SandboxResult, leftovers, procscan
 from servesweep.bench.evals.cgroups import find_hierarchies
+from servesweep.bench.evals.commands import Backend
 from servesweep.errors import SandboxError
 
 HOSTILE = Path(__file__).parent / "hostile"
@@ -36,7 +44,9 @@ NEEDS_CGROUP = {"memfd_hoard", "tmpfs_namespace"}
 EXPECTED = {
     "background_process": {"fail"},
     "chdir_upward": {"fail"},
+    "change_world_writable": {"fail"},
     "connect_loopback": {"fail"},
+    "deaf_daemon": {"timeout"},
     "delete_files": {"fail"},
     "fill_disk": {"resource_limit"},
     "forge_verdict": {"crash"},
@@ -52,7 +62,26 @@ EXPECTED = {
     "sleep_past_timeout": {"timeout"},
     "tmpfs_namespace": {"resource_limit"},
     "write_outside": {"fail"},
+    "write_shared_places": {"fail"},
 }
+BY_BACKEND = {
+    # In the unshare backend's chroot the kernel refuses a user namespace (EPERM),
+    # so there is no tmpfs to fill; bwrap's --disable-userns refuses it as ENOSPC.
+    "unshare": {"tmpfs_namespace": {"fail"}},
+}
+NONE_DOES_NOT_CONTAIN = {
+    "change_world_writable": "changes world-writable files",
+    "chdir_upward": "writes in the host's /tmp",
+    "connect_loopback": "reaches the host's loopback",
+    "delete_files": "deletes world-writable files",
+    "fill_disk": "fills the disk of the host's temporary folder",
+    "read_secret": "reads world-readable files",
+    "write_outside": "writes world-writable folders",
+    "write_shared_places": "writes /tmp, /var/tmp, /dev/shm, /run/lock",
+}
+"""What the ``none`` backend does not protect (and a daemon outliving a SIGKILLed
+servesweep: test_evals_killed_runner.py)."""
+BACKENDS: tuple[Backend, ...] = ("bwrap", "unshare", "none")
 CHEATS = {
     # Each of these was scored `pass` when the tests ran in the candidate's process.
     "cheat_call_reporter_via_gc": {"fail"},
@@ -85,6 +114,7 @@ class Host:
     outside_path: Path
     delete_dir: Path
     delete_file: Path
+    world_writable: Path
     marker: str
     tcp: socket.socket
     udp: socket.socket
@@ -96,6 +126,7 @@ class Host:
             "__OUTSIDE_PATH__": str(self.outside_path),
             "__DELETE_DIR__": str(self.delete_dir),
             "__DELETE_FILE__": str(self.delete_file),
+            "__WORLD_WRITABLE__": str(self.world_writable),
             "__MARKER__": self.marker,
             "__TCP_PORT__": str(self.tcp.getsockname()[1]),
             "__UDP_PORT__": str(self.udp.getsockname()[1]),
@@ -110,7 +141,7 @@ class Host:
             Path(tempfile.gettempdir()) / name,
             Path.home() / name,
             Path.cwd() / name,
-            Path("/tmp") / name,
+            *(Path(folder) / name for folder in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")),
         ]
 
 
@@ -127,27 +158,43 @@ def _processes_with(text: str) -> list[int]:
     return found
 
 
-def _bwrap(timeout_s: float) -> Iterator[Sandbox]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    box = Sandbox(SandboxLimits(timeout_s=timeout_s), backend="bwrap")
+def _start(backend: Backend, timeout_s: float) -> Sandbox | str:
+    """A started sandbox of ``backend``, or why it cannot start here."""
+    if backend == "bwrap" and shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    if backend == "unshare" and (os.geteuid() != 0 or shutil.which("unshare") is None):
+        return "the unshare backend needs root and util-linux unshare"
+    if backend == "none" and os.geteuid() != 0:
+        return "as a normal user 'none' runs generated code with the user's own uid"
+    box = Sandbox(
+        SandboxLimits(timeout_s=timeout_s), backend=backend, host_filesystem=backend == "none"
+    )
     try:
         asyncio.run(box.start())
     except SandboxError as exc:
         box.close()
-        pytest.skip(f"bwrap cannot make namespaces here: {exc}")
-    yield box
-    box.close()
+        return f"{backend} cannot start here: {exc}"
+    return box
 
 
 @pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    yield from _bwrap(LIMIT_TIMEOUT_S)
+def boxes() -> Iterator[Callable[[Backend, float], Sandbox]]:
+    """``boxes(backend, timeout_s)``: one started sandbox per pair for the module
+    (the test is skipped where that backend cannot start)."""
+    made: dict[tuple[Backend, float], Sandbox | str] = {}
 
+    def get(backend: Backend, timeout_s: float) -> Sandbox:
+        if (backend, timeout_s) not in made:
+            made[(backend, timeout_s)] = _start(backend, timeout_s)
+        box = made[(backend, timeout_s)]
+        if isinstance(box, str):
+            pytest.skip(box)
+        return box
 
-@pytest.fixture(scope="module")
-def short_sandbox() -> Iterator[Sandbox]:
-    yield from _bwrap(TIMEOUT_S)
+    yield get
+    for box in made.values():
+        if isinstance(box, Sandbox):
+            box.close()
 
 
 def _run_cgroups() -> list[Path]:
@@ -175,6 +222,10 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     delete_file = folder / "keep-file"
     delete_file.write_text("keep me")
     delete_file.chmod(0o666)
+    world_writable = folder / "world-writable.txt"
+    world_writable.write_text("keep me")
+    world_writable.chmod(0o666)
+    os.utime(world_writable, (1_000_000_000, 1_000_000_000))
     env_secret = "sk-" + secrets.token_hex(12)
     monkeypatch.setenv("SERVESWEEP_TEST_API_KEY", env_secret)
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -193,6 +244,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
         outside_path=folder / "outside.txt",
         delete_dir=delete_dir,
         delete_file=delete_file,
+        world_writable=world_writable,
         marker="servesweep-hostile-" + secrets.token_hex(6),
         tcp=tcp,
         udp=udp,
@@ -239,6 +291,8 @@ def _assert_host_unaffected(host: Host, result: SandboxResult) -> None:
         assert not path.exists(), f"{path} was written"
     assert sorted(p.name for p in host.delete_dir.iterdir()) == ["file0", "file1", "file2"]
     assert host.delete_file.read_text() == "keep me"
+    assert host.world_writable.read_text() == "keep me", "a world-writable file was changed"
+    assert host.world_writable.stat().st_mtime == 1_000_000_000, "its times were changed"
     assert host.secret_path.read_text() == host.secret
     assert not _arrived(host.tcp), "a TCP connection reached the host's loopback"
     with pytest.raises(BlockingIOError):
@@ -250,35 +304,48 @@ def _assert_host_unaffected(host: Host, result: SandboxResult) -> None:
     assert _run_cgroups() == [], "a cgroup of the run is left"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+def _cases(names: dict[str, set[str]]) -> list[tuple[Backend, str]]:
+    return [
+        (backend, name)
+        for backend in BACKENDS
+        for name in sorted(names)
+        if not (backend == "none" and name in NONE_DOES_NOT_CONTAIN)
+    ]
+
+
+@pytest.mark.parametrize(("backend", "name"), _cases(EXPECTED))
 def test_hostile_program_is_contained(
-    name: str, sandbox: Sandbox, short_sandbox: Sandbox, host: Host
+    backend: Backend, name: str, boxes: Callable[[Backend, float], Sandbox], host: Host
 ) -> None:
     program = _program(name, host)
-    box = short_sandbox if EXPECTED[name] == {"timeout"} else sandbox
+    expected = BY_BACKEND.get(backend, {}).get(name, EXPECTED[name])
+    box = boxes(backend, TIMEOUT_S if EXPECTED[name] == {"timeout"} else LIMIT_TIMEOUT_S)
     if name in NEEDS_CGROUP and box.memory_limit == "watch":
         pytest.skip(f"no memory cgroup here ({box.warnings}): {name} would hold its memory")
     started = time.monotonic()
     result = asyncio.run(box.run(program, CHECK, "attack"))
     elapsed = time.monotonic() - started
     assert result.status != "pass"
-    assert result.status in EXPECTED[name], (result.status, result.message, result.stderr[-500:])
+    assert result.status in expected, (result.status, result.message, result.stderr[-500:])
     assert elapsed < box.limits.timeout_s + 5, f"the run took {elapsed:.1f} s"
     _assert_host_unaffected(host, result)
 
 
-@pytest.mark.parametrize("name", sorted(CHEATS))
-def test_cheat_is_not_scored_pass(name: str, sandbox: Sandbox, host: Host) -> None:
+@pytest.mark.parametrize(("backend", "name"), _cases(CHEATS))
+def test_cheat_is_not_scored_pass(
+    backend: Backend, name: str, boxes: Callable[[Backend, float], Sandbox], host: Host
+) -> None:
     """The expected value is a secret of this test: a program that gives a wrong
     answer must not pass by patching, frame walking, forging or lying about
     equality (the tests and the verdict are in another process)."""
+    box = boxes(backend, LIMIT_TIMEOUT_S)
     expected = secrets.token_hex(8)
     check = f"def check(candidate):\n    assert candidate() == {expected!r}\n"
     started = time.monotonic()
-    result = asyncio.run(sandbox.run(_program(name, host), check, "attack"))
+    result = asyncio.run(box.run(_program(name, host), check, "attack"))
     elapsed = time.monotonic() - started
     assert result.status in CHEATS[name], (result.status, result.message, result.stderr[-500:])
-    assert elapsed < sandbox.limits.timeout_s + 5, f"the run took {elapsed:.1f} s"
+    assert elapsed < box.limits.timeout_s + 5, f"the run took {elapsed:.1f} s"
     _assert_host_unaffected(host, result)
 
 
@@ -286,45 +353,19 @@ def test_corpus_is_complete() -> None:
     on_disk = {p.stem for p in HOSTILE.glob("*.py")}
     assert on_disk == set(EXPECTED) | set(CHEATS)
     assert not set(EXPECTED) & set(CHEATS)
-    assert len(EXPECTED) >= 18 and len(CHEATS) >= 15
+    assert len(EXPECTED) >= 21 and len(CHEATS) >= 15
+    assert set(NONE_DOES_NOT_CONTAIN) <= set(EXPECTED)
 
 
-@pytest.mark.parametrize("name", ["connect_loopback", "read_secret", "write_outside"])
-def test_checks_notice_an_attack_without_isolation(name: str, host: Host) -> None:
-    """The same attacks, run with isolation off (backend 'none'), do reach the host
-    and the checks above notice: they are not checks that cannot fail."""
-    box = Sandbox(SandboxLimits(timeout_s=LIMIT_TIMEOUT_S), backend="none", allow_no_netns=True)
-    try:
-        result = asyncio.run(box.run(_program(name, host), CHECK, "attack"))
-    finally:
-        box.close()
+@pytest.mark.parametrize(
+    "name", ["change_world_writable", "connect_loopback", "read_secret", "write_outside"]
+)
+def test_checks_notice_an_attack_without_isolation(
+    name: str, boxes: Callable[[Backend, float], Sandbox], host: Host
+) -> None:
+    """The same attacks, run with isolation off (backend 'none', whose targets are
+    the test's own files and sockets), do reach the host and the checks above
+    notice: they are not checks that cannot fail."""
+    result = asyncio.run(boxes("none", LIMIT_TIMEOUT_S).run(_program(name, host), CHECK, "attack"))
     with pytest.raises(AssertionError):
         _assert_host_unaffected(host, result)
-
-
-UNSHARE_SUBSET = ["background_process", "connect_loopback", "fork_bomb", "kill_parent"]
-
-
-@pytest.fixture(scope="module")
-def unshare_sandbox() -> Iterator[Sandbox]:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("the unshare backend needs root and util-linux unshare")
-    box = Sandbox(SandboxLimits(timeout_s=LIMIT_TIMEOUT_S), backend="unshare")
-    try:
-        asyncio.run(box.start())
-    except SandboxError as exc:
-        box.close()
-        pytest.skip(f"unshare cannot make namespaces here: {exc}")
-    yield box
-    box.close()
-
-
-@pytest.mark.parametrize("name", UNSHARE_SUBSET)
-def test_unshare_backend_contains_network_and_processes(
-    name: str, unshare_sandbox: Sandbox, host: Host
-) -> None:
-    """The fallback without bwrap (root, util-linux unshare): network, PID and
-    process-limit containment hold; its filesystem view is the host's (see docs)."""
-    result = asyncio.run(unshare_sandbox.run(_program(name, host), CHECK, "attack"))
-    assert result.status in EXPECTED[name], (result.status, result.message)
-    _assert_host_unaffected(host, result)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -107,6 +108,19 @@ def test_text_pass_rate_equals_the_oracle(sim: SimRun) -> None:
     assert {k: v["passed"] for k, v in result.info["per_task"].items()} == expected
     assert result.metrics["passed"] == sum(expected.values())
     assert result.info["sandbox"] == "not used"
+
+
+def test_the_host_filesystem_opt_in_is_recorded_and_warned(sim: SimRun) -> None:
+    """``sandbox: host-filesystem`` runs generated code without namespaces: every
+    result says so (its info and a warning, which the report shows)."""
+    if os.geteuid() != 0:
+        pytest.skip("the none backend runs generated code as a fresh uid only as root")
+    spec = EvalSpec(suite="builtin:coding", limit=2, sandbox="host-filesystem")
+    result = asyncio.run(run_eval_workload(_target(sim), WorkloadSpec(name="c", eval=spec)))
+    assert result.metrics["total"] == 2
+    assert result.info["sandbox"] == "none"
+    assert result.info["sandbox_setting"] == "host-filesystem"
+    assert any("host's filesystem" in w and "bubblewrap" in w for w in result.warnings)
 
 
 def test_limit_and_the_completions_endpoint(sim: SimRun, bwrap: None) -> None:

@@ -8,9 +8,11 @@ many overlapped), never with a fixed number of seconds: the machine may be busy.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -118,7 +120,20 @@ def test_cpu_limit_before_the_wall_clock() -> None:
     assert result.seconds < 120
 
 
-def test_environment_workdir_and_network_inside(box: Sandbox) -> None:
+@pytest.fixture(scope="module", params=["bwrap", "unshare"])
+def walled(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """A sandbox of each backend that hides the host (the unshare one: root only)."""
+    backend = request.param
+    if shutil.which(backend) is None:
+        pytest.skip(f"{backend} is not installed")
+    if backend == "unshare" and os.geteuid() != 0:
+        pytest.skip("the unshare backend needs root")
+    sandbox = Sandbox(SandboxLimits(timeout_s=5), backend=backend)
+    yield sandbox
+    sandbox.close()
+
+
+def test_environment_workdir_and_network_inside(walled: Sandbox) -> None:
     probe = (
         "import ctypes, os, socket\n"
         "def f(x):\n"
@@ -129,7 +144,7 @@ def test_environment_workdir_and_network_inside(box: Sandbox) -> None:
         "    open('mine.txt', 'w').write('x')\n"
         "    assert [n for _, n in socket.if_nameindex()] == ['lo']\n"
         "    assert os.getuid() != 0 and os.geteuid() != 0\n"
-        "    for place in ('/', '/dev', '/dev/shm', '/sandbox'):\n"
+        "    for place in ('/', '/dev', '/dev/shm', '/sandbox', '/usr', '/var/tmp', '/run'):\n"
         "        try:\n"
         "            open(place + '/x', 'w')\n"
         "        except OSError:\n"
@@ -138,11 +153,19 @@ def test_environment_workdir_and_network_inside(box: Sandbox) -> None:
         "    assert ctypes.CDLL(None).unshare(0x10000000) == -1, 'made a user namespace'\n"
         "    mine = ''.join(open('/sandbox/' + n).read() for n in os.listdir('/sandbox'))\n"
         "    assert 'should be' + ' 4' not in mine, 'the hidden test is readable'\n"
+        "    seen = set(os.listdir('/'))\n"
+        "    assert not seen & FORBIDDEN, seen\n"
+        "    assert os.listdir('/etc') == ['ld.so.cache'], os.listdir('/etc')\n"
         "    return 4\n"
     )
+    # Nothing of the host but the interpreter's own folders (a pyenv's parents, empty).
+    forbidden = {"home", "root", "var", "run", "work", "opt", "srv"} - {
+        Path(walled.python).parts[1]
+    }
+    probe = probe.replace("FORBIDDEN", repr(forbidden))
     # Twice: the second run starts in an empty directory again (the first was deleted).
     for _ in range(2):
-        result = asyncio.run(box.run(probe, CHECK_F, "f"))
+        result = asyncio.run(walled.run(probe, CHECK_F, "f"))
         assert result.status == "pass", result.message
 
 

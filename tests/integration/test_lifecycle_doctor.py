@@ -13,7 +13,8 @@ from tests.integration.fixtures_lifecycle.helpers import (
     tracker,
 )
 
-from servesweep.errors import LaunchError
+from servesweep.errors import LaunchError, TrialFailed
+from servesweep.models import FailureClass
 from servesweep.servers import procs
 from servesweep.servers.doctor import diagnose
 from servesweep.servers.engines import get_preset
@@ -58,7 +59,9 @@ def test_doctor_names_holders_port_owner_and_a_real_generation(
     lc.stop(inst)
     report = diagnose(spec, probe)
     assert report["port"]["listeners"] == []
-    assert "not running" in report["engine"]["error"]
+    # nothing listening is normal before a sweep: a note, not an error
+    assert report["engine"]["running"] is False and "error" not in report["engine"]
+    assert "nothing listens on the port yet" in report["engine"]["note"]
     probe.close()
 
 
@@ -134,8 +137,12 @@ def test_make_launcher_reports_a_missing_launcher_module_clearly(tmp_path: Path)
         trial_key="k",
         fingerprint="f",
     )
-    with pytest.raises(LaunchError, match="cannot run the server command"):
+    # a missing program is the configuration's failed start, with evidence
+    with pytest.raises(TrialFailed) as caught:
         SubprocessLauncher().start(missing)
+    assert caught.value.failure_class is FailureClass.START_CRASH
+    assert caught.value.evidence.reason == "executable_not_found"
+    assert "'/nonexistent/engine' does not exist" in caught.value.evidence.message
 
 
 def test_command_launcher_start_failure_is_start_crash(tmp_path: Path, tracker: Tracker) -> None:

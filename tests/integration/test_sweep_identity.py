@@ -74,7 +74,8 @@ def test_applied_server_shows_in_status_and_is_adopted_by_its_trial(tmp_path: Pa
         assert instance["params"] == {"budget": 4} and instance["running"] is True
         plain = run_cli("status", str(sweep_file), timeout=30)
         assert "instances recorded as running" in plain.stdout
-        assert "running" in plain.stdout.splitlines()[-1]
+        *_, shown, hint = plain.stdout.splitlines()
+        assert "running" in shown and hint.startswith("  stop them: servesweep stop ")
 
         done = run_cli("run", str(sweep_file), "--quiet", timeout=120)
         assert done.returncode == 0, done.stderr

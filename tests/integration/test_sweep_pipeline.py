@@ -82,6 +82,17 @@ def test_failures_during_the_benchmark_are_classified(tmp_path: Path) -> None:
         tmp_path,
         name="benchfail",
         grid={},
+        # no launch warm-up: the engine's three requests belong to the measured level
+        workloads=[
+            {
+                "name": "chat",
+                "concurrency": [1, 4],
+                "requests": 8,
+                "max_tokens": 16,
+                "ignore_eos": True,
+                "warmup": 0,
+            }
+        ],
         extra={
             "params": {
                 "points": [

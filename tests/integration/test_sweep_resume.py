@@ -75,6 +75,10 @@ def test_sigint_stops_cleanly_and_marks_interrupted(tmp_path: Path) -> None:
             _out, err = proc.communicate(timeout=30)
             assert proc.returncode == 130, err
             assert "interrupted" in err
+            assert (
+                "servesweep: interrupted; the running instances were stopped; run the same "
+                "command again to continue" in err
+            )
             assert "Traceback" not in err
         with open_store(tmp_path / "servesweep.db", readonly=True) as store:
             trial = store.trial(1)

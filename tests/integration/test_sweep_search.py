@@ -124,6 +124,9 @@ def test_a_trial_that_cannot_win_is_pruned_with_the_reason(tmp_path: Path) -> No
         "prune",
         {"strategy": "random", "trials": 3, "seed": 1},
         constraints=["chat.c1.ttft_p99_ms < 0.001"],  # no server answers that fast
+        # a level a busy machine's load generator could not time would decide nothing
+        # (bench.health); this test is about the pruning itself
+        include_unreliable=True,
     )
     try:
         done = run_cli("run", str(sweep), "--quiet", timeout=300)

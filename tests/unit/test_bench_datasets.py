@@ -26,6 +26,9 @@ def test_builtin_sets_ship_with_the_package() -> None:
     lengths = sorted(len((p.text or "").split()) for p in chat)
     assert lengths[0] < 10 and lengths[-1] > 100  # varied lengths
     assert len({p.text for p in chat}) == len(chat)
+    math = load_prompts("builtin:math")  # chat, code and math each on their own
+    assert len(math) >= 40 and len({p.text for p in math}) == len(math)
+    assert not {p.text for p in math} & {p.text for p in chat + coding}
     with pytest.raises(DatasetError, match="builtin sets"):
         load_prompts("builtin:nope")
 

@@ -56,3 +56,38 @@ def test_one_slot_says_nothing_of_slots_and_a_search_has_no_total() -> None:
     text = out.getvalue()
     assert "[1/?] trial 7: (defaults)" in text
     assert "slot" not in text
+
+
+def test_a_search_says_at_most_and_lines_use_the_sweeps_own_numbers() -> None:
+    display, out = _display()
+    display.event(
+        SweepStarted(sweep=2, name="tpe", store="s.db", trials=0, todo=5, slots=1, at_most=True)
+    )
+    # the database's trial 12 is this sweep's trial 3
+    display.event(TrialStarted(trial=12, number=3, params={"b": 4}, slot=0))
+    display.event(PhaseEntered(trial=12, phase=Phase.LOAD))
+    display.event(
+        TrialFinished(
+            trial=12,
+            outcome=Outcome.FAILED,
+            failure_class=FailureClass.INVALID_ARGS,
+            evidence=Evidence("the server log has a fatal line", reason="invalid_args"),
+        )
+    )
+    text = out.getvalue()
+    assert "sweep tpe: 0 trials so far, 0 already done, at most 5 to run" in text
+    assert "[1/5] trial 3: b=4" in text and "  trial 3: load" in text
+    assert "trial 3 failed invalid_args: the server log has a fatal line" in text
+    assert "12" not in text and "(invalid_args)" not in text
+
+
+def test_a_retry_after_a_lost_node_does_not_pass_the_total() -> None:
+    display, out = _display()
+    display.event(SweepStarted(sweep=1, name="s", store="s.db", trials=2, todo=2, slots=1))
+    display.event(TrialStarted(trial=1, number=1, params={"b": 1}, slot=0))
+    display.event(TrialStarted(trial=2, number=2, params={"b": 2}, slot=0))
+    display.event(TrialStarted(trial=2, number=2, params={"b": 2}, slot=0, attempt=2))
+    text = out.getvalue()
+    assert "[2/2] trial 2: b=2" in text
+    assert "[2/2] trial 2 again (attempt 2): b=2" in text
+    assert "[3/2]" not in text

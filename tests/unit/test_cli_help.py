@@ -60,9 +60,9 @@ def test_every_option_and_argument_has_a_description() -> None:
 @pytest.mark.parametrize(
     ("argv", "usage"),
     [
-        (["sim", "--help"], "usage: servesweep sim [-h]"),
-        (["fake-gpus", "--help"], "usage: servesweep fake-gpus [-h]"),
-        (["fake-gpus", "init", "--help"], "usage: servesweep fake-gpus init [-h]"),
+        (["sim", "--help"], "Usage: servesweep sim [-h]"),
+        (["fake-gpus", "--help"], "Usage: servesweep fake-gpus [-h]"),
+        (["fake-gpus", "init", "--help"], "Usage: servesweep fake-gpus init [-h]"),
     ],
 )
 def test_wrapped_parsers_are_named_after_the_command(
@@ -82,3 +82,28 @@ def test_a_bad_flag_of_a_wrapped_parser_names_the_command(
         main(["fake-gpus", "bogus"])
     assert done.value.code == 2
     assert "servesweep fake-gpus: error: " in capsys.readouterr().err
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_reads_the_same_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    top = _help(["--help"], capsys)
+    commands = top.split("Commands:")[1].split("\n\n")[0]
+    assert "..." not in commands, "a command's summary is cut"
+    flat = " ".join(top.split())
+    for code in ("0 every trial ok", "1 some trials failed", "2 usage", "3 internal", "130"):
+        assert code in flat
+    assert "stop" in top and "Stop the servers a sweep left running." in top
+    run = _help(["run", "--help"], capsys)
+    assert "--events FILE|-" in run and "TEXT" not in run.split("--events")[1].split("\n")[0]
+    assert "Exit codes:" in run
+    assert "[default: table]" in " ".join(_help(["report", "--help"], capsys).split())
+    for argv in (["sim", "--help"], ["fake-gpus", "--help"], ["fake-gpus", "hold", "--help"]):
+        text = _help(argv, capsys)
+        assert text.startswith("Usage: servesweep ") and "\nOptions:\n" in text
+        assert "usage:" not in text and "options:" not in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -18,20 +19,25 @@ from servesweep.errors import SandboxError
 LIMITS = SandboxLimits(timeout_s=5, output_bytes=100)
 
 
-def test_backend_none_is_refused_without_the_opt_out() -> None:
+def test_backend_none_is_refused_without_the_opt_in() -> None:
     box = Sandbox(backend="none")
     try:
-        with pytest.raises(SandboxError, match="allow_no_netns: true"):
+        with pytest.raises(SandboxError, match="sandbox: host-filesystem to accept that"):
             asyncio.run(box.start())
     finally:
         box.close()
 
 
-def test_no_namespace_tool_means_refusal_with_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("host_filesystem", [False, True])
+def test_no_namespace_tool_means_refusal_with_advice(
+    monkeypatch: pytest.MonkeyPatch, host_filesystem: bool
+) -> None:
+    """`auto` never falls back to the host's filesystem, opt-in or not: that takes
+    the 'none' backend by name."""
     monkeypatch.setattr(sandbox.shutil, "which", lambda *a, **k: None)
     monkeypatch.setattr(sandbox, "_PROBED", {})
     monkeypatch.setattr(Sandbox, "_prepare", lambda self: None)
-    box = Sandbox()
+    box = Sandbox(host_filesystem=host_filesystem)
     try:
         with pytest.raises(SandboxError) as err:
             asyncio.run(box.start())
@@ -39,7 +45,8 @@ def test_no_namespace_tool_means_refusal_with_advice(monkeypatch: pytest.MonkeyP
         box.close()
     text = str(err.value)
     assert "bwrap is not installed" in text and "unshare is not installed" in text
-    assert "apt-get install bubblewrap" in text and "allow_no_netns" in text
+    assert "apt-get install bubblewrap" in text and "sandbox: host-filesystem" in text
+    assert "\n" not in text
 
 
 def test_bwrap_command_isolates_network_processes_files_and_namespaces(
@@ -150,3 +157,33 @@ def test_process_scans_see_this_process() -> None:
     assert os.getpid() in procscan.pids_of_uid(os.getuid())
     assert procscan.tree_rss(os.getpid()) > 1 << 20
     assert procscan.tree_rss(2**22 + 12345) == 0
+
+
+def test_unshare_command_dies_with_servesweep_and_builds_a_root_of_its_own(
+    tmp_path: Path,
+) -> None:
+    root = os.geteuid() == 0
+    uid = 1_950_000_000 if root else None
+    launch = Commands(LIMITS, None, root).launch("unshare", "judge", tmp_path, uid, {}, (7,))
+    argv = launch.argv
+    # A parent-death signal on unshare, which passes it on to the namespace's first
+    # process (--kill-child); confine.py sets it again after the uid drop.
+    assert argv[:4] == ["setpriv", "--pdeathsig", "KILL", "--"]
+    tail = argv[argv.index("unshare") :]
+    for flag in ("--mount", "--net", "--pid", "--fork", "--kill-child", "--ipc"):
+        assert flag in tail[: tail.index("--")]
+    job = json.loads((tmp_path / "judge" / "job.json").read_text())
+    plan = job["rootfs"]
+    sources = [source for source, _ in plan["binds"]]
+    assert "/usr" in sources and sources == [target for _, target in plan["binds"]]
+    assert not any(
+        s.startswith(("/home", "/work", "/tmp", "/etc/"))
+        for s in sources
+        if s != "/etc/ld.so.cache"
+    )
+    assert plan["folder"] == str(tmp_path / "judge") and plan["tmpfs_bytes"] == LIMITS.tmpfs_bytes
+    assert not plan["base"].startswith(plan["folder"] + "/"), (
+        "the root's base must not show in /sandbox"
+    )
+    assert job["workdir"] == "/tmp" and launch.env["HOME"] == "/tmp" == launch.env["TMPDIR"]
+    assert "rootfs.py" in os.listdir(tmp_path / "judge")

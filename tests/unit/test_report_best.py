@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from helpers.report_data import level, sweep_data, throughput_sweep, trial
+from helpers.report_data import T0, level, sweep_data, throughput_sweep, trial
 from servesweep.errors import ConfigError
+from servesweep.models import LevelResult
 from servesweep.report.best import best_to_json, find_best, format_best
+from servesweep.report.uncertainty import Rules
+from servesweep.spec.load import load_sweep_text
 
 
 def test_sweep_objective_and_constraint_by_default() -> None:
@@ -122,7 +125,9 @@ def test_repeats_use_the_mean_and_flag_noise() -> None:
     best = find_best(sweep_data(trials, results), "chat.c1.output_throughput")
     assert best.trial is not None and best.trial.id == 2
     assert best.value == pytest.approx(102.0)
-    assert any("within run-to-run noise" in n for n in best.notes)
+    # the 2 % lead is well inside the spread of #1's repeats: a tie, not a winner
+    assert not best.decided and [c.trial.id for c in best.ties] == [1]
+    assert any("within its uncertainty" in n for n in best.notes)
     assert "repeats 3: 99..104" in format_best(best)
 
 
@@ -197,3 +202,118 @@ def test_a_configuration_that_sets_nothing_is_the_defaults() -> None:
         objective={"maximize": "chat.c1.output_throughput"},
     )
     assert [c.label for c in find_best(data).ranking] == ["#1 (defaults)", "#2 max-num-seqs=1"]
+
+
+def _measured(value: float, half: float, **more: tuple[float, float]) -> LevelResult:
+    """A c1 level of ``chat`` whose throughput has the interval value ± half."""
+    metrics = {"output_throughput": value, **{k: v[0] for k, v in more.items()}}
+    intervals = {"output_throughput": (value - half, value + half)}
+    intervals.update({k: (v[0] - v[1], v[0] + v[1]) for k, v in more.items()})
+    return LevelResult(
+        "chat", "c1", 0, metrics, started_at=T0, intervals=intervals, confidence=0.95
+    )
+
+
+def test_configs_differing_only_in_seed_tie_and_the_cheaper_one_wins() -> None:
+    """The issue's case: 221.1, 221.3 and 221.6 tok/s are one configuration measured
+    three times; the one on fewer GPUs is preferred, and the output says why."""
+    trials = [
+        trial(1, {"seed": 1}, gpus=(0, 1)),
+        trial(2, {"seed": 2}, gpus=(0,)),
+        trial(3, {"seed": 3}, gpus=(0, 1)),
+    ]
+    results = {1: [_measured(221.1, 1.5)], 2: [_measured(221.3, 1.5)], 3: [_measured(221.6, 1.5)]}
+    best = find_best(sweep_data(trials, results), "chat.c1.output_throughput")
+    assert [c.trial.id for c in best.ranking] == [3, 2, 1]
+    assert not best.decided
+    assert best.trial is not None and best.trial.id == 2
+    assert sorted(c.trial.id for c in best.ties) == [1, 3]
+    assert best.why.startswith("tie: #3 and #2, #1 are not separated")
+    assert "picked #2: fewest GPUs (1 against 2 for the leader)" in best.why
+    text = format_best(best)
+    assert "95% interval 219.8..222.8" in text and "note: tie" in text
+    assert best_to_json(best)["decision"]["decided"] is False
+
+
+def test_a_winner_must_lead_beyond_uncertainty_and_threshold() -> None:
+    trials = [trial(1, {"b": 1}), trial(2, {"b": 2})]
+
+    def decide(a: tuple[float, float], b: tuple[float, float], **kw: float) -> bool:
+        results = {1: [_measured(*a)], 2: [_measured(*b)]}
+        rules = Rules(**kw)  # type: ignore[arg-type]
+        best = find_best(sweep_data(trials, results), "chat.c1.output_throughput", rules=rules)
+        assert best.trial is not None and best.trial.id == 1  # the leader either way
+        return best.decided
+
+    assert decide((230.0, 1.0), (221.0, 1.0))  # 4 % ahead, intervals apart
+    assert not decide((230.0, 10.0), (221.0, 10.0))  # 4 % ahead, within the noise
+    assert not decide((223.0, 0.1), (221.5, 0.1))  # separated, but 0.7 % < 1 %
+    assert decide((223.0, 0.1), (221.5, 0.1), threshold=0.005)
+    won = find_best(
+        sweep_data(trials, {1: [_measured(230.0, 1.0)], 2: [_measured(221.0, 1.0)]}),
+        "chat.c1.output_throughput",
+    )
+    assert won.why.startswith(
+        "#1 beats the runner-up #2 on chat.c1.output_throughput: leads by 4.1%"
+    )
+    assert won.runner_up is not None and won.runner_up.decisive
+
+
+def test_constraints_are_met_violated_or_uncertain() -> None:
+    trials = [trial(1, {"b": 1}), trial(2, {"b": 2}), trial(3, {"b": 3})]
+    results = {
+        1: [_measured(300.0, 1.0, ttft_p99_ms=(490.0, 30.0))],  # 460..520: uncertain
+        2: [_measured(250.0, 1.0, ttft_p99_ms=(440.0, 30.0))],  # 410..470: met
+        3: [_measured(400.0, 1.0, ttft_p99_ms=(560.0, 30.0))],  # 530..590: violated
+    }
+    best = find_best(
+        sweep_data(trials, results),
+        "chat.c1.output_throughput",
+        constraints=["chat.c1.ttft_p99_ms < 500"],
+    )
+    assert best.trial is not None and best.trial.id == 1
+    (verdict,) = best.winner.verdicts  # type: ignore[union-attr]
+    assert verdict.state == "uncertain"
+    assert "about 9.0x the requests, samples or repeats would decide it" in verdict.advice
+    assert any("the winner's constraint chat.c1.ttft_p99_ms < 500 is uncertain" in n
+               for n in best.notes)  # fmt: skip
+    (met,) = next(c for c in best.ranking if c.trial.id == 2).verdicts
+    assert met.state == "met"
+    (gone,) = best.excluded
+    assert gone.trial.id == 3 and gone.kind == "constraint"
+    payload = best_to_json(best)
+    assert payload["best"]["constraint_verdicts"]["chat.c1.ttft_p99_ms < 500"]["state"] == (
+        "uncertain"
+    )
+
+
+def test_a_pass_rate_of_four_in_five_is_no_proof_of_eighty_percent() -> None:
+    from helpers.report_data import eval_level
+
+    trials = [trial(1, {"b": 1})]
+    statuses = {f"t{i}": "pass" if i < 4 else "fail" for i in range(5)}
+    results = {1: [_measured(100.0, 1.0), eval_level("coding", statuses)]}
+    best = find_best(
+        sweep_data(trials, results),
+        "chat.c1.output_throughput",
+        constraints=["coding.pass_rate >= 0.8"],
+    )
+    (verdict,) = best.winner.verdicts  # type: ignore[union-attr]
+    assert verdict.state == "uncertain" and verdict.lo is not None and verdict.lo < 0.4
+
+
+def test_the_sweep_files_decision_sets_the_rules() -> None:
+    text = """
+name: d
+server: {engine: sim}
+workloads: [{name: chat, concurrency: [1]}]
+decision: {threshold: 5%, confidence: 0.9, prefer: [latency, gpus]}
+"""
+    spec = load_sweep_text(text).spec
+    rules = Rules.of(spec.decision.model_dump())
+    assert rules == Rules(confidence=0.9, threshold=0.05, prefer=("latency", "gpus"))
+    assert Rules.of(load_sweep_text(text.replace(
+        "decision: {threshold: 5%, confidence: 0.9, prefer: [latency, gpus]}", "")
+    ).spec.decision.model_dump()) == Rules()  # fmt: skip
+    with pytest.raises(ConfigError, match="prefer"):
+        load_sweep_text(text.replace("latency, gpus", "price"))

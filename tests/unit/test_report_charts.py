@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from helpers.report_data import T0, level, sweep_data, throughput_sweep, trial
 from servesweep.report.best import find_best
+from servesweep.report.charts import value_band
 from servesweep.report.effects import acceptance_charts, heatmap_chart, parallel_chart
 from servesweep.report.importance import MIN_TRIALS, importance_chart, param_importances
 from servesweep.report.progress import progress_charts
@@ -159,6 +160,61 @@ def test_a_failed_trial_is_never_drawn_as_a_measurement() -> None:
     charts = metric_vs_param_charts(*parts, parse_metric_ref(found), ["rate"], id_prefix="x")
     by_series = {s["name"]: [p["value"] for p in s["data"]] for s in charts[0].option["series"]}
     assert by_series[found] == [[0.0, 500.0]]  # one series: b is not swept
-    assert by_series["failed (at 0)"] == [[0.3, 0]]
+    # drawn at the bottom of the axis, which spans the measured band, not from 0
+    assert by_series["failed (at the bottom)"] == [[0.3, 475.0]]
+    assert charts[0].option["yAxis"]["scale"] is True
     progress = progress_charts(*parts)[0].option["series"]
-    assert [p["value"] for p in progress[3]["data"]] == [[2, 0.0]]
+    assert [p["value"] for p in progress[3]["data"]] == [[2, 475.0]]
+
+
+def test_trials_no_longer_in_the_sweep_file_are_not_drawn_as_infeasible() -> None:
+    """An edited grid: trials 5 and 6 (budget=14) were measured, met the constraint and
+    are no longer in the sweep file; no chart draws them and no importance counts them."""
+    trials, results = [], {}
+    for n in range(6):
+        budget, topk = (4, 8, 14)[n // 2], 1 + n % 2
+        trials.append(trial(n + 1, {"budget": budget, "topk": topk}, in_plan=budget != 14))
+        results[n + 1] = [level("chat", "c1", output_throughput=100.0 + 10 * n, ttft_p99_ms=50.0)]
+    data = sweep_data(
+        trials,
+        results,
+        objective={"maximize": "chat.c1.output_throughput"},
+        constraints=["chat.c1.ttft_p99_ms < 500"],
+    )
+    heat = heatmap_chart(*_parts(data))
+    assert heat is not None
+    assert heat.option["xAxis"]["data"] == ["4", "8"], "no column for the removed budget"
+    feasible, infeasible, failed = (s["data"] for s in heat.option["series"])
+    assert sorted(c["trial"] for c in feasible) == [1, 2, 3, 4]
+    assert infeasible == [] and failed == []
+    parallel = parallel_chart(*_parts(data))
+    assert parallel is not None
+    drawn, grey = (s["data"] for s in parallel.option["series"])
+    assert sorted(i["trial"] for i in drawn) == [1, 2, 3, 4] and grey == []
+    for chart in progress_charts(*_parts(data)):
+        points = [p["trial"] for s in chart.option["series"][1:] for p in s["data"]]
+        assert sorted(points) == [1, 2, 3, 4], chart.id
+    many, measured = [], {}
+    for n in range(12):
+        many.append(trial(n + 1, {"a": n % 4, "b": n // 4}, in_plan=n < 10))
+        measured[n + 1] = [level("chat", "c1", output_throughput=100.0 * (n % 4) + n // 4)]
+    found = param_importances(
+        *_parts(sweep_data(many, measured, objective={"maximize": "chat.c1.output_throughput"}))
+    )
+    assert found is not None and found[1] == 10, "the 2 removed trials are not counted"
+
+
+def test_value_axes_span_the_measured_band_and_memory_lines_break_between_runs() -> None:
+    assert value_band([812.0, 994.2, 985.6]) == (797.0, 1010.0)
+    assert value_band([3.0, 5.0]) == (2.84, 5.16)
+    assert value_band([0.5, 40.0]) == (0.0, 43.2)  # near zero: from zero, never below
+    assert value_band([]) is None
+    # two runs of the sweep, 10 minutes apart, sampled every 0.1 s
+    points = [TelemetryPoint(1, T0 + i * 0.1, 0, 70 * 2**30) for i in range(50)]
+    points += [TelemetryPoint(2, T0 + 600 + i * 0.1, 0, 10 * 2**30) for i in range(50)]
+    chart = memory_chart(sweep_data([trial(1, {}), trial(2, {})], {}, telemetry=points))
+    assert chart is not None
+    data = chart.option["series"][0]["data"]
+    gaps = [d for d in data if d["value"][1] is None]
+    assert len(gaps) == 1 and 4.9 < gaps[0]["value"][0] < 600
+    assert chart.option["series"][0]["connectNulls"] is False

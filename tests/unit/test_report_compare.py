@@ -41,14 +41,19 @@ def test_sweeps_matched_by_fingerprint_with_noise() -> None:
     assert big.significant is True
     text = format_comparison(result)
     assert "A = s1 (#1), B = s2 (#2)" in text
-    # by default only what changed beyond the noise, marked by the metric's direction
-    assert "within noise 4" not in text and "exceeds noise 2" in text
+    # the objective leads every pair, whatever its change; the other metrics only
+    # beyond the noise, marked by the metric's direction
+    lines = text.splitlines()
+    small_line = next(ln for ln in lines if "within noise 4" in ln)
+    assert small_line.startswith("  objective (max chat.c1.output_throughput): A 102")
+    assert "ttft_p99_ms" not in text
     line = next(ln for ln in text.splitlines() if "exceeds noise 2" in ln)
-    assert "chat.c1.output_throughput" in line and "-25.0%" in line and " worse " in line
+    assert "chat.c1.output_throughput" in line and "-25.0%" in line and " worse, " in line
+    assert line.startswith("  objective (max chat.c1.output_throughput): ")
     assert "only in A: #3 budget=999 (ok)" in text
-    assert "3 metric change(s) within the noise" in text  # both ttft, #1 throughput
+    assert "2 metric change(s) within the noise" in text  # both ttft (the objective leads)
     everything = format_comparison(result, show_all=True)
-    assert "within noise 4" in everything and "not shown" not in everything
+    assert "chat.c1.ttft_p99_ms" in everything and "not shown" not in everything
 
 
 def test_without_repeats_noise_is_unknown() -> None:
@@ -61,7 +66,7 @@ def test_without_repeats_noise_is_unknown() -> None:
     text = format_comparison(result)
     assert "noise unknown: no repeats" in text and "changes above 5% are shown" in text
     line = next(ln for ln in text.splitlines() if "output_throughput" in ln)
-    assert "+50" in line and "better" in line and line.endswith("noise unknown")
+    assert "+50" in line and line.endswith("better (noise unknown)")
     assert "ttft_p99_ms" not in text  # unchanged: 100 on both sides
 
 
@@ -121,9 +126,38 @@ def test_direction_and_chosen_metrics() -> None:
     assert changes["ttft_p99_ms"].direction == "better"  # lower is better, it fell
     assert changes["completion_tokens_mean"].direction == "changed"  # no better way
     chosen = format_comparison(result, metrics=["ttft_p99_ms"])
-    assert "ttft_p99_ms" in chosen and "output_throughput" not in chosen
-    assert "2 metric change(s) not chosen not shown" in chosen
+    # the objective leads whatever is chosen; of the rest, only what was chosen
+    assert "ttft_p99_ms" in chosen and "completion_tokens_mean" not in chosen
+    assert "1 metric change(s) not chosen not shown" in chosen
     full = format_comparison(result, metrics=["chat.c1.output_throughput"])
     assert "output_throughput" in full and "ttft_p99_ms" not in full
     with pytest.raises(ConfigError, match="no metric 'bogus'"):
         format_comparison(result, metrics=["bogus"])
+
+
+def test_the_objective_and_constraints_lead_and_the_clients_health_stands_apart() -> None:
+    """A small change of the objective (under 5 %, no repeats) is still shown first,
+    with the constraint; the load generator's lag is listed apart, without a verdict."""
+    results = {
+        1: [level("chat", "c1", output_throughput=994.2, ttft_p99_ms=30.0, loop_lag_p99_ms=2.0,
+                  schedule_lag_p99_ms=1.0)],
+        4: [level("chat", "c1", output_throughput=985.6, ttft_p99_ms=31.0, loop_lag_p99_ms=9.0,
+                  schedule_lag_p99_ms=4.0)],
+    }  # fmt: skip
+    data = sweep_data(
+        [trial(1, {"budget": 4}), trial(4, {"budget": 8})],
+        results,
+        objective={"maximize": "chat.c1.output_throughput"},
+        constraints=["chat.c1.ttft_p99_ms < 500"],
+    )
+    lines = format_comparison(compare(data, data, trial_a=1, trial_b=4)).splitlines()
+    assert lines[2] == "A #1 budget=4 <-> B #4 budget=8"
+    assert lines[3] == (
+        "  objective (max chat.c1.output_throughput): A 994.2, B 985.6  -8.6 (-0.9%)  "
+        "worse (noise unknown)"
+    )
+    assert lines[4] == "  chat.c1.ttft_p99_ms < 500: A 30 (met), B 31 (met)"
+    health = next(ln for ln in lines if "load generator health" in ln)
+    assert "chat.c1.loop_lag_p99_ms 2 -> 9" in health and "better" not in health
+    assert "worse" not in health
+    assert not any("loop_lag" in ln for ln in lines if ln is not health)

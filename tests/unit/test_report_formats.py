@@ -26,7 +26,12 @@ def test_table_lists_every_level_failure_and_best() -> None:
     assert "failures:" in lines
     assert any("#4 start_crash: (oom) server exited while loading" in ln for ln in lines)
     assert "  flipped coding/t3: #1 fail, #2 pass, #3 fail" in lines
-    assert lines[-1] == "best (max chat.c1.output_throughput): #2 budget=8 topk=4 = 150"
+    assert lines[-2] == "best (max chat.c1.output_throughput): #2 budget=8 topk=4 = 150"
+    assert lines[-1].startswith("note: #2 beats the runner-up #1 on chat.c1.output_throughput")
+    # the eval's pass rates carry Wilson intervals: the table says what ± means
+    assert "±: half the 95% confidence interval, from the level's requests and its repeats" in (
+        lines
+    )
     assert all(ln == ln.rstrip() for ln in lines)
 
 
@@ -50,7 +55,8 @@ def test_table_shows_repeat_spread() -> None:
         {1: [level("chat", "c1", r, output_throughput=v) for r, v in enumerate((10.0, 12.0))]},
     )
     text = render(data, "table")
-    assert "│ 2 │           11 ±1.4 │" in text
+    # the interval of the mean of two repeats, 10 and 12: 11 ± 1.96 x 1.414 / sqrt(2)
+    assert "│ 2 │             11 ±2 │" in text
     assert "┃ level ┃ n ┃ output_throughput ┃" in text
 
 
@@ -229,3 +235,54 @@ def test_numbers_use_significant_digits_everywhere() -> None:
         assert "1234" in text and "1234.5" not in text, fmt
     html = render(data, "html")  # shown text; sort keys and chart data keep full precision
     assert ">1234</td>" in html and ">1234.5<" not in html and '"1234"' in html
+
+
+def test_trials_no_longer_in_the_sweep_file_are_counted_apart_and_marked() -> None:
+    """An edited grid: 3 trials of the plan, 2 measured before the edit removed them."""
+    trials = [trial(n, {"budget": n}, in_plan=n <= 3) for n in range(1, 6)]
+    results = {n: [level("chat", "c1", output_throughput=10.0 * n)] for n in range(1, 6)}
+    data = sweep_data(trials, results, objective={"maximize": "chat.c1.output_throughput"})
+    lines = render(data, "table").splitlines()
+    assert lines[0] == (
+        "sweep demo (#1): 3 trials, 3 ok; 2 more no longer in the sweep file (marked not in plan)"
+    )
+    marked = [ln for ln in lines if "ok, not in plan" in ln]
+    assert [ln.split()[1] for ln in marked] == ["#4", "#5"]
+    rows = list(csv.DictReader(io.StringIO(render(data, "csv"))))
+    assert [r["in_plan"] for r in rows] == ["1", "1", "1", "0", "0"]
+    summary = json.loads(render(data, "json"))["summary"]
+    assert summary["trials"] == 3 and summary["not_in_plan"] == 2
+    assert summary["outcomes"]["ok"] == 3
+    html = render(data, "html")
+    assert "<b>3</b>trials</div>" in html and "<b>2</b>not in plan</div>" in html
+    assert html.count("<td>ok, not in plan</td>") == 2  # the results table's rows
+
+
+def test_a_reason_that_repeats_its_class_is_said_once() -> None:
+    evidence = Evidence("port 8000 is in use by pid 7 (nc)", reason="port_in_use")
+    data = sweep_data([trial(1, {"b": 1}, "failed", failure="port_in_use", evidence=evidence)], {})
+    text = render(data, "table")
+    assert "failed port_in_use " in text and "(port_in_use)" not in text
+    assert "#1 port_in_use: port 8000 is in use by pid 7 (nc)" in text
+
+
+def test_at_80_columns_the_constraints_metric_beats_a_constant_workload_column() -> None:
+    trials = [trial(n, {"budget": 4 * n, "topk": n}) for n in range(1, 4)]
+    results = {
+        n: [level("chat", lvl, output_throughput=990.5 + n, ttft_p99_ms=30.25, itl_p99_ms=8.5)
+            for lvl in ("c1", "c8")]
+        for n in range(1, 4)
+    }  # fmt: skip
+    data = sweep_data(
+        trials,
+        results,
+        objective={"maximize": "chat.c1.output_throughput"},
+        constraints=["chat.c1.ttft_p99_ms < 500"],
+    )
+    lines = render(data, "table", width=80).splitlines()
+    header = next(ln for ln in lines if ln.startswith("┃"))
+    assert "ttft_p99_ms" in header and "workload" not in header
+    assert lines[0].endswith("; every row: workload chat")
+    assert all(len(ln) <= 80 for ln in lines if ln[:1] in "┃│┏┗┡└")
+    wide = render(data, "table", width=200).splitlines()
+    assert "workload" in next(ln for ln in wide if ln.startswith("┃"))  # room enough: kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from importlib import resources
 
@@ -125,16 +126,15 @@ def test_sections_and_charts_present() -> None:
         assert f'<div class="plot" id="{chart}"' in html
     assert "<code>vllm serve m --budget 8 --topk 4</code>" in html
     assert "torch.OutOfMemoryError: CUDA out of memory on GPU 1" in html
-    # GPU-hours: bench 3 trials x 30 s x 2 GPUs = 0.05 h
-    assert '<td class="n" data-v="0.05">0.05</td>' in html
+    # GPU time: bench 3 trials x 30 s x 2 GPUs = 0.05 h, written in minutes
+    assert '<td class="n" data-v="0.05">3 GPU-min</td>' in html
+    assert "e-0" not in html.split('id="best"')[0]  # no exponent in the summary
     css = (resources.files("servesweep.report") / "assets" / "report.css").read_text()
     for phase, color in PHASE_COLORS.items():  # the summary's swatches match the timeline
         assert f".ph-{phase} {{ background: {color}; }}" in css
 
 
-def test_noise_column_only_with_repeats() -> None:
-    once = render(throughput_sweep(), "html")
-    assert "noise (max − min)" not in once
+def test_ranking_says_tied_or_behind_the_winner() -> None:
     data = sweep_data(
         [trial(1, {"b": 1}), trial(2, {"b": 2})],
         {
@@ -145,9 +145,11 @@ def test_noise_column_only_with_repeats() -> None:
     )
     html = render(data, "html")
     ranking = html[html.index('id="ranking"') : html.index("</table>", html.index('id="ranking"'))]
-    assert "<th>noise (max − min)</th>" in ranking
-    assert ">4</td>" in ranking  # trial 1: 10..14
-    assert ">1 (within noise of #1)</td>" in ranking  # 11.5 vs 12: 0.5 <= spread 4
+    assert "<th>against the winner</th>" in ranking
+    assert ">winner (picked from the tie)</td>" in ranking
+    # 12 vs 11.5: a 4.3 % lead, but trial 1's repeats were 10 and 14
+    assert ">tied: #1 leads by 4.3%" in ranking and "within its uncertainty</td>" in ranking
+    assert 'title="95% interval' in ranking
 
 
 def test_engine_version_in_the_header() -> None:
@@ -177,3 +179,43 @@ def test_live_reload_only_while_the_sweep_runs() -> None:
     assert _payload(render_html(done, reload_s=5))["reload_s"] is None
     assert 'id="live"' not in render_html(done, reload_s=5)
     assert _payload(render_html(data))["reload_s"] is None
+
+
+def test_a_grid_leads_with_its_effects_and_a_search_with_its_progress() -> None:
+    grid = render(throughput_sweep(), "html")
+    assert grid.index('id="effects"') < grid.index('id="progress"')
+    assert ">Progress</h2>" in grid and "Search progress" not in grid
+    # throughput_sweep's trials, as a TPE search over the same params proposed them
+    spec_text = (
+        "name: demo\nserver: {engine: sim}\nworkloads:\n  - {name: chat, concurrency: [1, 8]}\n"
+        "params:\n  grid:\n    budget: [4, 8, 12, 16]\n    topk: [2, 4, 6, 8]\n"
+        "search: {strategy: tpe, trials: 4}\n"
+    )
+    base = throughput_sweep()
+    searched = render(replace(base, sweep=replace(base.sweep, spec_text=spec_text)), "html")
+    assert searched.index('id="progress"') < searched.index('id="effects"')
+    assert ">Search progress</h2>" in searched
+
+
+def test_trials_that_failed_the_same_way_are_one_entry() -> None:
+    from servesweep.models import Evidence
+
+    def oom(n: int) -> Evidence:
+        return Evidence(
+            f"the server log has a fatal line after {n}.{n}s; the instance exited (exit code 1)",
+            reason="oom",
+            matched_line=f"torch.OutOfMemoryError: CUDA out of memory. Process {7700 + n}",
+            log_path=f"runs/trial-{n}/server.log",
+        )
+
+    trials = [trial(n, {"b": n}, "failed", failure="start_crash", evidence=oom(n))
+              for n in range(1, 8)]  # fmt: skip
+    other = Evidence("port 8000 is in use by pid 9", reason="port_in_use")
+    trials.append(trial(8, {"b": 8}, "failed", failure="port_in_use", evidence=other))
+    html = render(sweep_data(trials, {}), "html")
+    failures = html[html.index('id="failures"') :]
+    assert failures.count("<details open>") == 2
+    assert "7 trials (#1, #2, #3, #4, #5, #6, #7)</b> failed the same way" in failures
+    for n in range(1, 8):
+        assert f"runs/trial-{n}/server.log" in failures  # every trial's log is listed
+    assert "<b>#8</b> b=8" in failures

@@ -76,6 +76,7 @@ CASES = [
     Case("workload_requests_not_int", "workloads.0.requests", 9, "expected an integer"),
     Case("workload_endpoint_bad_choice", "workloads.0.endpoint", 9, "'responses' is not one of"),
     Case("eval_samples_zero", "workloads.1.eval.samples", 10, "out of range: 0 (must be >= 1)"),
+    Case("eval_allow_no_netns", "workloads.1.eval", 10, "replaced by eval.sandbox"),
     Case("constraint_not_a_string", "constraints.0", 10, "expected a string, got a mapping"),
     # launcher sections
     Case("launcher_systemd_without_section", "server", 2, "needs a 'systemd: {unit: ...}' section"),

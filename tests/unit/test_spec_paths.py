@@ -105,7 +105,7 @@ def test_the_environment_fake_gpus_are_relative_to_the_current_directory(
 def _string_fields(model: type[BaseModel], prefix: str) -> list[str]:
     out: list[str] = []
     for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
+        key = f"{prefix}{field.alias or name}"
         tp: Any = field.annotation
         if get_origin(tp) in (Union, types.UnionType):
             tp = next(a for a in get_args(tp) if a is not type(None))
@@ -124,6 +124,6 @@ def test_every_field_that_names_a_path_is_resolved() -> None:
     fields = _string_fields(SweepSpec, "")
     looks_like_a_path = {
         f for f in fields if f.rsplit(".", 1)[-1] in ("store", "dataset", "suite")
-        or f.endswith(("_dir", "_file", "_path"))
+        or f.endswith(("_dir", "_file", "_path", "_config"))
     }  # fmt: skip
     assert looks_like_a_path == set(PATH_FIELDS)

@@ -21,6 +21,7 @@ from servesweep.models import (
     ServerConfig,
 )
 from servesweep.store import TelemetryPoint, open_store
+from servesweep.store.schema import SCHEMA_VERSION
 
 
 def _configs(*budgets: int) -> list[ServerConfig]:
@@ -210,3 +211,65 @@ def test_environment_failures_never_blame_the_config() -> None:
     assert FailureClass.GPU_BUSY not in blamed
     assert FailureClass.NODE_LOST not in blamed
     assert {FailureClass.START_CRASH, FailureClass.INVALID_ARGS} <= blamed
+
+
+def test_version_2_database_gains_intervals_and_reports_compute_them(tmp_path: Path) -> None:
+    """A level stored before intervals existed: the upgrade adds the columns, and the
+    report computes the interval from the level's stored requests."""
+    from servesweep.report.data import aggregate_levels
+    from servesweep.store.schema import CREATE_V1, MIGRATIONS
+
+    path = tmp_path / "v2.db"
+    db = sqlite3.connect(path)
+    db.executescript(CREATE_V1)
+    db.executescript(MIGRATIONS[1])
+    db.execute("INSERT INTO meta(key, value) VALUES ('schema_version', '2')")
+    db.execute(
+        "INSERT INTO sweeps(name, spec_path, spec_text, spec_hash, created_at, "
+        "servesweep_version) VALUES ('old', 'old.yaml', '', 'h', 1.0, '0.1.0')"
+    )
+    db.execute(
+        "INSERT INTO trials(sweep_id, seq, fingerprint, params, outcome, attempts) "
+        "VALUES (1, 0, 'abc', '{\"budget\": 4}', 'ok', 1)"
+    )
+    db.execute(
+        "INSERT INTO results(trial_id, attempt, workload, level, repeat, metrics, started_at, "
+        "duration_s) VALUES (1, 1, 'chat', 'c1', 0, '{\"ttft_median_ms\": 23.0, "
+        '"duration_s": 2.0}\', 1.0, 2.0)'
+    )
+    for i in range(20):
+        db.execute(
+            "INSERT INTO samples(result_id, idx, ok, sent_at, first_token_at, finished_at, "
+            "completion_tokens, chunk_gaps, chunk_tokens) VALUES (1, ?, 1, ?, ?, ?, 3, "
+            "'[0.01, 0.01]', '[1, 1, 1]')",
+            (i, i * 0.1, i * 0.1 + 0.02 + 0.001 * (i % 7), i * 0.1 + 0.05),
+        )
+    db.commit()
+    db.close()
+    store = open_store(path)
+    version = store._query("SELECT value FROM meta WHERE key='schema_version'")[0][0]
+    assert int(version) == SCHEMA_VERSION
+    data = store.load_sweep_data()
+    (res,) = data.results[1]
+    assert res.intervals == {} and res.confidence is None
+    (lvl,) = aggregate_levels(data, 1)
+    stats = lvl.metrics["ttft_median_ms"]
+    assert stats.lo is not None and stats.hi is not None and stats.lo <= 23.0 <= stats.hi
+
+
+def test_intervals_round_trip(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    (trial,) = store.sync_trials(sweep.id, _configs(4))
+    store.begin_attempt(trial.id, 100.0, None)
+    result = LevelResult(
+        "chat",
+        "c1",
+        0,
+        {"output_throughput": 200.0},
+        intervals={"output_throughput": (195.0, 205.5)},
+        confidence=0.95,
+    )
+    store.add_result(trial.id, result)
+    (back,) = store.results(trial.id)
+    assert back.intervals == {"output_throughput": (195.0, 205.5)} and back.confidence == 0.95

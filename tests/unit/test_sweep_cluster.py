@@ -278,3 +278,47 @@ def test_without_ray_installed_a_ray_sweep_is_one_line_of_advice(
     with pytest.raises(ConfigError, match=r"--ray: Ray is not installed"):
         join_cluster(load_sweep_text(_SWEEP.format(server="", extra="")), "")
     assert join_cluster(load_sweep_text(_SWEEP.format(server="", extra="")), None) is None
+
+
+def test_a_long_cluster_error_is_cut_after_a_whole_word() -> None:
+    said = "The actor died because its node has died. " + "the actor's node was terminated " * 9
+    short = short_error(said, 200)
+    assert len(short) <= 200 and short.endswith("...")
+    assert short[:-3].split(" ")[-1] in said.split(" "), short  # no word cut in two
+    assert short_error("short enough", 200) == "short enough"
+
+
+def test_status_knows_a_cluster_node_started_on_this_machine() -> None:
+    import socket
+
+    from servesweep.sweep.status import _on_this_machine
+
+    assert _on_this_machine(socket.gethostname()) and _on_this_machine("")
+    # the test cluster's nodes (and any node on a loopback address) run here
+    assert _on_this_machine("127.0.0.3") and _on_this_machine("127.0.0.2#0a1b2c3d")
+    assert not _on_this_machine("gpu-node-7.example") and not _on_this_machine("192.0.2.7")
+
+
+def test_server_gpus_is_said_unused_on_a_cluster_even_when_it_matches_a_node() -> None:
+    from types import SimpleNamespace
+
+    from servesweep.sweep.events import SweepWarning
+    from servesweep.sweep.orchestrator import _on_cluster
+
+    class Warnings:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def event(self, event: object) -> None:
+            if isinstance(event, SweepWarning):
+                self.seen.append(event.message)
+
+    # the quickstart's gpus: [0, 1], on a cluster whose largest node has GPUs 0 and 1
+    context = _context(_spec("  gpus: [0, 1]\n  gpus_per_trial: 1"))
+    cluster = SimpleNamespace(nodes=[NodeInfo("a", (0, 1), "A"), NodeInfo("b", (0, 1), "B")])
+    observer = Warnings()
+    _on_cluster(context, cluster, observer)  # type: ignore[arg-type]
+    assert observer.seen == [
+        "server.gpus [0, 1] is not used on a Ray cluster: each node's GPUs are those Ray "
+        "offers there"
+    ]

@@ -45,13 +45,14 @@ class Cutoff:
 def make_session(timeout_s: float, connections: int = 0) -> aiohttp.ClientSession:
     """A session tuned for load generation: keep-alive (never on a connection the
     server has closed, see :mod:`servesweep.bench.connection`), no connection limit
-    unless given, no cookie jar, no decompression, one total timeout per request."""
+    unless given, no cookie jar, one total timeout per request. A gzip- or
+    deflate-encoded answer (a proxy may compress JSON) is decoded as it arrives."""
     connector = KeepAliveConnector(limit=connections, limit_per_host=0, force_close=False)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=timeout_s),
         cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
+        auto_decompress=True,
         raise_for_status=False,
     )
 
@@ -74,12 +75,18 @@ async def send(
     result = RawResult(index=index, sent_ns=sent, scheduled_ns=scheduled_ns)
     reads: list[tuple[int, bytes]] = []
     attempt = Attempt()
+    streamed = stream
     try:
         async with await open_response(session, url, body, headers, attempt) as resp:
             if resp.status != 200:
                 text = await resp.content.read(_MAX_ERROR_BODY)
                 result.error = f"http_{resp.status}"
                 result.message = error_message(text)
+            elif stream and "application/json" in resp.headers.get("Content-Type", ""):
+                # a server that ignores "stream" answers with one JSON document
+                streamed = False
+                data = await resp.read()
+                reads.append((monotonic_ns(), data))
             elif stream:
                 content = resp.content
                 append = reads.append
@@ -106,6 +113,11 @@ async def send(
     except aiohttp.ClientPayloadError as exc:
         result.error = "incomplete"
         result.message = describe(exc)
+    except aiohttp.ClientResponseError as exc:
+        # raise_for_status is off: only an answer that is not HTTP (a garbage status
+        # line, malformed headers) raises this
+        result.error = "bad_response"
+        result.message = describe(exc)
     except (aiohttp.ClientConnectionError, OSError) as exc:
         result.error = "connection"
         result.message = describe(exc)
@@ -124,7 +136,7 @@ async def send(
         result.first_byte_ns = reads[0][0]
     if reads or result.error is None:
         # keep what arrived even when the stream broke: its chunks are still facts
-        parse_into(result, reads, stream)
+        parse_into(result, reads, streamed)
     if result.error is not None:
         result.ok = False
     return result

@@ -111,7 +111,7 @@ class KeepAliveConnector(aiohttp.TCPConnector):
 
 def describe(exc: BaseException) -> str:
     """``Type: text`` of an exception, for a failed request's record."""
-    text = str(exc) or repr(exc)
+    text = " ".join(str(exc).split()) or repr(exc)
     return f"{type(exc).__name__}: {text}"[:300]
 
 

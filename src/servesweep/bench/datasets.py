@@ -2,8 +2,10 @@
 
 Sources (``WorkloadSpec.dataset``):
 
-- ``builtin:chat`` (101 prompts) and ``builtin:coding`` (40 prompts): written for
-  servesweep, shipped as ``bench/data/*.jsonl``.
+- ``builtin:chat`` (101 prompts), ``builtin:coding`` (40 prompts) and
+  ``builtin:math`` (40 prompts): written for servesweep, shipped as
+  ``bench/data/*.jsonl``; one category each, so speculative decoding's acceptance
+  can be compared per category.
 - ``synthetic``: prompts of ``input_tokens`` tokens, built from a fixed word list.
   The length is calibrated through the server's tokenizer (``Target.tokenize_path``)
   when it has one; otherwise the documented fallback is 1.3 tokens per word.
@@ -39,7 +41,11 @@ __all__ = [
 FALLBACK_TOKENS_PER_WORD = 1.3
 """Tokens per word of English text assumed when the server has no ``/tokenize``."""
 
-_BUILTIN = {"builtin:chat": "chat.jsonl", "builtin:coding": "coding.jsonl"}
+_BUILTIN = {
+    "builtin:chat": "chat.jsonl",
+    "builtin:coding": "coding.jsonl",
+    "builtin:math": "math.jsonl",
+}
 _WORD_TEXT = (
     "river stone window garden morning letter travel market winter signal yellow engine"
     " harbor pocket silver number memory bridge candle forest question table paper orange"

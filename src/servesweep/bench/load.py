@@ -9,6 +9,8 @@ over worker processes whose samples are merged), counters read after, metrics.
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from time import monotonic_ns
@@ -24,6 +26,7 @@ from servesweep.bench.datasets import (
     request_order,
     synthetic_prompts,
 )
+from servesweep.bench.health import assess
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
 from servesweep.bench.specdecode import acceptance_from_counters, counter_names, parse_counters
@@ -31,6 +34,8 @@ from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.bench.workers import WorkerPool
 from servesweep.errors import BenchError
+from servesweep.intervals import DEFAULT_CONFIDENCE
+from servesweep.level_intervals import level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, level_label
 from servesweep.servers.gpu.base import GpuProbe
@@ -38,6 +43,10 @@ from servesweep.spec.schema import WorkloadSpec
 
 __all__ = ["run_workload", "run_workload_sync"]
 
+WARM_WINDOWS = 8
+"""At most this many warm-up windows per launch (``warmup: auto``)."""
+WARM_MIN_REQUESTS = 4
+"""Requests of one warm-up window at least (twice the concurrency when larger)."""
 _START_LEAD_NS = 20_000_000
 """Requests of a level start this long after the plan is handed out."""
 _MAX_SYNTHETIC = 1000
@@ -162,6 +171,25 @@ def run_workload_sync(
     )
 
 
+def acceptance_caveat(dataset: str, ignore_eos: bool) -> str | None:
+    """Why a speculative-decoding acceptance measured on this workload cannot be
+    trusted, or None: random-token prompts (``synthetic``) and ``ignore_eos`` (text
+    generated past where the model would stop, which the draft model predicts badly
+    or trivially) collapse or inflate acceptance against real traffic."""
+    why = []
+    if dataset == "synthetic":
+        why.append("random-token prompts (dataset synthetic)")
+    if ignore_eos:
+        why.append("ignore_eos (text generated past the model's own end)")
+    if not why:
+        return None
+    return (
+        f"acceptance length measured on {' and '.join(why)} is not what real traffic "
+        "gets: compare it only with the same workload; use a real dataset "
+        "(builtin:chat, builtin:coding, builtin:math) without ignore_eos to judge it"
+    )
+
+
 def _progress_line(r: LevelResult) -> str:
     m = r.metrics
     line = (
@@ -186,7 +214,7 @@ async def _prompts(
         return prompts, {"dataset": workload.dataset, "prompts": len(prompts)}
     if workload.input_tokens is None:
         raise BenchError(f"workload {workload.name}: dataset 'synthetic' needs 'input_tokens'")
-    count = min(_MAX_SYNTHETIC, (workload.requests or _MAX_SYNTHETIC) + workload.warmup)
+    count = min(_MAX_SYNTHETIC, (workload.requests or _MAX_SYNTHETIC) + workload.warmup_requests)
     count_tokens = None
     if target.tokenize_path:
         url = target.url(target.tokenize_path)
@@ -227,8 +255,10 @@ class _Runner:
         self.url = url
         self.bodies = bodies
         self.data_info = data_info
-        n = (workload.requests or len(bodies)) + workload.warmup
+        n = (workload.requests or len(bodies)) + workload.warmup_requests
         self.order = request_order(len(bodies), max(n, len(bodies)), workload.seed)
+        self.warm: dict[str, Any] | None = None
+        """What the launch's warm-up did (``warmup: launch``), for the first level."""
 
     def _plan(self, **kw: Any) -> LevelPlan:
         return LevelPlan(
@@ -240,8 +270,54 @@ class _Runner:
             **kw,
         )
 
+    async def _warm_launch(self, conc: int | None, rate: float | None) -> dict[str, Any]:
+        """Warm a freshly launched server until its measurements stop drifting: windows
+        of ``max(4, 2 x concurrency)`` requests until two in a row agree within their
+        noise (per-request tokens/s, means within 1.96 standard errors of their
+        difference), at most :data:`WARM_WINDOWS` windows. Returns what it did."""
+        c = conc if conc is not None else max(1, round(rate or 1))
+        size = max(WARM_MIN_REQUESTS, 2 * c)
+        windows: list[dict[str, float]] = []
+        stable = False
+        previous: tuple[float, float] | None = None
+        started = time.monotonic()
+        for k in range(WARM_WINDOWS):
+            t0 = monotonic_ns() + _START_LEAD_NS
+            start = max(0, len(self.order) - size * (k + 1))
+            out = await run_plan(
+                self._plan(t0_ns=t0, first_index=start, count=size, concurrency=c), self.session
+            )
+            rates = [
+                (r.completion_tokens or len(r.chunk_ns)) / ((r.end_ns - r.sent_ns) * 1e-9)
+                for r in out.raws
+                if r.ok and r.end_ns is not None and r.end_ns > r.sent_ns and r.chunk_ns
+            ]
+            if len(rates) < 2:
+                windows.append({"requests": float(size)})
+                continue
+            mean = statistics.fmean(rates)
+            se = statistics.stdev(rates) / math.sqrt(len(rates))
+            windows.append({"requests": float(size), "tokens_per_s": round(mean, 3),
+                            "se": round(se, 3)})  # fmt: skip
+            if previous is not None and abs(mean - previous[0]) <= 1.96 * math.hypot(
+                se, previous[1]
+            ):
+                stable = True
+                break
+            previous = (mean, se)
+        return {
+            "mode": "auto",
+            "requests": int(sum(w["requests"] for w in windows)),
+            "windows": windows,
+            "stable": stable,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+
     async def _warmup(self, conc: int | None, rate: float | None) -> None:
-        w = self.w.warmup
+        if self.w.warmup == "launch" and self.warm is None:
+            self.warm = await self._warm_launch(conc, rate)
+            return
+        w = self.w.warmup_requests
         if not w:
             return
         c = min(w, conc if conc is not None else max(1, round(rate or 1)))
@@ -390,7 +466,18 @@ class _Runner:
             stream=self.w.stream,
         )
         metrics, info, samples, warnings = compute_level(raws, ctx)
+        health = assess(metrics, rate=rate)
+        info["generator_health"] = health.to_info()
         info.update(self.data_info)
+        if self.warm is not None and not self.warm.get("reported"):
+            info["warmup"] = {k: v for k, v in self.warm.items() if k != "reported"}
+            self.warm["reported"] = True
+            if not self.warm["stable"]:
+                warnings.append(
+                    f"the launch's warm-up did not settle in {WARM_WINDOWS} windows "
+                    f"({self.warm['requests']} requests): the first level may still be "
+                    "drifting; set a fixed 'warmup' or measure in more 'launches'"
+                )
         info["workers"] = n_workers
         info["t0_monotonic_ns"] = t0
         cut = sum(o.cut_off for o in outputs)
@@ -417,6 +504,14 @@ class _Runner:
                 info["spec_decode"] = detail
         if counter_error:
             info["spec_decode_counter_error"] = counter_error
+        if ACCEPTANCE_LENGTH.name in metrics:
+            caveat = acceptance_caveat(self.w.dataset, bool(info.get("ignore_eos")))
+            info["acceptance_context"] = {
+                "dataset": self.w.dataset,
+                "ignore_eos": bool(info.get("ignore_eos")),
+                "trusted": caveat is None,
+                **({"caveat": caveat} if caveat else {}),
+            }
         if sampler is not None:
             inside = [s for s in sampler.samples if s[0] >= t0 - 250_000_000]
             gm, ginfo = summarize_gpu(inside)
@@ -424,6 +519,16 @@ class _Runner:
             info["gpu"] = ginfo
             if sampler.errors:
                 info["gpu_probe_errors"] = sampler.errors
+        acc_value = metrics.get(ACCEPTANCE_LENGTH.name)
+        intervals = level_intervals(
+            samples,
+            duration_s=metrics[DURATION_S.name],
+            slo=self.w.slo,
+            acceptance=None
+            if acc_value is None
+            else (acc_value, str(info.get("acceptance_source", ""))),
+            confidence=DEFAULT_CONFIDENCE,
+        )
         return LevelResult(
             workload=self.w.name,
             level=level_label(conc, rate),
@@ -434,4 +539,7 @@ class _Runner:
             info=info,
             started_at=started_at,
             duration_s=metrics[DURATION_S.name],
+            unreliable=health.reason if health.state == "unreliable" else None,
+            intervals=intervals,
+            confidence=DEFAULT_CONFIDENCE,
         )

@@ -19,6 +19,7 @@ from typing import Any
 from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
 from servesweep.bench.specdecode import estimate_from_chunks
+from servesweep.level_intervals import SLO_KEYS, meets_slo
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.models import RequestSample
 
@@ -26,7 +27,6 @@ __all__ = ["LevelContext", "compute_level", "percentile", "summary_stats"]
 
 _NS = 1e-9
 _MS = 1e-6
-_SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2e_ms": "e2e", "e2el_ms": "e2e"}
 
 
 @dataclass
@@ -121,7 +121,7 @@ def compute_level(
     samples: list[RequestSample] = []
     reasoning: list[float] = []
     reasoning_tokens: list[int] = []
-    slo = {k: v for k, v in ctx.slo.items() if k in _SLO_KEYS}
+    slo = {k: v for k, v in ctx.slo.items() if k in SLO_KEYS}
 
     for r in sorted(raws, key=lambda x: x.sent_ns):
         n_chunks = len(r.chunk_ns)
@@ -178,7 +178,7 @@ def compute_level(
                 reasoning.append((r.first_answer_ns - r.sent_ns) * _MS)
         if r.reasoning_tokens:
             reasoning_tokens.append(r.reasoning_tokens)
-        if _meets(slo, {"ttft": t, "tpot": tp, "e2e": e}, ct):
+        if meets_slo(slo, {"ttft": t, "tpot": tp, "e2e": e}, ct):
             good += 1
 
     total_out = sum(completion_tokens)
@@ -279,42 +279,13 @@ def compute_level(
     return m, info, tuple(samples), warnings
 
 
-def _meets(slo: Mapping[str, float], values: Mapping[str, float | None], tokens: int) -> bool:
-    """Whether one request meets every SLO (TPOT is not defined for one token)."""
-    for key, limit in slo.items():
-        name = _SLO_KEYS[key]
-        value = values[name]
-        if value is None:
-            if name == "tpot" and tokens <= 1:
-                continue
-            return False
-        if value > limit:
-            return False
-    return True
-
-
 def _warnings(
     m: Mapping[str, float], info: Mapping[str, Any], ctx: LevelContext, without_usage: int
 ) -> list[str]:
     out: list[str] = []
-    advice = "use more worker processes (workers), fewer concurrent levels, or a less busy machine"
-    lag = m.get(mc.LOOP_LAG_P99_MS.name)
-    if lag is not None and lag > 2.0:
-        ttft_med = m.get(latency(Latency.TTFT, Stat.MEDIAN).name)
-        gap_med = m.get(latency(Latency.CHUNK_GAP, Stat.MEDIAN).name)
-        if (ttft_med is not None and lag > 0.05 * ttft_med) or (
-            gap_med is not None and lag > 0.1 * gap_med
-        ):
-            out.append(
-                f"the generator's event loop lagged {lag:.1f} ms (p99), which is large against "
-                f"the measured TTFT/ITL: chunk timestamps may be late by that much; {advice}"
-            )
+    # the generator's own timing (loop and schedule lag) is judged by bench.health
+    advice = "raise workloads[].workers, or use a less busy machine"
     sched = m.get(mc.SCHEDULE_LAG_P99_MS.name)
-    if ctx.rate is not None and sched is not None and sched > 5.0:
-        out.append(
-            f"requests were sent up to {sched:.1f} ms (p99) after their planned arrival time: "
-            f"the generator could not keep the schedule; {advice}"
-        )
     achieved = m.get(mc.ACHIEVED_RATE.name)
     if ctx.rate is not None and achieved is not None and abs(achieved / ctx.rate - 1) > 0.02:
         why = (

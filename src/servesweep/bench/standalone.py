@@ -230,6 +230,8 @@ def format_results(results: Sequence[LevelResult]) -> Table:
             row.insert(0, r.workload)
         rows.append(row)
         name = f"{r.workload} {level}" if several else level
+        if r.unreliable:
+            notes.append(f"{name}: unreliable: {r.unreliable}; raise --workers")
         notes += [f"{name}: {w}" for w in r.warnings]
         for kind, count in (r.info.get("errors") or {}).items():
             example = (r.info.get("error_examples") or {}).get(kind, "")
@@ -260,6 +262,7 @@ def results_as_dicts(
             "repeat": r.repeat,
             "metrics": dict(r.metrics),
             "warnings": list(r.warnings),
+            "unreliable": r.unreliable,
             "info": dict(r.info),
             "started_at": r.started_at,
             "duration_s": r.duration_s,

@@ -74,6 +74,10 @@ class ProgressDisplay:
         self._finished = 0
         self._slots = 1
         self._running: dict[int, _Running] = {}
+        self._numbers: dict[int, int] = {}
+        """Trial id -> its number in the sweep (what the lines show)."""
+        self._index: dict[int, int] = {}
+        """Trial id -> its place in this run's count (``[3/7]``), kept on a retry."""
         self._trial_times: list[float] = []
         self._history = dict(history or {})
         self._lock = threading.Lock()
@@ -107,6 +111,10 @@ class ProgressDisplay:
 
     # -- handlers -------------------------------------------------------------------
 
+    def _n(self, trial: int) -> int:
+        """The number a person reads for the trial with this id."""
+        return self._numbers.get(trial, trial)
+
     def _print(self, text: str | Text) -> None:
         if self._live is not None:
             self._live.console.print(text)
@@ -117,16 +125,21 @@ class ProgressDisplay:
         self._total = event.todo
         self._slots = max(1, event.slots)
         slots = f", up to {event.slots} at once" if event.slots > 1 else ""
+        bound = "at most " if event.at_most else ""
+        so_far = " so far" if event.at_most else ""
         self._print(
-            f"sweep {event.name}: {event.trials} trials, {event.done} already done, "
-            f"{self._total} to run{slots} (results: {event.store})"
+            f"sweep {event.name}: {event.trials} trials{so_far}, {event.done} already done, "
+            f"{bound}{self._total} to run{slots} (results: {event.store})"
         )
         if self.live_mode:
             self._live = Live(Text(""), console=self.console, refresh_per_second=8, transient=True)
             self._live.start()
 
     def _on_trial_started(self, event: TrialStarted) -> None:
-        self._started += 1
+        again = event.trial in self._numbers  # a retry (after a lost node): same count
+        if not again:
+            self._started += 1
+            self._index[event.trial] = self._started
         params = " ".join(f"{k}={v}" for k, v in event.params.items()) or "(defaults)"
         gpus = ",".join(str(g) for g in event.gpus)
         where = f"slot {event.slot}" + (f" gpus {gpus}" if gpus else "")
@@ -134,11 +147,14 @@ class ProgressDisplay:
             where = f"{event.node} {where}"  # a cluster's node
         elif self._slots == 1:
             where = ""
-        self._running[event.trial] = _Running(event.trial, params, where)
+        self._numbers[event.trial] = event.number or event.trial
+        self._running[event.trial] = _Running(self._n(event.trial), params, where)
         if not self.live_mode:
             at = f" on {where}" if where else ""
             total = str(self._total) if self._total else "?"
-            self._print(f"[{self._started}/{total}] trial {event.trial}{at}: {params}")
+            count = self._index.get(event.trial, self._started)
+            retry = f" again (attempt {event.attempt})" if again else ""
+            self._print(f"[{count}/{total}] trial {self._n(event.trial)}{retry}{at}: {params}")
 
     def _on_phase(self, event: PhaseEntered) -> None:
         running = self._running.get(event.trial)
@@ -146,7 +162,7 @@ class ProgressDisplay:
             running.phase = event.phase.value
             running.phase_started = time.monotonic()
         if not self.live_mode:
-            self._print(f"  trial {event.trial}: {event.phase.value}")
+            self._print(f"  trial {self._n(event.trial)}: {event.phase.value}")
 
     def _on_progress(self, event: Progress) -> None:
         running = self._running.get(event.trial)
@@ -158,7 +174,7 @@ class ProgressDisplay:
         for level, metrics in event.levels.items():
             bits = [f"{k}={_number(v)}" for k, v in metrics.items()]
             parts.append(f"{level}: {', '.join(bits)}")
-        self._print(f"  trial {event.trial} {event.workload}: " + "; ".join(parts))
+        self._print(f"  trial {self._n(event.trial)} {event.workload}: " + "; ".join(parts))
 
     def _on_trial_finished(self, event: TrialFinished) -> None:
         running = self._running.pop(event.trial, None)
@@ -167,7 +183,7 @@ class ProgressDisplay:
         self._finished += 1
         outcome = event.outcome.value
         style = "green" if outcome == "ok" else "red"
-        text = Text(f"trial {event.trial} ")
+        text = Text(f"trial {self._n(event.trial)} ")
         text.append(outcome, style=style)
         if event.failure_class is not None:
             text.append(f" {event.failure_class.value}", style=style)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -61,7 +62,14 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_CODES_HELP = (
+    "Exit codes: 0 every trial ok (or the command succeeded); 1 some trials failed, no "
+    "feasible configuration, GPUs not free, or doctor found a problem; 2 usage or "
+    "sweep-file error; 3 internal error (a bug: please report it); 130 interrupted."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, "--version", prog_name="servesweep")
 def cli() -> None:
     """Sweep the launch configuration of an LLM inference server, safely, and tell
@@ -71,7 +79,7 @@ def cli() -> None:
 # -- run ------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Run or continue a sweep.", epilog=EXIT_CODES_HELP)
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--store", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
 @click.option("--fresh", is_flag=True, help="Start a new sweep instead of continuing the last.")
@@ -102,11 +110,28 @@ def cli() -> None:
     "one: the sweep file's executor.address, else RAY_ADDRESS, else the cluster on this "
     "machine). Needs pip install 'servesweep[ray]'; see docs/distributed.md.",
 )
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Listen on this port instead of server.port (slot k on PORT+k).",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait for the ports and GPUs another run holds instead of exiting 1.",
+)
+@click.option(
+    "--no-predict",
+    is_flag=True,
+    help="Launch every configuration, also those predicted not to fit in memory.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
 @click.option(
     "--events",
     type=str,
     default=None,
+    metavar="FILE|-",
     help="Write one JSON object per state change to FILE or - (stdout).",
 )
 def run(
@@ -120,6 +145,9 @@ def run(
     slots: int | None,
     keep_results: bool,
     ray_address: str | None,
+    port: int | None,
+    wait: bool,
+    no_predict: bool,
     quiet: bool,
     events: str | None,
 ) -> None:
@@ -158,6 +186,9 @@ def run(
         keep_results=keep_results,
         slots=slots,
         ray=ray_address,
+        wait=wait,
+        port=port,
+        predict=not no_predict,
     )
     _install_signal_handlers()
     try:
@@ -197,30 +228,47 @@ def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
 # -- plan, status ---------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="The trials a sweep file expands to.")
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--store",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Results database (for duration estimates).",
 )
-def plan(sweep_file: Path, store: Path | None) -> None:
-    """Print the trials SWEEP_FILE expands to, the restarts, and an estimate."""
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print each trial's predicted memory as JSON."
+)
+def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
+    """Print the trials SWEEP_FILE expands to, the restarts, an estimate, and each
+    trial's predicted memory per GPU."""
+    from servesweep.servers.memory import MemoryModel
+    from servesweep.servers.memory.plan import format_memory, memory_json, predict_plan
     from servesweep.spec.load import load_sweep
     from servesweep.spec.plan import build_plan, estimate_duration, format_plan
     from servesweep.store import open_store
     from servesweep.sweep.orchestrator import store_path_for
+    from servesweep.sweep.status import known_trials
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
+    memory = MemoryModel.of_sweep(loaded.spec)
+    planned = predict_plan(loaded.spec, the_plan, memory)
+    if as_json:
+        click.echo(json.dumps(memory_json(planned), indent=2))
+        return
     path = store_path_for(loaded, store)
     history: dict[str, float] = {}
+    known: dict[str, Any] = {}
+    next_number = 1
     if path.exists():
         with open_store(path, readonly=True) as db:
             history = db.phase_history(loaded.spec.name)
+            known, next_number = known_trials(db, loaded.spec.name)
     estimate = estimate_duration(the_plan, history) if history else None
     note = f"from earlier sweeps in {path}" if history else None
-    click.echo(format_plan(the_plan, estimate, note))
+    click.echo(format_plan(the_plan, estimate, note, known=known, next_number=next_number))
+    click.echo("")
+    click.echo(format_memory(planned, memory))
 
 
 def _resolve_store(target: str | None) -> tuple[Path, str | None]:
@@ -242,7 +290,7 @@ def _resolve_store(target: str | None) -> tuple[Path, str | None]:
     return candidate, None
 
 
-@cli.command()
+@cli.command(short_help="Where a sweep stands (also while it runs).")
 @click.argument("target", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(target: str | None, as_json: bool) -> None:
@@ -285,16 +333,21 @@ def _load_data(path: Path, sweep_id: int | None, name: str | None) -> Any:
 FORMAT_ALIASES = {"md": "markdown"}
 
 
-@cli.command()
+@cli.command(short_help="Render a sweep's results (table, CSV, JSON, HTML).")
 @click.argument("target", required=False)
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["table", "markdown", "md", "csv", "json", "html"]),
     default="table",
+    show_default=True,
     help="Output format (md is markdown).",
 )
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file (html on a terminal, without --out: NAME-report.html here).",
+)
 @click.option("--sweep", "sweep_id", type=int, help="Sweep id in the database (default: latest).")
 @click.option(
     "--columns",
@@ -335,6 +388,9 @@ def report(
         _watch(path, data.sweep.id, fmt, out, interval, chosen)
         return
     console = _console()
+    if out is None and fmt == "html" and sys.stdout.isatty():
+        # a page of HTML is no terminal output: it goes to a file, and the line says where
+        out = Path(re.sub(r"[^A-Za-z0-9._-]+", "_", data.sweep.name) + "-report.html")
     text = render(
         data,
         fmt,
@@ -347,7 +403,7 @@ def report(
             out.write_text(text, encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot write {out}: {exc.strerror}", key="--out") from exc
-        click.echo(f"wrote {out}", err=True)
+        click.echo(f"wrote {out.resolve()}", err=True)
     else:
         click.echo(text)
 
@@ -388,7 +444,7 @@ def _watch(
     )
 
 
-@cli.command()
+@cli.command(short_help="The best configuration and why the others lost.")
 @click.argument("target", required=False)
 @click.option(
     "--objective",
@@ -404,12 +460,20 @@ def _watch(
     multiple=True,
     help="e.g. 'chat.c1.ttft_p99_ms < 500' (repeatable; replaces the sweep file's).",
 )
+@click.option(
+    "--include-unreliable",
+    is_flag=True,
+    default=None,
+    help="Let levels the load generator could not time count (default: the sweep file's "
+    "include_unreliable, else they are left out).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def best(
     target: str | None,
     objectives: tuple[str, ...],
     minimize: bool,
     constraints: tuple[str, ...],
+    include_unreliable: bool | None,
     as_json: bool,
 ) -> None:
     """The best configuration under the objective and constraints, and why each other
@@ -437,11 +501,22 @@ def best(
         check_constraint(data, text, key="--constraint")
     if len(parsed) > 1:
         result = find_best(
-            data, None, default, constraints or tuple(data.constraints), objectives=parsed
+            data,
+            None,
+            default,
+            constraints or tuple(data.constraints),
+            objectives=parsed,
+            include_unreliable=include_unreliable or None,
         )
     else:
         objective, direction = parsed[0] if parsed else (None, default)
-        result = find_best(data, objective, direction, constraints or tuple(data.constraints))
+        result = find_best(
+            data,
+            objective,
+            direction,
+            constraints or tuple(data.constraints),
+            include_unreliable=include_unreliable or None,
+        )
     if as_json:
         click.echo(json.dumps(best_to_json(result), indent=2))
     else:
@@ -450,7 +525,7 @@ def best(
         raise _Exit(EXIT_FAILED)
 
 
-@cli.command()
+@cli.command(short_help="Two sweeps or two configurations side by side.")
 @click.argument("a")
 @click.argument("b")
 @click.option("--trial-a", type=int, help="A trial of A to compare (with --trial-b).")
@@ -493,7 +568,7 @@ def compare(
 # -- apply, wait-gpus, doctor ---------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Move the server to one configuration, leave it up.")
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--trial", "trial_id", type=int, help="Use the params of this trial.")
 @click.option("--set", "sets", multiple=True, help="key=value param (repeatable).")
@@ -532,7 +607,30 @@ def apply(
     raise _Exit(EXIT_OK if result.ok else EXIT_FAILED)
 
 
-@cli.command("wait-gpus")
+@cli.command(short_help="Stop the servers a sweep left running.")
+@click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results database (default: the sweep file's store).",
+)
+def stop(sweep_file: Path, store: Path | None) -> None:
+    """Stop the servers of SWEEP_FILE's sweep that are left running on this machine.
+
+    What `servesweep apply` or `run --keep-running` left running, or what a run that
+    died left behind: only instances of this results database, never another sweep's.
+    Refused while a run of this database is alive (stop that run with Ctrl-C). Exit 1
+    when an instance could not be stopped."""
+    from servesweep.sweep.stop import stop_instances
+
+    _install_signal_handlers()
+    result = stop_instances(sweep_file, store=store)
+    for line in result.lines:
+        click.echo(line)
+    raise _Exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+@cli.command("wait-gpus", short_help="Wait until GPUs are free (for shell scripts).")
 @click.option("--gpus", required=True, help="GPU indexes: 0-7 or 0,1,2.")
 @click.option("--tolerance", default="1GiB", show_default=True, help="Used memory allowed per GPU.")
 @click.option(
@@ -564,7 +662,7 @@ def wait_gpus(
     raise _Exit(EXIT_OK if ok else EXIT_FAILED)
 
 
-@cli.command()
+@cli.command(short_help="Can the engine start? GPUs, port, unit, flags.")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -593,6 +691,8 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
     click.echo(
         json.dumps(report_data, indent=2, default=str) if as_json else format_doctor(report_data)
     )
+    for warning in report_data.get("warnings", []):
+        click.echo(f"doctor: warning: {warning}", err=True)
     for problem in report_data.get("problems", []):
         click.echo(f"doctor: {problem}", err=True)
     if report_data.get("problems"):
@@ -602,7 +702,7 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
 # -- bench, sim -----------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Benchmark a running server without a sweep file.")
 @click.option("--url", required=True, help="Base URL of an OpenAI-compatible server.")
 @click.option("--model", help="Model name (default: ask /v1/models).")
 @click.option("--concurrency", default="", help="Closed-loop levels, e.g. 1,4,16.")
@@ -625,7 +725,7 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
     "--dataset",
     default="builtin:chat",
     show_default=True,
-    help="builtin:chat, builtin:coding, synthetic, or a JSONL/ShareGPT file.",
+    help="builtin:chat, builtin:coding, builtin:math, synthetic, or a JSONL/ShareGPT file.",
 )
 @click.option("--input-tokens", type=int, help="Prompt length for --dataset synthetic.")
 @click.option(
@@ -710,11 +810,12 @@ def bench(
 
 
 @cli.command(
+    short_help="Run the simulated inference engine.",
     context_settings={
         "ignore_unknown_options": True,
         "allow_extra_args": True,
         "help_option_names": [],
-    }
+    },
 )
 @click.pass_context
 def sim(ctx: click.Context) -> None:
@@ -726,6 +827,7 @@ def sim(ctx: click.Context) -> None:
 
 @cli.command(
     "fake-gpus",
+    short_help="Create, show or hold fake GPUs for tests.",
     context_settings={
         "ignore_unknown_options": True,
         "allow_extra_args": True,
@@ -762,7 +864,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except click.exceptions.Abort:
         code = EXIT_INTERRUPTED
     except (Interrupted, KeyboardInterrupt) as exc:
-        err.print(f"servesweep: interrupted ({exc or 'SIGINT'})", markup=False)
+        text = str(exc) or "SIGINT"
+        err.print(
+            f"servesweep: {text}"
+            if text.startswith("interrupted")
+            else f"servesweep: interrupted ({text})",
+            markup=False,
+        )
         code = EXIT_INTERRUPTED
     except (ConfigError, SandboxError) as exc:
         err.print(f"servesweep: {exc}", markup=False, highlight=False)

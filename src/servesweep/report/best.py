@@ -5,26 +5,36 @@ How it decides (also in docs/reports.md):
 1. Candidates are the trials still in the plan whose outcome is ``ok``; every other
    trial is excluded with its reason (failed with class and evidence, not measured).
 2. A candidate missing a value for an objective or a constraint metric is excluded
-   ("missing metric"); one violating a constraint is excluded with the value.
+   ("missing metric"); one whose value comes only from a level marked ``unreliable``
+   (the load generator could not keep time, ``bench.health``) is excluded with that
+   reason unless ``include_unreliable``; one violating a constraint is excluded with
+   the value.
+   Constraints are judged on the mean, and with the value's confidence interval
+   whether that is certain: a candidate whose interval straddles the limit stays
+   (or is excluded) by its mean, marked ``uncertain`` with what would decide it.
 3. Candidates are ranked by the objectives in order (the first decides, the next
    ones break exact ties), values being the mean over repeats.
-4. Values equal within ``rel_tol`` (relative) are a tie: the result says so and
-   picks the first trial in run order, deterministically.
-5. When the runner-up differs from the winner by less than the spread measured
-   across repeats (max - min), a note says the difference is within noise.
-6. With several objectives the Pareto set (candidates no other candidate beats
-   on every objective) is given too; the winner is the best on the first
-   objective, which is always in the Pareto set.
+4. The leader is the winner only when it leads every other candidate by more than
+   the uncertainty of the difference *and* by more than the practical threshold
+   (the sweep file's ``decision.threshold``, default 1 %); objective by objective,
+   :func:`servesweep.report.uncertainty.tie_set` keeps those it does not beat so.
+   Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
+   GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
+   said in one line. Values equal within ``rel_tol`` are ranked by run order.
+5. With several objectives the Pareto set (candidates no other candidate beats
+   on every objective) is given too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from servesweep import metrics_catalog as mc
 from servesweep.errors import ConfigError
+from servesweep.metrics_catalog import Latency, Stat
 from servesweep.models import Outcome
 from servesweep.report.data import (
     MetricStats,
@@ -34,13 +44,24 @@ from servesweep.report.data import (
     printable,
     swept_params,
 )
-from servesweep.report.refs import ResultIndex, objective_of
+from servesweep.report.refs import ResultIndex, objective_of, stored_spec
+from servesweep.report.resources import trial_gpus
+from servesweep.report.uncertainty import (
+    Margin,
+    Rules,
+    Verdict,
+    judge,
+    margin,
+    prefer,
+    tie_set,
+)
 from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["BestResult", "Candidate", "Exclusion", "best_to_json", "find_best", "format_best"]
 
 DEFAULT_REL_TOL = 1e-6
+E2E_MEDIAN = mc.latency(Latency.E2E, Stat.MEDIAN).name
 
 
 @dataclass(frozen=True)
@@ -54,6 +75,8 @@ class Candidate:
     stats: tuple[MetricStats, ...]
     constraint_values: tuple[float, ...] = ()
     """One value per constraint, in the order of ``BestResult.constraints``."""
+    verdicts: tuple[Verdict, ...] = ()
+    """One per constraint: met, or uncertain (with what would decide it)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +86,8 @@ class Exclusion:
     trial: TrialRecord
     label: str
     kind: str
-    """``failed``, ``not_measured``, ``not_in_plan``, ``missing_metric`` or ``constraint``."""
+    """``failed``, ``not_measured``, ``not_in_plan``, ``missing_metric``, ``unreliable``
+    (a level it needs could not be timed by the load generator) or ``constraint``."""
     reason: str
     """One line a person can read."""
     metric: str | None = None
@@ -90,6 +114,15 @@ class BestResult:
     """Tie explanations, noise warnings, metrics no trial measured."""
     rel_tol: float = DEFAULT_REL_TOL
     sweep_name: str = ""
+    rules: Rules = field(default_factory=Rules)
+    decided: bool = True
+    """True when the winner beats every other candidate beyond uncertainty and the
+    threshold; False when it was picked from a tie set (``ties``)."""
+    why: str = ""
+    """One line: why the winner, against the runner-up or among the tied."""
+    runner_up: Margin | None = None
+    """The leader's margin over the best candidate outside the tie set (None: every
+    candidate is in it)."""
 
     @property
     def feasible(self) -> bool:
@@ -183,6 +216,8 @@ def find_best(
     *,
     objectives: Sequence[tuple[str, str]] = (),
     rel_tol: float = DEFAULT_REL_TOL,
+    include_unreliable: bool | None = None,
+    rules: Rules | None = None,
 ) -> BestResult:
     """The best ok trial of a sweep under objectives and constraints.
 
@@ -191,9 +226,16 @@ def find_best(
     objective is used. ``constraints`` (``chat.c1.ttft_p99_ms < 500``) replace the
     sweep file's constraints when given. Raises ConfigError for a malformed
     reference or constraint; an empty feasible set is a result (``feasible`` False,
-    every configuration in ``excluded`` with its reason).
+    every configuration in ``excluded`` with its reason). Levels the load generator
+    could not time are left out (a trial that needs one is excluded as
+    ``unreliable``) unless ``include_unreliable`` (default: the sweep file's) takes
+    them in. ``rules`` (confidence, threshold, what "cheaper" means) default to the
+    sweep file's ``decision``.
     """
-    index = ResultIndex(data)
+    if include_unreliable is None:
+        include_unreliable = data.include_unreliable
+    index = ResultIndex(data, reliable_only=not include_unreliable)
+    rules = rules if rules is not None else rules_of(data)
     objs = _objectives(data, index, objective, direction, objectives)
     texts = tuple(constraints) if constraints else tuple(data.constraints)
     parsed: list[Constraint] = [parse_constraint(t) for t in texts]
@@ -210,22 +252,40 @@ def find_best(
             continue
         stats: list[MetricStats] = []
         missing: str | None = None
+        unreliable: str | None = None
         for ref, _ in objs:
             found = index.stats(trial, ref)
             if found is None or not math.isfinite(found.mean):
                 missing = ref.key
+                unreliable = index.unreliable_reason(trial, ref)
                 break
             stats.append(found)
         if missing is not None:
-            excluded.append(
-                Exclusion(trial, label, "missing_metric", f"missing metric {missing}", missing)
-            )
+            if unreliable is not None:
+                excluded.append(Exclusion(trial, label, "unreliable", unreliable, missing))
+            else:
+                excluded.append(
+                    Exclusion(trial, label, "missing_metric", f"missing metric {missing}", missing)
+                )
             continue
         cvalues: list[float] = []
+        verdicts: list[Verdict] = []
         violation: Exclusion | None = None
         for con in parsed:
-            value = index.value(trial, con.ref)
+            cstats = index.stats(trial, con.ref)
+            value = None if cstats is None else cstats.mean
             ok = con.check(value)
+            unreliable = index.unreliable_reason(trial, con.ref) if ok is None else None
+            if unreliable is not None:
+                violation = Exclusion(
+                    trial,
+                    label,
+                    "unreliable",
+                    f"{unreliable} (constraint {con})",
+                    metric=con.ref.key,
+                    constraint=str(con),
+                )
+                break
             if ok is None:
                 violation = Exclusion(
                     trial,
@@ -236,24 +296,29 @@ def find_best(
                     constraint=str(con),
                 )
                 break
-            assert value is not None
+            assert value is not None and cstats is not None
+            verdict = judge(con, cstats, rules)
             if not ok:
+                how = "" if verdict.state == "violated" else f" ({verdict.state}: {verdict.advice})"
                 violation = Exclusion(
                     trial,
                     label,
                     "constraint",
-                    f"constraint {con} violated: {con.ref.key} = {format_number(value)}",
+                    f"constraint {con} violated: {con.ref.key} = {format_number(value)}{how}",
                     metric=con.ref.key,
                     value=value,
                     constraint=str(con),
                 )
                 break
             cvalues.append(value)
+            verdicts.append(verdict)
         if violation is not None:
             excluded.append(violation)
             continue
         values = tuple(s.mean for s in stats)
-        candidates.append(Candidate(trial, label, values, tuple(stats), tuple(cvalues)))
+        candidates.append(
+            Candidate(trial, label, values, tuple(stats), tuple(cvalues), tuple(verdicts))
+        )
 
     notes: list[str] = []
     for ref in [r for r, _ in objs] + [c.ref for c in parsed]:
@@ -261,18 +326,16 @@ def find_best(
         if why and why not in notes:
             notes.append(why)
     ranking = _rank(candidates, dirs, rel_tol)
-    winner = ranking[0] if ranking else None
+    winner: Candidate | None = None
     ties: tuple[Candidate, ...] = ()
     pareto: tuple[Candidate, ...] = ()
-    if winner is not None:
-        ties = tuple(c for c in ranking[1:] if not _differs(c, winner, dirs, rel_tol))
-        if ties:
-            others = ", ".join(f"#{c.trial.id}" for c in ties)
-            notes.append(
-                f"tie: #{winner.trial.id} and {others} are equal on every objective within "
-                f"{rel_tol:g} relative; picked #{winner.trial.id}, the first in run order"
-            )
-        notes.extend(_noise_notes(ranking, len(ties), objs[0][0].key))
+    decided, why, runner_up = True, "", None
+    if ranking:
+        winner, tied, why, runner_up = _decide(data, index, ranking, objs, rules)
+        ties = tuple(c for c in tied if c is not winner)
+        decided = not ties
+        notes.append(why)
+        notes.extend(_uncertain_notes(winner, parsed))
         if len(objs) > 1:
             pareto = tuple(
                 c for c in ranking if not any(_dominates(o, c, dirs, rel_tol) for o in ranking)
@@ -288,13 +351,102 @@ def find_best(
         notes=tuple(notes),
         rel_tol=rel_tol,
         sweep_name=data.sweep.name,
+        rules=rules,
+        decided=decided,
+        why=why,
+        runner_up=runner_up,
     )
 
 
-def _differs(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> bool:
-    return any(
-        _ahead(x, y, d, rel_tol) != 0 for x, y, d in zip(a.values, b.values, dirs, strict=True)
+def rules_of(data: SweepData) -> Rules:
+    """The sweep file's ``decision`` (defaults when it has none or no longer loads)."""
+    spec = stored_spec(data)
+    return Rules() if spec is None else Rules.of(spec.decision.model_dump())
+
+
+def _decide(
+    data: SweepData,
+    index: ResultIndex,
+    ranking: Sequence[Candidate],
+    objs: Sequence[tuple[MetricRef, str]],
+    rules: Rules,
+) -> tuple[Candidate, list[Candidate], str, Margin | None]:
+    """The winner, the tie set it came from (winner included), why, and its margin
+    over the best candidate the tie set left out."""
+    dirs = [d for _, d in objs]
+    key = objs[0][0].key
+    tied, beaten = tie_set(ranking, lambda c, k: c.stats[k], dirs, rules)
+    leader = tied[0]
+    outside = next((c for c in ranking if c not in tied), None)
+    beat = next((m for c, m in beaten if c is outside), None)
+    if len(tied) == 1:
+        if outside is None:
+            return leader, tied, f"#{leader.trial.id} is the only candidate", None
+        assert beat is not None
+        return (
+            leader,
+            tied,
+            f"#{leader.trial.id} beats the runner-up #{outside.trial.id} on {key}: "
+            f"{beat.describe()}",
+            beat,
+        )
+    costs = _costs(data, index, objs[0][0])
+    chosen, reason = prefer(tied, costs, rules)
+    others = ", ".join(f"#{c.trial.id}" for c in tied if c is not leader)
+    lead = margin(leader.stats[0], tied[1].stats[0], dirs[0], rules)
+    return (
+        chosen,
+        tied,
+        f"tie: #{leader.trial.id} and {others} are not separated on {key} beyond its "
+        f"uncertainty and the {rules.threshold:.0%} threshold (#{leader.trial.id} "
+        f"{lead.describe()} over #{tied[1].trial.id}); "
+        f"picked #{chosen.trial.id}: {reason}",
+        beat,
     )
+
+
+def _costs(
+    data: SweepData, index: ResultIndex, ref: MetricRef
+) -> dict[str, Callable[[Candidate], float | None]]:
+    """What each candidate costs: GPUs held, peak GPU memory (GiB, all its GPUs), and
+    the median end-to-end latency at the objective's level."""
+
+    def gpus(c: Candidate) -> float | None:
+        n = trial_gpus(data, c.trial)
+        return None if n is None else float(n)
+
+    peaks: dict[int, dict[tuple[str, int], int]] = {}
+    for point in data.telemetry:
+        per = peaks.setdefault(point.trial_id, {})
+        slot = (point.node, point.gpu)
+        per[slot] = max(per.get(slot, 0), point.used_bytes)
+
+    def memory(c: Candidate) -> float | None:
+        per = peaks.get(c.trial.id)
+        if per:
+            return sum(per.values()) / 2**30
+        values = [
+            lvl.metrics[mc.GPU_MEM_USED_MAX_MIB.name].max
+            for lvl in index.levels.get(c.trial.id, ())
+            if mc.GPU_MEM_USED_MAX_MIB.name in lvl.metrics
+        ]
+        return max(values) / 1024 if values else None
+
+    def latency(c: Candidate) -> float | None:
+        if ref.workload is None:
+            return None
+        lat = MetricRef(ref.workload, ref.level, E2E_MEDIAN, f"{ref.workload}.{E2E_MEDIAN}")
+        return index.value(c.trial, lat)
+
+    return {"gpus": gpus, "memory": memory, "latency": latency}
+
+
+def _uncertain_notes(winner: Candidate, parsed: Sequence[Constraint]) -> list[str]:
+    return [
+        f"the winner's constraint {con} is uncertain: {con.ref.key} = {verdict.describe()}"
+        for con, verdict in zip(parsed, winner.verdicts, strict=True)
+        if verdict.state == "uncertain"
+    ]
 
 
 def _rank(candidates: list[Candidate], dirs: Sequence[str], rel_tol: float) -> list[Candidate]:
@@ -319,23 +471,6 @@ def _better(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> 
     return False
 
 
-def _noise_notes(ranking: Sequence[Candidate], n_ties: int, key: str) -> list[str]:
-    if len(ranking) <= n_ties + 1:
-        return []
-    winner, runner = ranking[0], ranking[n_ties + 1]
-    spreads = [s for s in (winner.stats[0].spread, runner.stats[0].spread) if s is not None]
-    if not spreads:
-        return []
-    delta = abs(winner.values[0] - runner.values[0])
-    noise = max(spreads)
-    if delta <= noise:
-        return [
-            f"runner-up #{runner.trial.id} is within run-to-run noise on {key}: "
-            f"difference {format_number(delta)} <= spread {format_number(noise)} across repeats"
-        ]
-    return []
-
-
 def format_best(result: BestResult) -> str:
     """A plain-text explanation of the decision, for the terminal."""
     objs = ", ".join(f"{d} {k}" for k, d in result.objectives)
@@ -347,15 +482,20 @@ def format_best(result: BestResult) -> str:
         win = result.winner
         lines.append(f"best: {win.label}")
         for (key, d), stats in zip(result.objectives, win.stats, strict=True):
-            spread = (
-                ""
-                if stats.spread is None
-                else f" (repeats {stats.n}: "
-                + (f"{format_number(stats.min)}..{format_number(stats.max)})")
-            )
-            lines.append(f"  {d} {key} = {format_number(stats.mean)}{spread}")
-        for con, value in zip(result.constraints, win.constraint_values, strict=True):
-            lines.append(f"  constraint {con}: {format_number(value)} (met)")
+            bits = []
+            if stats.lo is not None and stats.hi is not None:
+                bits.append(
+                    f"{(stats.confidence or 0.95):.0%} interval "
+                    f"{format_number(stats.lo)}..{format_number(stats.hi)}"
+                )
+            if stats.spread is not None:
+                bits.append(
+                    f"repeats {stats.n}: {format_number(stats.min)}..{format_number(stats.max)}"
+                )
+            shown = f" ({'; '.join(bits)})" if bits else ""
+            lines.append(f"  {d} {key} = {format_number(stats.mean)}{shown}")
+        for con, verdict in zip(result.constraints, win.verdicts, strict=True):
+            lines.append(f"  constraint {con}: {verdict.describe()}")
         if win.trial.launch_command:
             lines.append(f"  launch: {win.trial.launch_command}")
     for note in result.notes:
@@ -392,6 +532,10 @@ def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:
         "values": {k: v for (k, _), v in zip(result.objectives, cand.values, strict=True)},
         "stats": {k: s.to_dict() for (k, _), s in zip(result.objectives, cand.stats, strict=True)},
         "constraint_values": dict(zip(result.constraints, cand.constraint_values, strict=True)),
+        "constraint_verdicts": {
+            con: {"state": v.state, "value": v.value, "lo": v.lo, "hi": v.hi, "advice": v.advice}
+            for con, v in zip(result.constraints, cand.verdicts, strict=True)
+        },
         "launch_command": cand.trial.launch_command,
     }
 
@@ -404,6 +548,20 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
         "objectives": [{"metric": k, "direction": d} for k, d in result.objectives],
         "constraints": list(result.constraints),
         "rel_tol": result.rel_tol,
+        "decision": {
+            "decided": result.decided,
+            "why": result.why,
+            "confidence": result.rules.confidence,
+            "threshold": result.rules.threshold,
+            "prefer": list(result.rules.prefer),
+            "runner_up_margin": None
+            if result.runner_up is None
+            else {
+                "lead": result.runner_up.lead,
+                "relative": result.runner_up.relative,
+                "uncertainty": result.runner_up.uncertainty,
+            },
+        },
         "best": None if result.winner is None else _candidate_json(result, result.winner),
         "ties": [_candidate_json(result, c) for c in result.ties],
         "pareto": [_candidate_json(result, c) for c in result.pareto],

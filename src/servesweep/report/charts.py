@@ -36,6 +36,7 @@ __all__ = [
     "is_number",
     "outcome_text",
     "trial_catalog",
+    "value_band",
 ]
 
 PALETTE: tuple[str, ...] = (
@@ -101,14 +102,16 @@ def is_number(value: object) -> bool:
 
 
 def outcome_text(trial: TrialRecord) -> str:
-    """``ok``, ``failed: start_crash (oom)``, ``pruned``, ``running (load)``..."""
+    """``ok``, ``failed: start_crash (oom)``, ``pruned``, ``running (load)``...; with
+    ``, not in plan`` when the sweep file no longer has the trial."""
+    gone = "" if trial.in_plan else ", not in plan"
     if trial.outcome is Outcome.FAILED:
         cls = trial.failure_class.value if trial.failure_class else "unclassified"
         reason = trial.evidence.reason if trial.evidence and trial.evidence.reason else None
-        return f"failed: {cls}" + (f" ({reason})" if reason else "")
+        return f"failed: {cls}" + (f" ({reason})" if reason and reason != cls else "") + gone
     if trial.outcome is Outcome.RUNNING and trial.phase is not None:
-        return f"running ({trial.phase.value})"
-    return str(trial.outcome.value)
+        return f"running ({trial.phase.value})" + gone
+    return str(trial.outcome.value) + gone
 
 
 def axis_for(values: Sequence[object]) -> tuple[dict[str, Any], list[str] | None]:
@@ -119,6 +122,30 @@ def axis_for(values: Sequence[object]) -> tuple[dict[str, Any], list[str] | None
         return {"type": "value", "scale": True}, None
     categories = list(dict.fromkeys(format_value(v) for v in values))
     return {"type": "category", "data": categories, "axisLabel": {"interval": 0}}, categories
+
+
+def value_band(values: Sequence[float]) -> tuple[float, float] | None:
+    """The band of ``values`` with a margin (not from zero, so that an 800-1000 spread
+    fills a chart instead of a sliver at its top): failed trials are drawn at its
+    bottom, on an axis that scales to the data. None without values."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    low, high = min(finite), max(finite)
+    margin = (high - low) * 0.08 or abs(high) * 0.05 or 1.0
+    bottom = low - margin
+    if low >= 0 > bottom:
+        bottom = 0.0  # a band near zero starts at zero, never below it
+    return _nice(bottom, "down"), _nice(high + margin, "up")
+
+
+def _nice(value: float, way: str) -> float:
+    """``value`` rounded outward to 3 significant digits (a tidy axis end)."""
+    if value == 0:
+        return 0.0
+    step = 10 ** (math.floor(math.log10(abs(value))) - 2)
+    rounded = (math.floor if way == "down" else math.ceil)(value / step) * step
+    return float(f"{rounded:.12g}")
 
 
 def trial_catalog(data: SweepData, index: ResultIndex) -> dict[str, Any]:

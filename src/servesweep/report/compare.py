@@ -6,10 +6,15 @@ measured on both sides the change is given, and whether it exceeds the run-to-ru
 noise: the larger spread (max - min) across repeats of either side. Without
 repeats on either side the noise is unknown and the change is not judged.
 
-The text (:func:`format_comparison`) shows, by default, only the changes that matter:
+The text (:func:`format_comparison`) leads each configuration with the sweep's
+objective and constraints, always, whatever their change; then, by default, only
+the other changes that matter:
 those beyond the noise (without repeats: beyond :data:`UNKNOWN_NOISE_THRESHOLD`,
 relative), each marked ``better`` or ``worse`` by the direction the metric catalog
-gives it; ``metrics`` chooses metrics, ``show_all`` lists every one.
+gives it; ``metrics`` chooses metrics, ``show_all`` lists every one. The load
+generator's own health (:data:`~servesweep.metrics_catalog.CLIENT_HEALTH`) is listed
+apart, without a verdict: it says how well the client measured, not how good the
+configuration is.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servesweep.errors import ConfigError
-from servesweep.metrics_catalog import Better, Scope, lookup
+from servesweep.errors import ConfigError, ServesweepError
+from servesweep.metrics_catalog import CLIENT_HEALTH, Better, Scope, lookup
 from servesweep.models import EvalTaskResult
 from servesweep.report.data import (
     LevelStats,
@@ -31,12 +36,14 @@ from servesweep.report.data import (
     printable,
 )
 from servesweep.report.evals import TaskFlip, task_status
-from servesweep.report.refs import ResultIndex
+from servesweep.report.refs import ResultIndex, objective_of
+from servesweep.spec.constraints import Constraint, parse_constraint
 from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "UNKNOWN_NOISE_THRESHOLD",
     "Comparison",
+    "Decision",
     "MetricChange",
     "PairedConfig",
     "compare",
@@ -99,6 +106,25 @@ class MetricChange:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """The objective or one constraint of the sweep, measured on both sides: always
+    shown first, whatever its change."""
+
+    label: str
+    """``objective (max chat.c1.output_throughput)`` or the constraint's text."""
+    a: MetricStats | None
+    b: MetricStats | None
+    direction: str | None = None
+    """``max``/``min`` for the objective; None for a constraint."""
+    constraint: Constraint | None = None
+
+    @property
+    def noise(self) -> float | None:
+        spreads = [s.spread for s in (self.a, self.b) if s is not None and s.spread is not None]
+        return max(spreads) if spreads else None
+
+
+@dataclass(frozen=True)
 class PairedConfig:
     """One configuration present on both sides."""
 
@@ -106,6 +132,7 @@ class PairedConfig:
     b: TrialRecord
     changes: tuple[MetricChange, ...]
     flips: tuple[TaskFlip, ...]
+    decisions: tuple[Decision, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,14 +149,13 @@ class Comparison:
         return any(c.noise is not None for p in self.pairs for c in p.changes)
 
 
-def _pick(data: SweepData, trial_id: int, side: str) -> TrialRecord:
+def _pick(data: SweepData, number: int, side: str) -> TrialRecord:
+    """The trial numbered ``number`` in its sweep (``#3``)."""
     for trial in data.trials:
-        if trial.id == trial_id:
+        if trial.number == number:
             return trial
-    ids = ", ".join(str(t.id) for t in data.trials) or "none"
-    raise ConfigError(
-        f"sweep {data.sweep.name!r} has no trial {trial_id} (trials: {ids})", key=side
-    )
+    ids = ", ".join(str(t.number) for t in data.trials) or "none"
+    raise ConfigError(f"sweep {data.sweep.name!r} has no trial {number} (trials: {ids})", key=side)
 
 
 def _changes(levels_a: list[LevelStats], levels_b: list[LevelStats]) -> list[MetricChange]:
@@ -159,7 +185,7 @@ def _flips(a: SweepData, ta: TrialRecord, b: SweepData, tb: TrialRecord) -> list
 
     sa, sb = statuses(a, ta), statuses(b, tb)
     return [
-        TaskFlip(w, t, ((ta.id, sa[(w, t)]), (tb.id, sb[(w, t)])))
+        TaskFlip(w, t, ((ta.number, sa[(w, t)]), (tb.number, sb[(w, t)])))
         for (w, t) in sorted(sa.keys() & sb.keys())
         if (sa[(w, t)] == "pass") != (sb[(w, t)] == "pass")
     ]
@@ -196,12 +222,64 @@ def compare(
             tb,
             tuple(_changes(ia.levels.get(ta.id, []), ib.levels.get(tb.id, []))),
             tuple(_flips(a, ta, b, tb)),
+            tuple(_decisions(a, ia, ta, b, ib, tb)),
         )
         for ta, tb in pairs_raw
     )
     name_a = f"{a.sweep.name} (#{a.sweep.id})"
     name_b = f"{b.sweep.name} (#{b.sweep.id})"
     return Comparison(name_a, name_b, pairs, only_a, only_b)
+
+
+def _decisions(
+    a: SweepData, ia: ResultIndex, ta: TrialRecord, b: SweepData, ib: ResultIndex, tb: TrialRecord
+) -> list[Decision]:
+    """B's objective and constraints (A's when B has none), on both sides."""
+    out: list[Decision] = []
+    for data in (b, a):
+        try:
+            found = objective_of(data)
+            constraints = [parse_constraint(text) for text in data.constraints]
+        except ServesweepError:
+            continue
+        if found is None and not constraints:
+            continue
+        if found is not None:
+            ref, direction = found
+            label = f"objective ({direction} {ref.key})"
+            out.append(Decision(label, ia.stats(ta, ref), ib.stats(tb, ref), direction))
+        for c in constraints:
+            out.append(Decision(str(c), ia.stats(ta, c.ref), ib.stats(tb, c.ref), constraint=c))
+        break
+    return out
+
+
+def _decision_line(d: Decision) -> str:
+    a = "-" if d.a is None else format_stats(d.a)
+    b = "-" if d.b is None else format_stats(d.b)
+    if d.constraint is not None:
+
+        def met(stats: MetricStats | None) -> str:
+            ok = d.constraint.check(None if stats is None else stats.mean) if d.constraint else None
+            return {True: "met", False: "violated", None: "not measured"}[ok]
+
+        return f"  {d.label}: A {a} ({met(d.a)}), B {b} ({met(d.b)})"
+    line = f"  {d.label}: A {a}, B {b}"
+    if d.a is None or d.b is None:
+        return line
+    delta = d.b.mean - d.a.mean
+    line += "  " + ("+" if delta >= 0 else "") + format_number(delta)
+    if d.a.mean:
+        line += f" ({delta / abs(d.a.mean):+.1%})"
+    if delta == 0:
+        return line + "  no change"
+    word = "better" if (delta > 0) == (d.direction == "max") else "worse"
+    noise = d.noise
+    if noise is None:
+        return line + f"  {word} (noise unknown)"
+    if abs(delta) > noise:
+        return line + f"  {word}, exceeds noise {format_number(noise)}"
+    return line + f"  within noise {format_number(noise)}"
 
 
 def _verdict(change: MetricChange) -> str:
@@ -243,13 +321,24 @@ def format_comparison(
         lines.append(f"A {config_label(pair.a)} <-> B {config_label(pair.b)}")
         if pair.a.outcome != pair.b.outcome:
             lines.append(f"  outcome: {pair.a.outcome.value} -> {pair.b.outcome.value}")
+        lines += [_decision_line(d) for d in pair.decisions]
+        decided = {
+            d.constraint.ref.key if d.constraint else _ref_key(d.label) for d in pair.decisions
+        }
+        ordinary = [
+            c for c in pair.changes
+            if f"{c.workload}.{c.level}.{c.metric}" not in decided and c.metric not in CLIENT_HEALTH
+        ]  # fmt: skip
+        health = [c for c in pair.changes if c.metric in CLIENT_HEALTH]
         if metrics:
-            shown = [c for c in pair.changes if _chosen(c, metrics)]
+            shown = [c for c in ordinary if _chosen(c, metrics)]
+            health = [c for c in health if _chosen(c, metrics)]
         elif show_all:
-            shown = list(pair.changes)
+            shown = list(ordinary)
         else:
-            shown = [c for c in pair.changes if c.matters]
-        quiet += len(pair.changes) - len(shown)
+            shown = [c for c in ordinary if c.matters]
+            health = [c for c in health if c.matters]
+        quiet += len(ordinary) - len(shown)
         rows = [
             (
                 f"{c.workload}.{c.level}.{c.metric}",
@@ -271,7 +360,15 @@ def format_comparison(
         elif not pair.changes:
             lines.append("  no metric measured on both sides")
         else:
-            lines.append("  no change beyond the noise")
+            lines.append("  no other change beyond the noise")
+        if health:
+            lines.append(
+                "  load generator health (the client's own, not the configuration's): "
+                + "; ".join(
+                    f"{c.workload}.{c.level}.{c.metric} {format_stats(c.a)} -> {format_stats(c.b)}"
+                    for c in health
+                )
+            )
         for flip in pair.flips:
             states = ", ".join(f"#{t} {s}" for t, s in flip.statuses)
             lines.append(f"  flipped {flip.workload}/{flip.task_id}: {states}")
@@ -282,6 +379,11 @@ def format_comparison(
         what = "not chosen" if metrics else "within the noise (or, without repeats, 5 %)"
         lines.append(f"{quiet} metric change(s) {what} not shown (--all lists every metric)")
     return "\n".join(printable(" ".join(line.splitlines())) for line in lines)
+
+
+def _ref_key(label: str) -> str:
+    """``objective (max chat.c1.output_throughput)`` -> ``chat.c1.output_throughput``."""
+    return label.rsplit(" ", 1)[-1].rstrip(")")
 
 
 def _chosen_name(name: str, metric: str) -> bool:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from servesweep.errors import ConfigError
+from servesweep.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
+from servesweep.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, Outcome, parse_level
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.resources import trial_gpus
@@ -32,10 +35,13 @@ __all__ = [
     "fixed_args",
     "format_number",
     "format_stats",
+    "in_plan_count",
     "metric_names",
+    "out_of_plan",
     "outcome_counts",
     "phase_costs",
     "printable",
+    "result_intervals",
     "swept_params",
     "trial_gpu_count",
 ]
@@ -68,33 +74,120 @@ class MetricStats:
     stdev: float | None
     """Sample standard deviation; None with a single repeat."""
     n: int
+    lo: float | None = None
+    """Lower bound of the mean's confidence interval (None: the metric has none)."""
+    hi: float | None = None
+    confidence: float | None = None
+    """The confidence of ``lo..hi`` (0.95)."""
+    within_se: float | None = None
+    """Standard error of the mean from the repeats' own intervals (their requests)."""
+    launches: int = 1
+    """Separate launches of the server the values come from."""
+    launch_sd: float | None = None
+    """Standard deviation between the launches' means (None with one launch)."""
+    repeat_sd: float | None = None
+    """Standard deviation between repeats inside one launch (pooled; None without)."""
 
     @property
     def spread(self) -> float | None:
         """max - min across repeats: the run-to-run noise; None without repeats."""
         return None if self.n < 2 else self.max - self.min
 
+    @property
+    def interval(self) -> Interval | None:
+        if self.lo is None or self.hi is None or self.confidence is None:
+            return None
+        return Interval(self.mean, self.lo, self.hi, self.confidence)
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval's width: the ``±`` of the tables."""
+        return None if self.lo is None or self.hi is None else (self.hi - self.lo) / 2.0
+
     @classmethod
-    def of(cls, values: Sequence[float]) -> MetricStats:
+    def of(
+        cls,
+        values: Sequence[float],
+        bounds: Sequence[tuple[float, float] | None] | None = None,
+        *,
+        launches: Sequence[int] | None = None,
+        confidence: float = DEFAULT_CONFIDENCE,
+    ) -> MetricStats:
+        """The stats of ``values`` (one per repeat); with ``bounds`` (each repeat's own
+        interval at ``confidence``, or None), the interval of their mean
+        (:func:`servesweep.intervals.combine`). With ``launches`` (the launch of each
+        value), repeats are combined within each launch first, then the launches'
+        means: the interval holds both the variation inside a launch and between
+        launches."""
         if not values:
             raise ValueError("MetricStats.of needs at least one value")
         stdev = statistics.stdev(values) if len(values) > 1 else None
+        which = list(launches) if launches is not None else [0] * len(values)
+        groups: dict[int, list[int]] = {}
+        for i, launch in enumerate(which):
+            groups.setdefault(launch, []).append(i)
+        means = [statistics.fmean(values[i] for i in idx) for idx in groups.values()]
+        inside = [statistics.variance([values[i] for i in idx]) for idx in groups.values()
+                  if len(idx) > 1]  # fmt: skip
+        found = None
+        if bounds is not None:
+            found = _launch_interval(values, bounds, list(groups.values()), confidence)
         return cls(
             mean=statistics.fmean(values),
             min=min(values),
             max=max(values),
             stdev=stdev,
             n=len(values),
+            lo=None if found is None else found.interval.lo,
+            hi=None if found is None else found.interval.hi,
+            confidence=None if found is None else confidence,
+            within_se=None if found is None else found.within_se,
+            launches=len(groups),
+            launch_sd=statistics.stdev(means) if len(means) > 1 else None,
+            repeat_sd=math.sqrt(statistics.fmean(inside)) if inside else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "mean": finite(self.mean),
             "min": finite(self.min),
             "max": finite(self.max),
             "stdev": finite(self.stdev),
             "n": self.n,
         }
+        if self.lo is not None:
+            out.update(lo=finite(self.lo), hi=finite(self.hi), confidence=self.confidence)
+        if self.launches > 1:
+            out.update(
+                launches=self.launches,
+                launch_sd=finite(self.launch_sd),
+                repeat_sd=finite(self.repeat_sd),
+            )
+        return out
+
+
+def _launch_interval(
+    values: Sequence[float],
+    bounds: Sequence[tuple[float, float] | None],
+    groups: Sequence[Sequence[int]],
+    confidence: float,
+) -> Combined | None:
+    """Repeats combined within each launch, then the launches' means combined."""
+
+    def part(i: int) -> tuple[float, float | None, float | None]:
+        b = bounds[i]
+        return (values[i], None, None) if b is None else (values[i], b[0], b[1])
+
+    inner: list[tuple[float, float | None, float | None]] = []
+    for idx in groups:
+        found = combine([part(i) for i in idx], confidence=confidence, part_confidence=confidence)
+        mean = statistics.fmean(values[i] for i in idx)
+        inner.append((mean, None, None) if found is None else
+                     (mean, found.interval.lo, found.interval.hi))  # fmt: skip
+    if len(inner) == 1:
+        return combine([part(i) for i in groups[0]], confidence=confidence,
+                       part_confidence=confidence)  # fmt: skip
+    return combine(inner, confidence=confidence, part_confidence=confidence)
 
 
 @dataclass(frozen=True)
@@ -106,6 +199,17 @@ class LevelStats:
     level: str
     repeats: tuple[LevelResult, ...]
     metrics: Mapping[str, MetricStats]
+
+    @property
+    def unreliable(self) -> str | None:
+        """Why the load generator could not time this level (the first repeat's
+        reason, with how many repeats were so), or None when every repeat is reliable."""
+        reasons = [r.unreliable for r in self.repeats if r.unreliable is not None]
+        if not reasons:
+            return None
+        if len(self.repeats) > 1:
+            return f"{reasons[0]} ({len(reasons)} of {len(self.repeats)} repeats)"
+        return reasons[0]
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -157,15 +261,62 @@ def aggregate_levels(data: SweepData, trial_id: int) -> list[LevelStats]:
     for (workload, level), reps in sorted(
         groups.items(), key=lambda kv: (workload_order[kv[0][0]], level_sort_key(kv[0][1]))
     ):
-        reps.sort(key=lambda r: r.repeat)
+        reps.sort(key=lambda r: (r.launch, r.repeat))
         values: dict[str, list[float]] = {}
+        bounds: dict[str, list[tuple[float, float] | None]] = {}
+        launches: dict[str, list[int]] = {}
         for res in reps:
+            own = result_intervals(res)
             for name, value in res.metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     values.setdefault(name, []).append(float(value))
-        metrics = {name: MetricStats.of(vals) for name, vals in values.items()}
+                    bounds.setdefault(name, []).append(own.get(name))
+                    launches.setdefault(name, []).append(res.launch)
+        metrics = {
+            name: MetricStats.of(
+                vals,
+                bounds[name] if name in INTERVAL_METRICS else None,
+                launches=launches[name],
+            )
+            for name, vals in values.items()
+        }
         out.append(LevelStats(trial_id, workload, level, tuple(reps), metrics))
     return out
+
+
+def result_intervals(res: LevelResult) -> Mapping[str, tuple[float, float]]:
+    """A level's intervals at :data:`DEFAULT_CONFIDENCE`: as stored, or computed from
+    its stored requests (a level stored before intervals existed; goodput has none
+    then, the SLO not being kept with the level)."""
+    if res.intervals and res.confidence in (None, DEFAULT_CONFIDENCE):
+        return res.intervals
+    cached = _COMPUTED.get(id(res))
+    if cached is not None and cached[0] is res:
+        return cached[1]
+    found = _computed_intervals(res)
+    if len(_COMPUTED) > 10_000:
+        _COMPUTED.clear()
+    _COMPUTED[id(res)] = (res, found)
+    return found
+
+
+_COMPUTED: dict[int, tuple[LevelResult, Mapping[str, tuple[float, float]]]] = {}
+"""Intervals computed from stored requests, by result (every report view asks again)."""
+
+
+def _computed_intervals(res: LevelResult) -> Mapping[str, tuple[float, float]]:
+    if res.eval_results:
+        return eval_intervals(res.eval_results)
+    if res.samples:
+        duration = res.metrics.get(DURATION_S.name, res.duration_s)
+        acc = res.metrics.get(ACCEPTANCE_LENGTH.name)
+        source = str(res.info.get("acceptance_source", ""))
+        return level_intervals(
+            res.samples,
+            duration_s=float(duration),
+            acceptance=None if acc is None else (float(acc), source),
+        )
+    return {}
 
 
 def metric_names(levels: Iterable[LevelStats]) -> list[str]:
@@ -178,13 +329,15 @@ def metric_names(levels: Iterable[LevelStats]) -> list[str]:
 
 
 def swept_params(data: SweepData) -> list[str]:
-    """Param names that take more than one value across the sweep's trials (all
-    params when every trial has the same ones), in order of first appearance."""
+    """Param names that take more than one value across the trials of the plan (all
+    trials when none is in it; all params when every trial has the same ones), in
+    order of first appearance."""
+    trials = [t for t in data.trials if t.in_plan] or list(data.trials)
     names: dict[str, None] = {}
-    for trial in data.trials:
+    for trial in trials:
         for name in trial.params:
             names.setdefault(name, None)
-    varying = [n for n in names if len({_hashable(t.params.get(n)) for t in data.trials}) > 1]
+    varying = [n for n in names if len({_hashable(t.params.get(n)) for t in trials}) > 1]
     return varying or list(names)
 
 
@@ -209,18 +362,19 @@ def config_label(
     params: Sequence[str] | None = None,
     fixed: Mapping[str, Any] | None = None,
 ) -> str:
-    """``#3 budget=12 topk=6``: the trial id and its (swept) params. A trial that sets
-    none of ``params`` is labelled by what it does set, the same in every trial: its own
-    params over ``fixed`` (the sweep's ``server.args``), ``#10 (fixed: max-num-seqs=16
-    max-model-len=2048)``; ``(defaults)`` only when there is nothing."""
+    """``#3 budget=12 topk=6``: the trial's number in its sweep and its (swept) params.
+    A trial that sets none of ``params`` is labelled by what it does set, the same in
+    every trial: its own params over ``fixed`` (the sweep's ``server.args``),
+    ``#10 (fixed: max-num-seqs=16 max-model-len=2048)``; ``(defaults)`` only when there
+    is nothing."""
     names = list(params) if params is not None else list(trial.params)
     bits = [f"{n}={format_value(trial.params.get(n))}" for n in names if n in trial.params]
     if bits:
-        return f"#{trial.id} " + " ".join(bits)
+        return f"#{trial.number} " + " ".join(bits)
     merged = {k.replace("_", "-"): v for k, v in (fixed or {}).items()}
     merged.update({k.replace("_", "-"): v for k, v in trial.params.items()})
     shown = [f"{n}={format_value(v)}" for n, v in merged.items()]
-    return f"#{trial.id} " + (f"(fixed: {' '.join(shown)})" if shown else "(defaults)")
+    return f"#{trial.number} " + (f"(fixed: {' '.join(shown)})" if shown else "(defaults)")
 
 
 def fixed_args(data: SweepData) -> dict[str, Any]:
@@ -293,8 +447,20 @@ def phase_costs(data: SweepData) -> tuple[list[PhaseCost], int]:
 
 
 def outcome_counts(data: SweepData) -> dict[str, int]:
-    """Trials by outcome, every outcome listed (zero included)."""
+    """Trials of the plan by outcome, every outcome listed (zero included); trials the
+    sweep file no longer has are counted by :func:`out_of_plan`."""
     counts = {o.value: 0 for o in Outcome}
     for trial in data.trials:
-        counts[trial.outcome.value] += 1
+        if trial.in_plan:
+            counts[trial.outcome.value] += 1
     return counts
+
+
+def in_plan_count(data: SweepData) -> int:
+    """Trials of the sweep file's plan (what ``plan``, ``run`` and ``status`` count)."""
+    return sum(1 for t in data.trials if t.in_plan)
+
+
+def out_of_plan(data: SweepData) -> int:
+    """Trials the sweep file no longer has (kept as history, marked ``not in plan``)."""
+    return sum(1 for t in data.trials if not t.in_plan)

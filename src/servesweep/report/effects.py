@@ -23,6 +23,7 @@ from servesweep.report.charts import (
     axis_for,
     fmt,
     is_number,
+    value_band,
 )
 from servesweep.report.data import format_value, swept_params
 from servesweep.report.refs import ResultIndex
@@ -186,13 +187,22 @@ def metric_vs_param_charts(
                  "color": color, "symbol": "circle", "symbolSize": 10, "showAllSymbol": True,
                  "lineStyle": {"width": 1.5, "opacity": 0.7}}
             )  # fmt: skip
+            bars = error_bars(index, ref, ordered, name, categories)
+            if bars:
+                series.append(
+                    {"type": "custom", "name": key, "renderItem": "error-bar", "data": bars,
+                     "color": color, "silent": True, "z": 1,
+                     "encode": {"x": 0, "y": [1, 2]}}
+                )  # fmt: skip
+        band = value_band([s.value for g in groups.values() for s in g if s.value is not None])
+        floor = band[0] if band else 0.0
         failed = [s for s in rows if s.status == Status.FAILED and name in s.trial.params]
         if failed:
             series.append(
-                {"type": "scatter", "name": "failed (at 0)", "color": FAILED_COLOR,
+                {"type": "scatter", "name": "failed (at the bottom)", "color": FAILED_COLOR,
                  "symbol": "path://M0,0L10,10M10,0L0,10", "symbolSize": 12,
                  "itemStyle": {"borderColor": FAILED_COLOR, "borderWidth": 2.5},
-                 "data": [{"value": [_x(s.trial.params.get(name), categories), 0],
+                 "data": [{"value": [_x(s.trial.params.get(name), categories), floor],
                            "trial": s.trial.id, "lines": [f"failed: {s.why}"]}
                           for s in failed]}
             )  # fmt: skip
@@ -201,7 +211,8 @@ def metric_vs_param_charts(
             "grid": {"left": 70, "right": 30, "top": 50, "bottom": 55},
             "legend": {"top": 0, "type": "scroll"},
             "xAxis": axis | {"name": name, "nameLocation": "middle", "nameGap": 30},
-            "yAxis": {"type": "value", "name": ref.key + how, "scale": False},
+            # not from zero: the measured band fills the chart (ECharts picks nice ends)
+            "yAxis": {"type": "value", "name": ref.key + how, "scale": True},
             "dataZoom": [{"type": "inside"}],
             "series": series,
         }
@@ -209,6 +220,24 @@ def metric_vs_param_charts(
             Chart(f"{id_prefix}-{n}", f"{ref.key} vs {name}", option, "point", height=340)
         )
     return charts
+
+
+def error_bars(
+    index: ResultIndex,
+    ref: MetricRef,
+    members: Sequence[Standing],
+    name: str,
+    categories: list[str] | None,
+) -> list[list[object]]:
+    """``[x, lo, hi]`` of each member's confidence interval on ``ref`` (members
+    without one are left out): drawn by the page as error bars (``error-bar``)."""
+    out: list[list[object]] = []
+    for s in members:
+        stats = index.stats(s.trial, ref)
+        if stats is None or stats.lo is None or stats.hi is None:
+            continue
+        out.append([_x(s.trial.params.get(name), categories), stats.lo, stats.hi])
+    return out
 
 
 def _x_sort(value: object) -> tuple[int, float, str]:
@@ -223,6 +252,9 @@ def _point(
     s: Standing, name: str, ref: MetricRef, categories: list[str] | None, color: str
 ) -> dict[str, Any]:
     lines = [f"{ref.key} = {fmt(s.value)}"]
+    if s.interval is not None:
+        lo, hi, confidence = s.interval
+        lines[0] += f" ({confidence:.0%} interval {fmt(lo)}..{fmt(hi)})"
     item: dict[str, Any] = {
         "value": [_x(s.trial.params.get(name), categories), s.value],
         "trial": s.trial.id,
@@ -258,7 +290,7 @@ def parallel_chart(data: SweepData, index: ResultIndex, best: BestResult | None)
     names = [n for n in names if len({repr(s.trial.params.get(n)) for s in rows}) > 1] or names
     axes: list[dict[str, Any]] = []
     for i, name in enumerate(names):
-        axis, _ = axis_for([t.params.get(name) for t in data.trials])
+        axis, _ = axis_for([s.trial.params.get(name) for s in everything])
         axes.append(axis | {"dim": i, "name": name})
     axes.append({"dim": len(names), "name": f"{ref.key} ({direction})", "type": "value",
                  "scale": True})  # fmt: skip
@@ -270,6 +302,9 @@ def parallel_chart(data: SweepData, index: ResultIndex, best: BestResult | None)
             for i, n in enumerate(names)
         ]
         lines = [f"{ref.key} = {fmt(s.value)}"]
+        if s.interval is not None:
+            lo, hi, confidence = s.interval
+            lines[0] += f" ({confidence:.0%} interval {fmt(lo)}..{fmt(hi)})"
         item = {"value": [*values, s.value], "trial": s.trial.id, "level": _level_key(ref),
                 "lines": lines}  # fmt: skip
         if s.status == Status.FEASIBLE:

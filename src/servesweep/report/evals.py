@@ -69,7 +69,7 @@ def eval_rates(data: SweepData) -> list[EvalRate]:
             entry = counts.setdefault(res.workload, [0, 0])
             entry[0] += sum(1 for e in res.eval_results if e.status == "pass")
             entry[1] += len(res.eval_results)
-        out.extend(EvalRate(trial.id, w, p, n) for w, (p, n) in counts.items())
+        out.extend(EvalRate(trial.number, w, p, n) for w, (p, n) in counts.items())
     return out
 
 
@@ -80,7 +80,7 @@ def task_flips(data: SweepData, trials: Sequence[TrialRecord] | None = None) -> 
     per_task: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for trial in chosen:
         for key, results in _tasks(data, trial).items():
-            per_task.setdefault(key, []).append((trial.id, task_status(results)))
+            per_task.setdefault(key, []).append((trial.number, task_status(results)))
     flips: list[TaskFlip] = []
     for (workload, task_id), statuses in sorted(per_task.items()):
         passed = {s == "pass" for _, s in statuses}

@@ -9,14 +9,19 @@ import json
 from typing import Any
 
 from servesweep.errors import ServesweepError
+from servesweep.intervals import DEFAULT_CONFIDENCE
+from servesweep.level_intervals import INTERVAL_METRICS
 from servesweep.report.best import best_to_json, find_best
 from servesweep.report.data import (
     GPU_PHASES,
     all_params,
     finite,
+    in_plan_count,
     metric_names,
+    out_of_plan,
     outcome_counts,
     phase_costs,
+    result_intervals,
     swept_params,
     trial_gpu_count,
 )
@@ -62,6 +67,7 @@ def render_csv(data: SweepData) -> str:
         "seq",
         "fingerprint",
         "outcome",
+        "in_plan",
         "failure_class",
         "failure_reason",
         "gpus",
@@ -70,22 +76,27 @@ def render_csv(data: SweepData) -> str:
         "workload",
         "level",
         "repeat",
+        "launch",
         "duration_s",
         "warnings",
+        "unreliable",
     ]
     # a metric named like a fixed column (the level's ``duration_s``) is that column
     metrics = [m for m in metric_names(levels) if m not in fixed]
-    header = [*fixed, *metrics]
+    bounded = [m for m in metrics if m in INTERVAL_METRICS]
+    bounds = [f"{m}_{end}" for m in bounded for end in ("lo", "hi")]
+    header = [*fixed, *metrics, *(["confidence", *bounds] if bounded else [])]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
         head = [
             data.sweep.name,
-            trial.id,
+            trial.number,
             trial.seq,
             trial.fingerprint,
             trial.outcome.value,
+            int(trial.in_plan),
             trial.failure_class.value if trial.failure_class else None,
             trial.evidence.reason if trial.evidence else None,
             trial_gpu_count(data, trial),
@@ -93,19 +104,28 @@ def render_csv(data: SweepData) -> str:
             *(trial.phase_seconds.get(p) for p in GPU_PHASES),
         ]
         results = sorted(
-            data.results.get(trial.id, ()), key=lambda r: (r.workload, r.level, r.repeat)
+            data.results.get(trial.id, ()),
+            key=lambda r: (r.workload, r.level, r.launch, r.repeat),
         )
         if not results:
-            writer.writerow([_csv_text(v) for v in head + [None] * (5 + len(metrics))])
+            writer.writerow([_csv_text(v) for v in head + [None] * (len(header) - len(head))])
         for res in results:
+            own = result_intervals(res)
+            ends: list[float | None] = []
+            for m in bounded:
+                lo_hi = own.get(m)
+                ends += [None, None] if lo_hi is None else list(lo_hi)
             row = [
                 *head,
                 res.workload,
                 res.level,
                 res.repeat,
+                res.launch,
                 res.duration_s,
                 "; ".join(res.warnings) or None,
+                res.unreliable,
                 *(res.metrics.get(m) for m in metrics),
+                *([DEFAULT_CONFIDENCE if own else None, *ends] if bounded else []),
             ]
             writer.writerow([_csv_text(v) for v in row])
     return buf.getvalue()
@@ -119,6 +139,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
             peak[key] = max(peak.get(key, 0), point.used_bytes)
     return {
         "id": trial.id,
+        "number": trial.number,
         "seq": trial.seq,
         "fingerprint": trial.fingerprint,
         "params": dict(trial.params),
@@ -127,6 +148,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
         "failure": None
         if trial.evidence is None
         else {"summary": trial.evidence.summary(), **trial.evidence.to_dict()},
+        "memory": data.memory.get(trial.id),
         "phase": trial.phase.value if trial.phase else None,
         "phase_seconds": {k: finite(v) for k, v in trial.phase_seconds.items()},
         "phase_started": dict(trial.phase_started),
@@ -148,8 +170,15 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "workload": r.workload,
                 "level": r.level,
                 "repeat": r.repeat,
+                "launch": r.launch,
                 "metrics": {k: finite(v) for k, v in r.metrics.items()},
+                "intervals": {
+                    k: [finite(lo), finite(hi)] for k, (lo, hi) in result_intervals(r).items()
+                },
+                "confidence": DEFAULT_CONFIDENCE,
                 "warnings": list(r.warnings),
+                "unreliable": r.unreliable,
+                "generator_health": r.info.get("generator_health"),
                 "load_generator": r.info.get("load_generator"),
                 "acceptance_source": r.info.get("acceptance_source"),
                 "spec_decode": r.info.get("spec_decode"),
@@ -173,6 +202,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "workload": lvl.workload,
                 "level": lvl.level,
                 "repeats": len(lvl.repeats),
+                "unreliable": lvl.unreliable,
                 "metrics": {k: s.to_dict() for k, s in lvl.metrics.items()},
             }
             for lvl in index.levels.get(trial.id, ())
@@ -207,7 +237,8 @@ def report_document(data: SweepData) -> dict[str, Any]:
         "constraints": list(data.constraints),
         "swept_params": swept_params(data),
         "summary": {
-            "trials": len(data.trials),
+            "trials": in_plan_count(data),
+            "not_in_plan": out_of_plan(data),
             "outcomes": outcome_counts(data),
             "phase_seconds": {c.phase: c.seconds for c in costs},
             "gpu_hours": {c.phase: c.gpu_hours for c in costs},

@@ -19,6 +19,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ from markupsafe import Markup
 
 from servesweep.errors import ServesweepError
 from servesweep.models import Outcome
-from servesweep.report.best import BestResult, find_best
+from servesweep.report.best import BestResult, Candidate, find_best
 from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.data import (
     MetricStats,
     format_value,
+    in_plan_count,
     metric_names,
+    out_of_plan,
     outcome_counts,
     phase_costs,
     swept_params,
@@ -50,11 +53,13 @@ from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.importance import MIN_TRIALS, importance_chart
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.progress import progress_charts
-from servesweep.report.refs import ResultIndex
+from servesweep.report.refs import ResultIndex, is_search
 from servesweep.report.standing import objective_ref
+from servesweep.report.tables import column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
-from servesweep.store.records import SweepData
+from servesweep.report.uncertainty import margin
+from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ECHARTS_VERSION", "Cell", "render_html"]
 
@@ -89,10 +94,16 @@ def num(value: float | None, text: str | None = None, title: str = "") -> Cell:
 def stats_cell(stats: MetricStats | None) -> Cell:
     if stats is None:
         return Cell("", float("nan"))
-    title = ""
+    bits = []
+    if stats.lo is not None and stats.hi is not None and stats.confidence is not None:
+        bits.append(
+            f"{stats.confidence:.0%} interval {format_number(stats.lo)}..{format_number(stats.hi)}"
+        )
     if stats.n > 1:
-        title = f"{stats.n} repeats: min {format_number(stats.min)}, max {format_number(stats.max)}"
-    return Cell(format_stats(stats), stats.mean, title)
+        bits.append(
+            f"{stats.n} repeats: min {format_number(stats.min)}, max {format_number(stats.max)}"
+        )
+    return Cell(format_stats(stats), stats.mean, "; ".join(bits))
 
 
 def _asset(name: str) -> str:
@@ -138,17 +149,32 @@ def _duration(seconds: float) -> str:
     return f"{format_number(seconds / 3600)} h"
 
 
+def _gpu_time(hours: float) -> str:
+    """GPU time in the unit that reads best: ``3.2 GPU-h``, ``12 GPU-min``,
+    ``0.11 GPU-s`` (never ``2.932e-05``)."""
+    seconds = hours * 3600.0
+    if seconds == 0:
+        return "0"
+    if hours >= 0.1:
+        return f"{format_number(hours)} GPU-h"
+    if seconds >= 60:
+        return f"{format_number(seconds / 60)} GPU-min"
+    return f"{format_number(seconds, digits=2 if seconds < 1 else 3)} GPU-s"
+
+
 def _summary(data: SweepData) -> dict[str, Any]:
     counts = outcome_counts(data)
-    cards = [("trials", len(data.trials))] + [
+    cards = [("trials", in_plan_count(data))] + [
         (o, n) for o, n in counts.items() if n or o in ("ok", "failed", "skipped")
     ]
+    if out_of_plan(data):
+        cards.append(("not in plan", out_of_plan(data)))
     costs, unknown = phase_costs(data)
     rows = [
         (
             c.phase,
             num(c.seconds, _duration(c.seconds)),
-            num(c.gpu_hours, format_number(c.gpu_hours)),
+            num(c.gpu_hours, _gpu_time(c.gpu_hours)),
         )
         for c in costs
     ]
@@ -157,7 +183,7 @@ def _summary(data: SweepData) -> dict[str, Any]:
     return {
         "cards": cards,
         "costs": rows,
-        "total": (num(total_s, _duration(total_s)), num(total_h, format_number(total_h))),
+        "total": (num(total_s, _duration(total_s)), num(total_h, _gpu_time(total_h))),
         "unknown": unknown,
     }
 
@@ -184,59 +210,69 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
                 for (k, d), s in zip(best.objectives, win.stats, strict=True)
             ]
             + [
-                f"constraint {c}: {format_number(v)} (met)"
-                for c, v in zip(best.constraints, win.constraint_values, strict=True)
+                f"constraint {c}: {v.describe()}"
+                for c, v in zip(best.constraints, win.verdicts, strict=True)
             ],
             "command": win.trial.launch_command or "(launch command not recorded)",
         }
-    # the noise column: only when repeats measured a spread
-    repeats = any(s.n > 1 for c in best.ranking for s in c.stats)
-    top = best.ranking[0] if best.ranking else None
+    # against the winner: tied with it, or behind it beyond uncertainty and threshold
     rows = []
+    leader = best.winner
     for i, cand in enumerate(best.ranking, 1):
-        spread = cand.stats[0].spread
-        noise: Cell | None = None
-        if repeats:
-            text = "-" if spread is None else format_number(spread, digits=2)
-            if i > 1 and top is not None:
-                spreads = [s for s in (top.stats[0].spread, spread) if s is not None]
-                if spreads and abs(cand.values[0] - top.values[0]) <= max(spreads):
-                    text += " (within noise of #1)"
-            noise = Cell(
-                text,
-                spread if spread is not None else float("nan"),
-                f"max - min over {cand.stats[0].n} repeats: {format_number(spread)}"
-                if spread is not None
-                else "",
-            )
         pareto = " (Pareto)" if cand in best.pareto else ""
-        rows.append((i, cand.label + pareto, [stats_cell(s) for s in cand.stats], noise))
+        rows.append((i, cand.label + pareto, [stats_cell(s) for s in cand.stats],
+                     Cell(_standing(best, cand)) if leader is not None else None))  # fmt: skip
     out["ranking"] = rows
-    out["noise"] = repeats
+    out["noise"] = leader is not None and len(best.ranking) > 1
     return out
 
 
-def _results(data: SweepData, index: ResultIndex) -> dict[str, Any]:
+def _standing(best: BestResult, cand: Candidate) -> str:
+    """How a ranked candidate stands against the winner, in a few words."""
+    win = best.winner
+    assert win is not None
+    if cand is win:
+        return "winner" if best.decided else "winner (picked from the tie)"
+    direction = best.objectives[0][1]
+    lead = margin(win.stats[0], cand.stats[0], direction, best.rules)
+    if cand in best.ties:
+        return f"tied: #{win.trial.id} {lead.describe()}"
+    return f"behind: #{win.trial.id} {lead.describe()}"
+
+
+def _results(data: SweepData, index: ResultIndex, every: bool = False) -> dict[str, Any]:
+    """The results table: the terminal table's default metrics (the objective's, the
+    constraints', the key ones), or ``every`` metric measured."""
     params = swept_params(data)
     levels = [lvl for lv in index.levels.values() for lvl in lv]
     metrics = metric_names(levels)
+    if not every:
+        default, _ = column_priority(data, index)
+        metrics = [m for m in default if m in metrics]
     repeats = any(len(lvl.repeats) > 1 for lvl in levels)
     head = ["trial", *params, "outcome", "workload", "level"]
     head += ["repeats"] if repeats else []
     head += [*metrics, "warnings"]
     rows: list[tuple[str, list[Cell], tuple[str, ...]]] = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
-        lead = [num(trial.id, f"#{trial.id}")] + [_param_cell(trial.params.get(p)) for p in params]
+        lead = [num(trial.number, f"#{trial.number}")]
+        lead += [_param_cell(trial.params.get(p)) for p in params]
         lead.append(Cell(outcome_text(trial)))
         trial_levels = index.levels.get(trial.id, [])
         if not trial_levels:
             blanks = [Cell("")] * (2 + (1 if repeats else 0) + len(metrics))
             rows.append((trial.outcome.value, [*lead, *blanks], ()))
         for lvl in trial_levels:
-            cells = [*lead, Cell(lvl.workload), Cell(lvl.level)]
+            level = Cell(lvl.level)
+            marks: tuple[str, ...] = ()
+            if lvl.unreliable:
+                # the load generator could not keep time: shown, not used to decide
+                level = Cell(f"{lvl.level} (unreliable)", title=lvl.unreliable)
+                marks = (f"unreliable: {lvl.unreliable}",)
+            cells = [*lead, Cell(lvl.workload), level]
             cells += [num(len(lvl.repeats))] if repeats else []
             cells += [stats_cell(lvl.metrics.get(m)) for m in metrics]
-            rows.append((trial.outcome.value, cells, lvl.warnings + lvl.notes))
+            rows.append((trial.outcome.value, cells, marks + lvl.warnings + lvl.notes))
     return {"head": head, "rows": rows}
 
 
@@ -246,7 +282,47 @@ def _param_cell(value: object) -> Cell:
     return Cell(format_value(value))
 
 
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _same_way(trial: TrialRecord) -> tuple[str, ...]:
+    """What makes two failures the same: class, reason, and the message and matched
+    line with their numbers (times, PIDs, ports) left out."""
+    ev = trial.evidence
+    assert ev is not None
+    cls = trial.failure_class.value if trial.failure_class else ""
+    return (
+        cls,
+        ev.reason or "",
+        _DIGITS.sub("N", ev.message),
+        _DIGITS.sub("N", ev.matched_line or ""),
+    )
+
+
 def _failures(data: SweepData) -> list[dict[str, Any]]:
+    """One entry per way of failing: trials that failed the same way (see
+    :func:`_same_way`) share it, with the first one's evidence and every trial's log."""
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
+    for entry, trial in _failure_entries(data):
+        group = groups.get(_same_way(trial))
+        if group is None:
+            groups[_same_way(trial)] = entry | {"members": [entry]}
+        else:
+            group["members"].append(entry)
+    out = list(groups.values())
+    for group in out:
+        members = group["members"]
+        group["ids"] = ", ".join(f"#{m['id']}" for m in members)
+        if len(members) > 1:
+            group["facts"] = (
+                [("trials", f"{len(members)} failed this way")]
+                + [(f"#{m['id']}", f"{m['params']} — {m['log']}") for m in members]
+                + [(k, v) for k, v in group["facts"] if k != "log"]
+            )
+    return out
+
+
+def _failure_entries(data: SweepData) -> list[tuple[dict[str, Any], TrialRecord]]:
     out = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
         ev = trial.evidence
@@ -261,16 +337,16 @@ def _failures(data: SweepData) -> list[dict[str, Any]]:
         facts += [("processes", "; ".join(p.describe() for p in ev.processes) or None)]
         facts += [(f"{k} (s)", format_number(v)) for k, v in ev.timings.items()]
         facts += [(str(k), format_value(v)) for k, v in ev.details.items()]
-        out.append(
-            {
-                "id": trial.id,
-                "params": " ".join(f"{k}={format_value(v)}" for k, v in trial.params.items()),
-                "cls": cls,
-                "summary": ev.summary(),
-                "facts": [(k, str(v)) for k, v in facts if v is not None],
-                "tail": "\n".join(ev.log_tail[-LOG_EXCERPT_LINES:]),
-            }
-        )
+        entry = {
+            "id": trial.number,
+            "params": " ".join(f"{k}={format_value(v)}" for k, v in trial.params.items()),
+            "cls": cls,
+            "summary": ev.summary(),
+            "log": ev.log_path or trial.log_path or "-",
+            "facts": [(k, str(v)) for k, v in facts if v is not None],
+            "tail": "\n".join(ev.log_tail[-LOG_EXCERPT_LINES:]),
+        }
+        out.append((entry, trial))
     return out
 
 
@@ -301,9 +377,11 @@ def _sections(
     found = objective_ref(best)
     sections = []
     progress = progress_charts(data, index, best)
-    if progress:
+    search = is_search(data)
+    if progress and search:
+        # a search is judged by how fast it finds its best: that leads
         sections.append(
-            Section("progress", "Search progress", "How fast the sweep found its best.", progress)
+            Section("progress", "Search progress", "How fast the search found its best.", progress)
         )
     effects: list[Chart] = []
     if found is not None:
@@ -325,6 +403,12 @@ def _sections(
         sections.append(
             Section("tradeoffs", "Trade-offs", "Speed for a user vs speed for the fleet.", trade)
         )
+    if progress and not search:
+        # a grid runs every point in a fixed order: its progress is a footnote
+        sections.append(
+            Section("progress", "Progress", "The best so far as the grid ran, in its fixed "
+                    "order: when the sweep reached its best.", progress)
+        )  # fmt: skip
     spec = acceptance_charts(data, index, best)
     if spec:
         sections.append(
@@ -400,6 +484,7 @@ def render_html(data: SweepData, *, reload_s: float | None = None) -> str:
         best=_best(best, error),
         sections=sections,
         results=_results(data, index),
+        results_all=_results(data, index, every=True),
         evals=_evals(data),
         failures=_failures(data),
         live=live,

@@ -54,14 +54,17 @@ class _Stats(Protocol):
     def stdev(self) -> float | None: ...
     @property
     def n(self) -> int: ...
+    @property
+    def half_width(self) -> float | None: ...
 
 
 def format_stats(stats: _Stats | None) -> str:
-    """``123.4`` or, with repeats, ``123.4 ±2.1`` (the stdev across repeats, two
-    significant digits)."""
+    """``123.4`` or, for a metric with a confidence interval, ``123.4 ±2.1`` (half
+    the interval's width, two significant digits)."""
     if stats is None:
         return "-"
     text = format_number(stats.mean)
-    if stats.n > 1 and stats.stdev is not None:
-        text += f" ±{format_number(stats.stdev, digits=2)}"
+    half = stats.half_width
+    if half is not None and math.isfinite(half):
+        text += f" ±{format_number(half, digits=2)}"
     return text

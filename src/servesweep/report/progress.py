@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from servesweep.report.best import BestResult
-from servesweep.report.charts import FAILED_COLOR, INFEASIBLE_COLOR, PALETTE, Chart, fmt
+from servesweep.report.charts import (
+    FAILED_COLOR,
+    INFEASIBLE_COLOR,
+    PALETTE,
+    Chart,
+    fmt,
+    value_band,
+)
 from servesweep.report.refs import ResultIndex
 from servesweep.report.resources import trial_gpu_seconds
 from servesweep.report.standing import Status, best_so_far, objective_ref, standings
@@ -38,6 +45,8 @@ def progress_charts(data: SweepData, index: ResultIndex, best: BestResult | None
     for s in done:
         total += trial_gpu_seconds(data, s.trial) / 3600.0
         hours.append(total)
+    band = value_band([s.value for s in done if s.value is not None and s.status != Status.FAILED])
+    floor = band[0] if band else 0.0
     charts = []
     for kind, xs, name in (
         ("trials", list(range(1, len(done) + 1)), "trials finished"),
@@ -47,7 +56,7 @@ def progress_charts(data: SweepData, index: ResultIndex, best: BestResult | None
         for x, s in zip(xs, done, strict=True):
             if s.status == Status.UNMEASURED:
                 continue
-            value = 0.0 if s.status == Status.FAILED or s.value is None else s.value
+            value = floor if s.status == Status.FAILED or s.value is None else s.value
             lines = [f"{name}: {fmt(x)}", f"{ref.key} = {fmt(s.value)}"]
             if s.why:
                 lines.append(f"{s.status}: {s.why}")
@@ -61,7 +70,7 @@ def progress_charts(data: SweepData, index: ResultIndex, best: BestResult | None
              "color": PALETTE[0], "symbolSize": 9},
             {"type": "scatter", "name": "infeasible", "data": groups["infeasible"],
              "color": INFEASIBLE_COLOR, "symbolSize": 9},
-            {"type": "scatter", "name": "failed (at 0)", "data": groups["failed"],
+            {"type": "scatter", "name": "failed (at the bottom)", "data": groups["failed"],
              "color": FAILED_COLOR, "symbol": "triangle", "symbolSize": 9},
         ]  # fmt: skip
         option = {
@@ -69,7 +78,8 @@ def progress_charts(data: SweepData, index: ResultIndex, best: BestResult | None
             "legend": {"top": 0},
             "xAxis": {"type": "value", "name": name, "nameLocation": "middle", "nameGap": 30,
                       "min": 0 if kind == "gpu-hours" else 1},
-            "yAxis": {"type": "value", "name": f"{ref.key} ({direction})"},
+            # not from zero: the measured band fills the chart (ECharts picks nice ends)
+            "yAxis": {"type": "value", "name": f"{ref.key} ({direction})", "scale": True},
             "series": series,
         }  # fmt: skip
         charts.append(

@@ -17,7 +17,7 @@ from typing import Any
 from servesweep import metrics_catalog as mc
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
-from servesweep.models import level_label
+from servesweep.models import LevelResult, level_label, usable
 from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.spec.constraints import (
     Constraint,
@@ -32,7 +32,15 @@ from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import SweepSpec
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["ResultIndex", "check_constraint", "check_ref", "objective_of", "ref_label"]
+__all__ = [
+    "ResultIndex",
+    "check_constraint",
+    "check_ref",
+    "is_search",
+    "objective_of",
+    "ref_label",
+    "stored_spec",
+]
 
 
 def ref_label(ref: MetricRef) -> str:
@@ -42,11 +50,33 @@ def ref_label(ref: MetricRef) -> str:
 class ResultIndex:
     """Aggregated results of every trial of a sweep, computed once."""
 
-    def __init__(self, data: SweepData) -> None:
+    def __init__(self, data: SweepData, *, reliable_only: bool = False) -> None:
+        """``reliable_only``: levels the load generator could not time are left out
+        (their reasons kept in ``unreliable``), as a decision must."""
         self.data = data
+        self.unreliable: dict[tuple[int, str, str], str] = {}
+        """(trial, workload, level) -> why, for the levels left out."""
+        if reliable_only:
+            kept: dict[int, tuple[LevelResult, ...]] = {}
+            for trial_id, results in data.results.items():
+                kept[trial_id] = tuple(usable(results))
+                for r in results:
+                    if r.unreliable is not None:
+                        self.unreliable.setdefault((trial_id, r.workload, r.level), r.unreliable)
+            data = replace(data, results=kept)
         self.levels: dict[int, list[LevelStats]] = {
             t.id: aggregate_levels(data, t.id) for t in data.trials
         }
+
+    def unreliable_reason(self, trial: TrialRecord, ref: MetricRef) -> str | None:
+        """Why ``ref`` has no value for ``trial`` when a level of it was left out as
+        unreliable (None otherwise); asked only once ``stats`` found no value."""
+        if ref.workload is None:
+            return None
+        for (tid, workload, level), why in self.unreliable.items():
+            if tid == trial.id and workload == ref.workload and ref.level in (None, level):
+                return f"{workload}.{level} is unreliable: {why}"
+        return None
 
     def level(self, trial_id: int, workload: str, level: str) -> LevelStats | None:
         for lvl in self.levels.get(trial_id, ()):
@@ -130,7 +160,7 @@ def _eval_stat(lvl: LevelStats, metric: str) -> MetricStats | None:
     return MetricStats.of(values) if values else None
 
 
-def _stored_spec(data: SweepData) -> SweepSpec | None:
+def stored_spec(data: SweepData) -> SweepSpec | None:
     """The sweep file as stored with the sweep, when its text still loads (an old or
     hand-edited one may not)."""
     if not data.sweep.spec_text.strip():
@@ -141,9 +171,16 @@ def _stored_spec(data: SweepData) -> SweepSpec | None:
         return None
 
 
+def is_search(data: SweepData) -> bool:
+    """Whether the sweep was a search that proposes its trials (``search.strategy``
+    other than ``grid``), as its stored sweep file says."""
+    spec = stored_spec(data)
+    return bool(spec is not None and spec.search.samples)
+
+
 def _spec_objective(data: SweepData) -> tuple[MetricRef, str] | None:
     """The objective as the sweep file itself resolves it, when its text still loads."""
-    spec = _stored_spec(data)
+    spec = stored_spec(data)
     if spec is None:
         return None  # fall back to the stored dict
     try:
@@ -165,7 +202,7 @@ def check_ref(
     """
     try:
         ref = parse_metric_ref(text)
-        spec = _stored_spec(data)
+        spec = stored_spec(data)
         if spec is not None:
             return validate_ref(ref, spec)
         return _check_measured(ref, index or ResultIndex(data))

@@ -34,6 +34,8 @@ class Standing:
     why: str = ""
     """The violated constraint, the failure class (with its reason), or why not measured."""
     best: bool = False
+    interval: tuple[float, float, float] | None = None
+    """(lo, hi, confidence) of the objective's value, when it has one."""
 
 
 def objective_ref(best: BestResult | None) -> tuple[MetricRef, str] | None:
@@ -47,14 +49,16 @@ def objective_ref(best: BestResult | None) -> tuple[MetricRef, str] | None:
 def _failure(trial: TrialRecord) -> str:
     cls = trial.failure_class.value if trial.failure_class else "failed"
     reason = trial.evidence.reason if trial.evidence and trial.evidence.reason else None
-    return f"{cls} ({reason})" if reason else cls
+    return f"{cls} ({reason})" if reason and reason != cls else cls
 
 
 def standings(
     data: SweepData, index: ResultIndex, best: BestResult | None, ref: MetricRef | None = None
 ) -> list[Standing]:
-    """Every trial in run order with its standing on ``ref`` (default: the objective
-    of ``best``). Constraints and the winner come from ``best``."""
+    """Every trial of the plan in run order with its standing on ``ref`` (default: the
+    objective of ``best``). Constraints and the winner come from ``best``. A trial the
+    sweep file no longer has (``in_plan`` false) has no standing: it is history, not
+    an infeasible configuration, so no chart draws it and no importance counts it."""
     if ref is None:
         found = objective_ref(best)
         ref = found[0] if found else None
@@ -62,6 +66,8 @@ def standings(
     winner = best.trial.id if best is not None and best.trial is not None else None
     out: list[Standing] = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
+        if not trial.in_plan:
+            continue
         value = index.value(trial, ref) if ref is not None else None
         if value is not None and not math.isfinite(value):
             value = None
@@ -76,7 +82,13 @@ def standings(
         elif trial.outcome is Outcome.OK and (gone is None or gone.kind == "missing_metric"):
             status = Status.FEASIBLE if gone is None else Status.INFEASIBLE
             why = "" if gone is None else gone.reason
-            out.append(Standing(trial, status, value, why, best=trial.id == winner))
+            stats = index.stats(trial, ref) if ref is not None else None
+            interval = (
+                None
+                if stats is None or stats.lo is None or stats.hi is None
+                else (stats.lo, stats.hi, stats.confidence or 0.95)
+            )
+            out.append(Standing(trial, status, value, why, trial.id == winner, interval))
         else:  # pruned, interrupted, running: measured in part
             out.append(Standing(trial, Status.INFEASIBLE, value, trial.outcome.value))
     return out

@@ -1,6 +1,6 @@
 """The results as a table: terminal (rich, plain unless ``color``) and Markdown.
 
-One row per trial x workload x level (repeats aggregated: ``mean ±stdev``), the
+One row per trial x workload x level (repeats aggregated: ``mean ±half-interval``), the
 outcome and failure class of each trial, then every failure with its one-line
 evidence, pass rates and flipped eval tasks, and the best configuration.
 """
@@ -24,7 +24,9 @@ from servesweep.report.data import (
     format_number,
     format_stats,
     format_value,
+    in_plan_count,
     metric_names,
+    out_of_plan,
     outcome_counts,
     printable,
     swept_params,
@@ -45,6 +47,8 @@ __all__ = [
 
 FIXED = ("trial", "outcome", "workload", "level")
 """Columns every table keeps: without them no number can be read."""
+UNRELIABLE_MARK = "*"
+"""After a level the load generator could not time (listed under the table)."""
 HIDDEN_LISTED = 8
 """Names of hidden columns listed under the table (the rest are counted)."""
 
@@ -64,17 +68,22 @@ class TableView:
     """Default columns left out to fit the width, most wanted first."""
     more: tuple[str, ...] = ()
     """Metrics measured but not among the default columns (nor chosen)."""
+    unreliable: tuple[str, ...] = ()
+    """Levels the load generator could not time (marked ``*`` in the level column)."""
+    legend: tuple[str, ...] = ()
+    """What the cells' ``±`` means (under the table)."""
     """Columns left out (to fit the width, or not chosen with ``columns``)."""
 
 
 def _outcome_cell(trial: TrialRecord) -> str:
+    gone = "" if trial.in_plan else ", not in plan"
     if trial.outcome is Outcome.FAILED:
         cls = trial.failure_class.value if trial.failure_class else "unclassified"
         reason = trial.evidence.reason if trial.evidence and trial.evidence.reason else None
-        return f"failed {cls}" + (f" ({reason})" if reason else "")
+        return f"failed {cls}" + (f" ({reason})" if reason and reason != cls else "") + gone
     if trial.outcome is Outcome.RUNNING and trial.phase is not None:
-        return f"running ({trial.phase.value})"
-    return str(trial.outcome.value)
+        return f"running ({trial.phase.value})" + gone
+    return str(trial.outcome.value) + gone
 
 
 def _one_line(text: str) -> str:
@@ -108,7 +117,7 @@ def _cells(
             row = []
             for h in headers:
                 if h == "trial":
-                    row.append(f"#{trial.id}")
+                    row.append(f"#{trial.number}")
                 elif h == "outcome":
                     row.append(_outcome_cell(trial))
                 elif h in params:
@@ -118,7 +127,7 @@ def _cells(
                 elif h == "workload":
                     row.append(lvl.workload)
                 elif h == "level":
-                    row.append(lvl.level)
+                    row.append(lvl.level + (UNRELIABLE_MARK if lvl.unreliable else ""))
                 elif h == "n":
                     row.append(str(len(lvl.repeats)))
                 else:
@@ -164,8 +173,20 @@ def table_view(
     ordered = [c for c in natural if c in wanted] + [c for c in wanted if c not in natural]
     rows, outcomes = _cells(data, index, ordered)
     keep = list(range(len(ordered)))
+    constant: list[str] = []
+    dropped: list[str] = []
     if columns is None and width is not None:
-        keep = [ordered.index(c) for c in FIXED]
+        fixed = list(FIXED)
+        if _table_width(ordered, rows, keep) > width:
+            # short of room: a column with one value in every row (one workload) is
+            # said once, above the table, and its room goes to a metric
+            for name in ("workload", "level"):
+                values = {r[ordered.index(name)] for r in rows} - {"-"}
+                if len(values) == 1:
+                    fixed.remove(name)
+                    constant.append(f"{name} {values.pop()}")
+                    dropped.append(name)
+        keep = [ordered.index(c) for c in fixed]
         for name in default[len(FIXED) :]:
             trial_keep = sorted([*keep, ordered.index(name)])
             if _table_width(ordered, rows, trial_keep) > width:
@@ -173,13 +194,13 @@ def table_view(
             keep = trial_keep
     keep.sort()
     headers = [ordered[i] for i in keep]
-    hidden = tuple(c for c in default if c not in headers and c != "n")
+    hidden = tuple(c for c in default if c not in headers and c not in ("n", *dropped))
     more = tuple(c for c in extra if c not in headers)
     rows = [tuple(r[i] for i in keep) for r in rows]
     trials = sorted(data.trials, key=lambda t: (t.seq, t.id))
     failures = tuple(
         _one_line(
-            f"#{t.id} {t.failure_class.value if t.failure_class else 'failed'}: "
+            f"#{t.number} {t.failure_class.value if t.failure_class else 'failed'}: "
             + (t.evidence.summary() if t.evidence else "no evidence recorded")
         )
         for t in trials
@@ -194,11 +215,26 @@ def table_view(
         + ", ".join(f"#{tid} {status}" for tid, status in f.statuses)
         for f in task_flips(data)
     )
+    unreliable = tuple(
+        _one_line(f"#{lvl.trial_id} {lvl.workload} {lvl.level}: {lvl.unreliable}")
+        for t in trials
+        for lvl in index.levels.get(t.id, ())
+        if lvl.unreliable
+    )
+    if unreliable:
+        left = "counted" if data.include_unreliable else "left out of best and constraints"
+        unreliable += (
+            f"({left}; raise workloads[].workers or use a less busy machine, or set "
+            "include_unreliable: true to count them)",
+        )
     counts = outcome_counts(data)
+    planned, removed = in_plan_count(data), out_of_plan(data)
     title = _one_line(
-        f"sweep {data.sweep.name} (#{data.sweep.id}): {len(data.trials)} "
-        + ("trial, " if len(data.trials) == 1 else "trials, ")
-        + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+        f"sweep {data.sweep.name} (#{data.sweep.id}): {planned} "
+        + ("trial" if planned == 1 else "trials")
+        + "".join(f", {n} {o}" for o, n in counts.items() if n)
+        + (f"; {removed} more no longer in the sweep file (marked not in plan)" if removed else "")
+        + (f"; every row: {', '.join(constant)}" if constant else "")
     )
     return TableView(
         title=title,
@@ -208,8 +244,10 @@ def table_view(
         failures=failures,
         evals=evals,
         footer=tuple(_best_lines(data)),
+        legend=tuple(_interval_line(index)),
         hidden=hidden,
         more=more,
+        unreliable=unreliable,
     )
 
 
@@ -253,6 +291,21 @@ def _decision_metrics(data: SweepData) -> list[str]:
     return names
 
 
+def _interval_line(index: ResultIndex) -> list[str]:
+    """What ``±`` means, when a cell has one."""
+    found = {
+        s.confidence
+        for levels in index.levels.values()
+        for lvl in levels
+        for s in lvl.metrics.values()
+        if s.confidence is not None
+    }
+    if not found:
+        return []
+    conf = ", ".join(f"{c:.0%}" for c in sorted(found))
+    return [f"±: half the {conf} confidence interval, from the level's requests and its repeats"]
+
+
 def _best_lines(data: SweepData) -> list[str]:
     try:
         best = find_best(data)
@@ -271,7 +324,7 @@ _STYLES = {"ok": "green", "failed": "red", "skipped": "yellow", "interrupted": "
 
 
 def _rich_table(view: TableView, color: bool) -> Table:
-    table = Table(title=Text(view.title), title_justify="left", show_lines=False)
+    table = Table(show_lines=False)
     for header in view.headers:
         numeric = header not in ("trial", "outcome", "workload", "level")
         table.add_column(Text(header), justify="right" if numeric else "left", no_wrap=not numeric)
@@ -305,12 +358,20 @@ def render_table(
         legacy_windows=False,
     )
     view = table_view(data, width, columns)
+    # the title on a line of its own: a narrow table would wrap it
+    console.print(Text(view.title, style="italic" if color else ""), soft_wrap=True)
     console.print(_rich_table(view, color))
+    for line in view.legend:
+        console.print(Text(line, style="dim" if color else ""), soft_wrap=True)
     hidden = hidden_line(view, width) if columns is None else None
     if hidden:
         console.print(Text(hidden, style="dim" if color else ""), soft_wrap=True)
     sections = (
         ("failures:", view.failures),
+        (
+            f"unreliable ({UNRELIABLE_MARK}): the load generator could not keep time",
+            view.unreliable,
+        ),
         ("evals:", view.evals),
         ("acceptance_length measured from:", acceptance_sources(data)),
     )
@@ -363,9 +424,16 @@ def render_markdown(data: SweepData, columns: Sequence[str] | None = None) -> st
     out.append("| " + " | ".join(_md_cell(h) for h in view.headers) + " |")
     out.append("|" + "|".join("---" for _ in view.headers) + "|")
     out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in view.rows]
-    for heading, lines in (("Failures", view.failures), ("Evals", view.evals)):
+    if view.legend:
+        out += ["", *(_md_cell(line) for line in view.legend)]
+    sections = (
+        ("Failures", view.failures),
+        ("Unreliable levels (*): the load generator could not keep time", view.unreliable),
+        ("Evals", view.evals),
+    )
+    for heading, lines in sections:
         if lines:
-            out += ["", f"### {heading}", ""]
+            out += ["", f"### {_md_cell(heading)}", ""]
             out += [f"- {_md_cell(line)}" for line in lines]
     if (view.hidden or view.more) and columns is None:
         out += ["", _md_cell(hidden_line(view, None) or "")]

@@ -157,6 +157,40 @@ def _sample_interval(points: Sequence[TelemetryPoint]) -> float | None:
     return gaps[len(gaps) // 2] if gaps else None
 
 
+IDLE_GAP_S = 5.0
+"""A stretch this long (or ten sampling intervals) without samples breaks the line."""
+
+
+def _with_breaks(
+    points: Sequence[TelemetryPoint],
+    idle: float,
+    origin: float,
+    scale: float,
+    name: str,
+    numbers: dict[int, int],
+) -> list[dict[str, Any]]:
+    """The memory series' data, with an empty point where no sample was taken for
+    longer than ``idle`` seconds (the line breaks there instead of ramping)."""
+    out: list[dict[str, Any]] = []
+    before: TelemetryPoint | None = None
+    for p in points:
+        if before is not None and p.t - before.t > idle:
+            out.append({"value": [((before.t + p.t) / 2 - origin) / scale, None], "lines": []})
+        number = numbers.get(p.trial_id, p.trial_id)
+        out.append(
+            {
+                "value": [(p.t - origin) / scale, p.used_bytes / 2**30],
+                "trial": p.trial_id,
+                "lines": [
+                    f"{name}: {fmt(p.used_bytes / 2**30)} GiB",
+                    f"at {fmt(p.t - origin)} s, trial #{number}",
+                ],
+            }
+        )
+        before = p
+    return out
+
+
 def memory_chart(data: SweepData) -> Chart | None:
     """Used memory of every GPU over the sweep (GiB), one strip per GPU."""
     if not data.telemetry:
@@ -166,9 +200,10 @@ def memory_chart(data: SweepData) -> Chart | None:
     minutes = last > 600
     scale = 60.0 if minutes else 1.0
     gpus = sorted({(p.node, p.gpu) for p in data.telemetry})
+    numbers = {t.id: t.number for t in data.trials}
     many_nodes = len({n for n, _ in gpus}) > 1
     releases = [
-        [{"xAxis": (s - origin) / scale, "name": f"#{t.id} release"},
+        [{"xAxis": (s - origin) / scale, "name": f"#{t.number} release"},
          {"xAxis": (s - origin + t.phase_seconds.get("release", 0.0)) / scale}]
         for t in data.trials
         if (s := t.phase_started.get("release")) is not None
@@ -185,6 +220,9 @@ def memory_chart(data: SweepData) -> Chart | None:
         if (step := _sample_interval(points)) is not None:
             intervals.append(step)
         shown = reduce_extremes(points, MAX_MEMORY_POINTS)
+        # no line across a stretch without samples (between two runs of the sweep): it
+        # would draw a slow ramp that looks like a slow release
+        idle = max(10 * step, IDLE_GAP_S) if step is not None else IDLE_GAP_S
         grids.append({"left": 90, "right": 30, "top": top + i * (strip + gap), "height": strip})
         xaxes.append(
             {
@@ -207,11 +245,8 @@ def memory_chart(data: SweepData) -> Chart | None:
             {"type": "line", "name": name, "xAxisIndex": i, "yAxisIndex": i, "showSymbol": False,
              "color": PALETTE[i % len(PALETTE)], "lineStyle": {"width": 1.8},
              "areaStyle": {"opacity": 0.12},
-             "data": [{"value": [(p.t - origin) / scale, p.used_bytes / 2**30],
-                       "trial": p.trial_id,
-                       "lines": [f"{name}: {fmt(p.used_bytes / 2**30)} GiB",
-                                 f"at {fmt(p.t - origin)} s, trial #{p.trial_id}"]}
-                      for p in shown],
+             "connectNulls": False,
+             "data": _with_breaks(shown, idle, origin, scale, name, numbers),
              "markArea": {"silent": True, "itemStyle": {"color": "rgba(214,39,40,0.12)"},
                           "label": {"show": False}, "data": releases}}
         )  # fmt: skip
@@ -224,7 +259,10 @@ def memory_chart(data: SweepData) -> Chart | None:
         "dataZoom": [{"type": "inside", "xAxisIndex": list(range(len(gpus)))}],
         "series": series,
     }
-    note = "Used memory per GPU in GiB, one strip each; shaded: release phases."
+    note = (
+        "Used memory per GPU in GiB, one strip each; shaded: release phases; a gap in a "
+        "line: no samples (between runs)."
+    )
     if intervals:
         every = sorted(intervals)[len(intervals) // 2]
         note += (

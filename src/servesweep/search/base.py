@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servesweep.models import LevelResult, ServerConfig
+from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.search.prune import Incumbent, PrunePolicy
 from servesweep.search.verdict import Goal, Verdict, VerdictKind, judge
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
@@ -24,7 +24,11 @@ History = Sequence[tuple[TrialRecord, Sequence[LevelResult]]]
 
 def goal_of(spec: SweepSpec) -> Goal:
     """The sweep's objectives and constraints, resolved against its workloads."""
-    return Goal(resolve_objectives(spec), validate_constraints(spec))
+    return Goal(
+        resolve_objectives(spec),
+        validate_constraints(spec),
+        include_unreliable=spec.include_unreliable,
+    )
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ class Search(ABC):
         """Keep a finished trial's verdict (for the best so far and duplicates)."""
         if verdict.kind is not VerdictKind.RETRY:
             self.told[trial.fingerprint] = Told(trial.id, trial.fingerprint, verdict)
+        if trial.outcome is Outcome.SKIPPED:
+            self.launched.discard(trial.fingerprint)  # never launched: not in the cap
 
     def front(self) -> tuple[Incumbent, ...]:
         """The best feasible trial so far (one objective) or the Pareto front."""

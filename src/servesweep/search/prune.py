@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from servesweep.models import LevelResult
+from servesweep.models import LevelResult, usable
 from servesweep.search.verdict import Goal, Measured, measure
 from servesweep.spec.constraints import TRIAL_METRICS, MetricRef
 
@@ -92,6 +92,8 @@ def prune_reason(
     metrics such as ``load_s``)."""
     if not policy.enabled:
         return None
+    # a level the load generator could not time decides nothing (unless told)
+    results = usable(results, policy.goal.include_unreliable)
     phases = phase_seconds or {}
     for constraint in policy.goal.constraints:
         found = _measured(constraint.ref, results, policy.repeats, phases)

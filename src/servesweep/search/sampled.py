@@ -284,6 +284,8 @@ class SampledSearch(Search):
         events: list[tuple[float, int, int, str, TrialRecord, Sequence[LevelResult]]] = []
         for record, results in history:
             asked = record.started_at if record.started_at is not None else math.inf
+            if record.outcome is Outcome.SKIPPED and record.finished_at is not None:
+                asked = record.finished_at - 1e-6  # proposed, then skipped unlaunched
             events.append((asked, 1, record.seq, "ask", record, results))
             if record.outcome.final:
                 told = record.finished_at if record.finished_at is not None else asked

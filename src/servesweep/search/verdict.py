@@ -10,8 +10,12 @@ the sampler should count it.
 - ``failed`` because of the environment (``gpu_busy``, ``port_in_use``,
   ``stop_failed``, ``node_lost``) -> ``retry``: never blamed on the configuration.
 - ``pruned`` -> ``pruned`` with the objective value measured before the stop.
-- ``skipped`` -> ``ignored``; a trial not finished (pending, running, interrupted) ->
-  ``retry``.
+- ``skipped`` -> ``ignored``, except ``skipped`` with reason ``predicted_oom`` (the
+  memory prediction said it cannot fit) -> ``infeasible``; a trial not finished
+  (pending, running, interrupted) -> ``retry``.
+
+A level the load generator could not time (``LevelResult.unreliable``) is left out
+as if not measured, unless the goal's ``include_unreliable`` takes it in.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from servesweep.models import LevelResult, Outcome
+from servesweep.models import LevelResult, Outcome, usable
 from servesweep.spec.constraints import TRIAL_METRICS, Constraint, MetricRef
 from servesweep.store.records import TrialRecord
 
@@ -58,6 +62,8 @@ class Goal:
 
     objectives: tuple[tuple[MetricRef, Literal["max", "min"]], ...]
     constraints: tuple[Constraint, ...] = ()
+    include_unreliable: bool = False
+    """Whether levels marked ``unreliable`` count (default: they are left out)."""
 
     @property
     def directions(self) -> tuple[Literal["max", "min"], ...]:
@@ -166,11 +172,14 @@ def judge(goal: Goal, record: TrialRecord, results: Sequence[LevelResult]) -> Ve
             reason += f" ({record.evidence.reason})"
         return _infeasible(goal, reason)
     if outcome is Outcome.SKIPPED:
+        if record.evidence is not None and record.evidence.reason == "predicted_oom":
+            return _infeasible(goal, "predicted_oom")  # not launched: it would not fit
         return Verdict(VerdictKind.IGNORED, (None,) * count, (0.0,) * count, (), "skipped")
     if outcome not in (Outcome.OK, Outcome.PRUNED):
         return Verdict(
             VerdictKind.RETRY, (None,) * count, (0.0,) * count, (), f"not finished: {outcome.value}"
         )
+    results = usable(results, goal.include_unreliable)
     measured = [measure(ref, results, record) for ref, _ in goal.objectives]
     values = tuple(None if m is None else m.mean for m in measured)
     spreads = tuple(0.0 if m is None else m.spread for m in measured)

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.errors import ServesweepError
-from servesweep.models import GpuHolder, ProcessInfo
+from servesweep.models import GpuHolder, ProcessInfo, short_cmdline
 from servesweep.servers import ports, procs
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.ownership import STORE_ID_ENV, STORE_PATH_ENV, read_owner
 from servesweep.servers.preflight import preflight
 from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model, http_call
 from servesweep.servers.release import describe_holder
@@ -34,7 +35,7 @@ def _holder(h: GpuHolder) -> dict[str, Any]:
         "pid": full.pid,
         "name": full.name,
         "used_bytes": full.used_bytes,
-        "cmdline": full.cmdline[:300],
+        "cmdline": short_cmdline(full.cmdline, 300),
         "servesweep_instance": procs.tag_of(full.pid),
     }
 
@@ -44,7 +45,7 @@ def _process(p: ProcessInfo) -> dict[str, Any]:
         "pid": p.pid,
         "name": p.name,
         "state": p.state,
-        "cmdline": p.cmdline[:300],
+        "cmdline": short_cmdline(p.cmdline, 300),
         "servesweep_instance": procs.tag_of(p.pid) if p.pid > 0 else None,
     }
 
@@ -131,9 +132,15 @@ def _engine(spec: ServerSpec) -> dict[str, Any]:
     out["endpoints"] = endpoints
     model = spec.served_model_name or (first_model(listing) if listing else None)
     if model is None:
+        failed = endpoints["models"].get("error")
+        why = (
+            f"{preset.models_path} failed: {failed}"
+            if failed
+            else f"{preset.models_path} listed none"
+        )
         out["generation"] = {
             "ok": False,
-            "error": "no model name (no served_model_name, and /v1/models listed none)",
+            "error": f"no model name (no served_model_name, and {why})",
         }
         return out
     body = {
@@ -156,16 +163,60 @@ def _engine(spec: ServerSpec) -> dict[str, Any]:
     return out
 
 
+def memory_warnings(spec: ServerSpec, configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per configuration predicted not to fit (servers.memory)."""
+    from servesweep.servers.memory import MemoryModel
+    from servesweep.spec.slots import params_label
+
+    model = MemoryModel(spec)
+    out = []
+    for params in configs or [{}]:
+        predicted = model.predict(params)
+        if predicted.verdict == "oom":
+            out.append(
+                f"{params_label(params)} is predicted not to fit: {predicted.reason} "
+                f"({predicted.per_gpu_bytes / 2**30:.1f} GiB per device, capacity "
+                f"{predicted.capacity / 2**30:.1f} GiB; servesweep plan shows the parts)"
+            )
+    return out
+
+
+def _port_problem(spec: ServerSpec, listeners: Sequence[ProcessInfo], store_id: str) -> str | None:
+    """A listener on the sweep's port that is not an instance of this sweep's results
+    database (``store_id``) makes every start fail ``port_in_use``."""
+    for info in listeners:
+        owner = read_owner(info.pid) if info.pid > 0 else None
+        if owner is not None and store_id and owner.get(STORE_ID_ENV) == store_id:
+            continue  # left by `apply` or a dead run: the sweep adopts or stops it
+        who = info.describe()
+        if owner is not None:
+            who += f" (a servesweep instance of {owner.get(STORE_PATH_ENV) or 'another sweep'})"
+        return (
+            f"server.port {spec.port} on {spec.host} is in use by {who}: every start would "
+            "fail port_in_use; stop it, or choose another server.port"
+        )
+    return None
+
+
 def diagnose(
-    spec: ServerSpec | None, probe: GpuProbe, configs: Sequence[Mapping[str, Any]] = ()
+    spec: ServerSpec | None,
+    probe: GpuProbe,
+    configs: Sequence[Mapping[str, Any]] = (),
+    store_id: str = "",
 ) -> dict[str, Any]:
     """Facts about the GPUs, the server's port, its systemd unit and its endpoints;
     with a spec, ``problems`` (one line each) that would make the sweep of ``configs``
-    (the trials' params) fail at once (:func:`servesweep.servers.preflight.preflight`)."""
+    (the trials' params) fail at once (:func:`servesweep.servers.preflight.preflight`),
+    a listener on the port that is not an instance of the results database
+    ``store_id`` among them."""
     report: dict[str, Any] = {
         "gpus": _gpus(probe, list(spec.gpus) if spec and spec.gpus else None),
         "servesweep_processes": [
-            {"pid": pid, "instance": tag, "cmdline": procs.describe(pid).cmdline[:300]}
+            {
+                "pid": pid,
+                "instance": tag,
+                "cmdline": short_cmdline(procs.describe(pid).cmdline, 300),
+            }
             for pid, tag in sorted(procs.tagged().items())
         ],
     }
@@ -173,6 +224,9 @@ def diagnose(
         return report
     checked = preflight(spec, configs)
     report["problems"] = checked.problems
+    memory = memory_warnings(spec, configs)
+    if memory:
+        report["warnings"] = memory
     if checked.notes:
         report["notes"] = checked.notes
     if checked.engine:
@@ -183,6 +237,9 @@ def diagnose(
         "port": spec.port,
         "listeners": [_process(p) for p in listeners],
     }
+    busy = _port_problem(spec, listeners, store_id)
+    if busy:
+        report["problems"].append(busy)
     if spec.launcher == "systemd" and spec.systemd is not None:
         report["systemd"] = _systemd(spec)
     if listeners:
@@ -191,6 +248,8 @@ def diagnose(
         report["engine"] = {
             "engine": spec.engine,
             "url": f"http://{spec.host}:{spec.port}",
-            "error": "nothing listens on the port (the server is not running)",
+            "running": False,
+            "note": "nothing listens on the port yet: normal before a sweep, which starts "
+            "the server (endpoints and generation are checked when one runs)",
         }
     return report

@@ -21,8 +21,8 @@ engine's package and the standard library live, for source checks).
 Parsers: ``vllm`` (``vllm serve``'s argparse, as the ``vllm`` console script builds it;
 else ``make_arg_parser`` from where it has lived),
 ``sglang`` (``ServerArgs.add_cli_args``), ``llamacpp`` (llama-cpp-python's
-pydantic-generated argparse). Only the parser's modules are imported: no model,
-no GPU.
+pydantic-generated argparse), ``sim`` (the simulated engine's argparse). Only the
+parser's modules are imported: no model, no GPU.
 """
 
 from __future__ import annotations
@@ -144,10 +144,17 @@ def _llamacpp_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sim_parser() -> argparse.ArgumentParser:
+    from servesweep.sim.config import build_parser
+
+    return build_parser()
+
+
 PARSERS: dict[str, ParserFactory] = {
     "vllm": _vllm_parser,
     "sglang": _sglang_parser,
     "llamacpp": _llamacpp_parser,
+    "sim": _sim_parser,
 }
 
 

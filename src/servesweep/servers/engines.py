@@ -458,6 +458,7 @@ PRESETS: dict[str, EnginePreset] = {
         program=_SIM_PROGRAM,
         dist="servesweep",
         module="servesweep.sim",
+        parser="sim",
     ),
 }
 

@@ -1,14 +1,23 @@
 """One HTTP exchange with a server under test, bounded as a whole, and what it proved.
 
-The gates ask a server few questions (health, model list, one short generation), but
-each must end by a deadline that counts the whole exchange: connecting, sending,
-and every read of the answer. A per-read socket timeout does not: a server that
-sends one byte every two seconds never trips it. Here every read is given only the
-time left until the deadline, so an exchange never outlasts it.
+The gates and ``doctor`` ask a server few questions (health, model list, one short
+generation), but each must end by a deadline that counts the whole exchange:
+connecting, sending, and every read of the answer. A per-read socket timeout does
+not: a server that sends one byte every two seconds never trips it. The exchange is
+made with aiohttp inside one ``asyncio.wait_for``, so it never outlasts its deadline,
+whatever the framing of the answer: Content-Length, chunked, or a body that ends
+when the server closes the connection (HTTP/1.0, ``Connection: close``), gzip- or
+deflate-encoded.
 
 A generation is asked for as a stream (``"stream": true``) and read only until the
 first token, so a large or endless answer costs nothing; a server that ignores
 ``stream`` answers with one JSON document, read whole (up to ``_MAX_BODY``).
+
+Who accepted the connection is looked up once it is made and before the request is
+written (:class:`_OwnerConnector`): the server side of the connection from its local
+address (netlink ``sock_diag``, else ``/proc/net/tcp``), then whether one of the
+instance's processes holds that socket; every process's descriptors are read only
+when none of the instance's does (to name the other one).
 
 Every socket or HTTP error is an observation (:class:`HttpError`), never an
 exception: ``kind`` says whether the server could not be reached (``connect``), did
@@ -18,14 +27,19 @@ not answer in time (``timeout``), or accepted the connection and then broke it
 
 from __future__ import annotations
 
-import http.client
-import io
+import asyncio
+import concurrent.futures
 import ipaddress
 import json
-import socket
 import time
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 
 from servesweep.servers import ports
 
@@ -45,8 +59,10 @@ _MAX_BODY = 64 * 2**20
 """A JSON answer larger than this is not read further."""
 _MAX_STREAM = 16 * 2**20
 """Bytes of a stream read while waiting for its first token."""
+_READ = 1 << 16
 
 ErrorKind = Literal["connect", "timeout", "broken"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -100,55 +116,51 @@ def connect_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The receiving side of a socket; each read waits only until the deadline."""
+@dataclass
+class _Owner:
+    """What the connection showed of the process that accepted it."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        super().__init__()
-        self._sock = sock
-        self._deadline = deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        self._sock.settimeout(_left(self._deadline))
-        return self._sock.recv_into(buffer)
+    port: int
+    ours: set[int] | None
+    deadline: float
+    client: tuple[Any, ...] | None = None
+    """The connection's local address (None until connected)."""
+    known: bool = False
+    other: set[int] = field(default_factory=set)
 
 
-class _DeadlineSocket:
-    """A connected socket whose sends and reads all end by one deadline."""
+class _OwnerConnector(aiohttp.TCPConnector):
+    """One connection, closed after its answer; once it is made (before the request
+    is written) the process on the server side is looked up among ``ours``."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
+    def __init__(self, owner: _Owner) -> None:
+        super().__init__(force_close=True, limit=1, use_dns_cache=False)
+        self._owner = owner
 
-    def sendall(self, data: bytes) -> None:
-        self._sock.settimeout(_left(self._deadline))
-        self._sock.sendall(data)
-
-    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
-        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, host: str, port: int, deadline: float) -> None:
-        super().__init__(host, port, timeout=_left(deadline))
-        self._deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = _DeadlineSocket(self.sock, self._deadline)
+    async def connect(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        conn = await super().connect(req, traces, timeout)
+        owner = self._owner
+        transport = conn.transport
+        owner.client = transport.get_extra_info("sockname") if transport is not None else None
+        if owner.ours and owner.client is not None:
+            # Asked before the request: a server that answers and closes at once (an
+            # old one draining) leaves nothing to see afterwards.
+            owner.known, owner.other = await _accepted_by(owner, _ACCEPT_WAIT)
+        return conn
 
 
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("timed out")
-    return left
+@dataclass
+class _Stream:
+    """What a stream showed before reading stopped (kept when the deadline ends it)."""
+
+    events: int = 0
+    size: int = 0
+    seen: list[bytes] = field(default_factory=list)
+
+    def answer(self, note: str, tokens: int = 0) -> HttpAnswer:
+        return HttpAnswer(200, b"".join(self.seen), set(), tokens=tokens, note=note)
 
 
 def exchange(
@@ -170,55 +182,93 @@ def exchange(
     request asks for a stream; a 200 answer is read until its first token.
     """
     what = f"{method} {path}"
-    try:
-        conn = _Connection(connect_host(host), port, deadline)
-    except TimeoutError:
+    if deadline - time.monotonic() <= 0:
         return HttpError("timeout", f"{what}: no time left before the deadline")
-    headers = {"Accept": "text/event-stream" if until_token else "application/json"}
+    owner = _Owner(port, ours, deadline)
+    stream = _Stream() if until_token else None
+    call = _exchange(host, port, method, path, body, api_key, owner, stream)
+    try:
+        answer = _run(asyncio.wait_for(call, deadline - time.monotonic()))
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+        if owner.client is None:
+            return HttpError("timeout", f"{what}: not connected before the deadline")
+        if stream is not None and stream.size:
+            return stream.answer(
+                f"no token before the deadline ({stream.events} events, "
+                f"{stream.size} bytes received)"
+            )
+        return HttpError("timeout", f"{what}: no complete answer before the deadline")
+    except aiohttp.ClientConnectorError as exc:
+        return HttpError("connect", f"{what}: {_describe(exc.os_error)}")
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        # ValueError: a URL or header aiohttp refuses (InvalidURL is one)
+        kind: ErrorKind = "broken" if owner.client is not None else "connect"
+        return HttpError(kind, f"{what}: {_describe(exc)}")
+    if ours and owner.client is not None and not owner.known:
+        owner.known, owner.other = _run(_accepted_by(owner, 0.0))
+    answer.served_by_other = owner.other
+    return answer
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: text`` of an HTTP client error, in one line."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "ServerDisconnectedError: the server closed the connection without a complete answer"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        text = " ".join(str(exc.message).split())
+        return f"{type(exc).__name__}: not a valid HTTP answer: {text}"[:300]
+    text = " ".join(str(exc).split()) or repr(exc)
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _run(call: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``call`` in an event loop of its own (in a worker thread when this thread
+    already runs one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, call).result()
+
+
+async def _exchange(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    api_key: str | None,
+    owner: _Owner,
+    stream: _Stream | None,
+) -> HttpAnswer:
+    headers = {"Accept": "text/event-stream" if stream is not None else "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     data = None
     if body is not None:
         data = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
-    sent = False
-    try:
-        conn.connect()
-        client = conn.sock.getsockname() if conn.sock is not None else None
-        known, other = False, set[int]()
-        if ours and client is not None:
-            # Who accepted the connection, asked before the request: a server that
-            # answers and closes at once (an old one draining) leaves nothing to see
-            # afterwards.
-            known, other = _accepted_by(port, client, ours, deadline)
-        conn.request(method, path, body=data, headers=headers)
-        sent = True
-        resp = conn.getresponse()
-        if until_token and resp.status == 200 and _is_stream(resp):
-            answer = _read_stream(resp, what, deadline)
-        else:
-            payload, complete = _read_body(resp)
-            note = None if complete else f"the answer exceeds {_MAX_BODY} bytes; not read further"
-            answer = HttpAnswer(resp.status, payload, set(), note=note)
-        if ours and client is not None and not known:
-            known, other = _accepted_by(port, client, ours, deadline, wait=0.0)
-        answer.served_by_other = other
-        return answer
-    except TimeoutError:
-        if not sent:
-            return HttpError("timeout", f"{what}: not connected before the deadline")
-        return HttpError("timeout", f"{what}: no complete answer before the deadline")
-    except ConnectionRefusedError as exc:
-        return HttpError("connect", f"{what}: {type(exc).__name__}: {exc}".strip())
-    except (OSError, http.client.HTTPException) as exc:
-        kind: ErrorKind = "broken" if sent or _is_broken(exc) else "connect"
-        return HttpError(kind, f"{what}: {type(exc).__name__}: {exc}".strip())
-    finally:
-        conn.close()
-
-
-def _is_broken(exc: BaseException) -> bool:
-    return isinstance(exc, (ConnectionResetError, BrokenPipeError, http.client.HTTPException))
+    address = connect_host(host)
+    if ":" in address:
+        address = f"[{address}]"
+    url = f"http://{address}:{port}{path}"
+    async with (
+        aiohttp.ClientSession(
+            connector=_OwnerConnector(owner),
+            timeout=aiohttp.ClientTimeout(total=None),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            raise_for_status=False,
+        ) as session,
+        session.request(method, url, data=data, headers=headers) as resp,
+    ):
+        if stream is not None and resp.status == 200 and _is_stream(resp):
+            answer = await _read_stream(resp, stream)
+            resp.close()  # the rest of the stream is not read
+            return answer
+        payload, complete = await _read_body(resp)
+        note = None if complete else f"the answer exceeds {_MAX_BODY} bytes; not read further"
+        return HttpAnswer(resp.status, payload, set(), note=note)
 
 
 def http_call(
@@ -247,42 +297,37 @@ def http_call(
     return str(answer) if isinstance(answer, HttpError) else answer
 
 
-def _is_stream(resp: http.client.HTTPResponse) -> bool:
-    return "text/event-stream" in (resp.getheader("Content-Type") or "")
+def _is_stream(resp: aiohttp.ClientResponse) -> bool:
+    return "text/event-stream" in resp.headers.get("Content-Type", "")
 
 
-def _read_body(resp: http.client.HTTPResponse) -> tuple[bytes, bool]:
+async def _read_body(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     """The whole body (and True), or its first ``_MAX_BODY`` bytes (and False)."""
     chunks: list[bytes] = []
     size = 0
     while size <= _MAX_BODY:
-        chunk = resp.read1(1 << 16)
+        chunk = await resp.content.read(_READ)
         if not chunk:
             return b"".join(chunks), True
         chunks.append(chunk)
         size += len(chunk)
+    resp.close()
     return b"".join(chunks), False
 
 
-def _read_stream(resp: http.client.HTTPResponse, what: str, deadline: float) -> HttpAnswer:
+async def _read_stream(resp: aiohttp.ClientResponse, stream: _Stream) -> HttpAnswer:
     """Server-sent events until the first token, the end of the stream, an error event
     or ``_MAX_STREAM`` bytes; the answer's ``note`` says which."""
-    events = 0
-    size = 0
     pending = b""
-    seen: list[bytes] = []
-    while size < _MAX_STREAM:
-        try:
-            chunk = resp.read1(1 << 16)
-        except TimeoutError:
-            note = f"no token before the deadline ({events} events, {size} bytes received)"
-            return HttpAnswer(200, b"".join(seen), set(), tokens=0, note=note)
+    while stream.size < _MAX_STREAM:
+        chunk = await resp.content.readany()
         if not chunk:
-            note = f"the stream closed without [DONE] after {events} events and no token"
-            return HttpAnswer(200, b"".join(seen), set(), tokens=0, note=note)
-        size += len(chunk)
-        if len(seen) < 4:
-            seen.append(chunk[:512])
+            return stream.answer(
+                f"the stream closed without [DONE] after {stream.events} events and no token"
+            )
+        stream.size += len(chunk)
+        if len(stream.seen) < 4:
+            stream.seen.append(chunk[:512])
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
         for raw in lines:
@@ -290,20 +335,19 @@ def _read_stream(resp: http.client.HTTPResponse, what: str, deadline: float) -> 
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
-            events += 1
+            stream.events += 1
             if payload == b"[DONE]":
-                note = f"the stream ended ([DONE]) after {events} events without a token"
-                return HttpAnswer(200, b"".join(seen), set(), tokens=0, note=note)
+                return stream.answer(
+                    f"the stream ended ([DONE]) after {stream.events} events without a token"
+                )
             event = _json(payload)
             error = event.get("error") if isinstance(event, dict) else None
             if error:
-                note = f"the stream reported an error: {str(error)[:300]}"
-                return HttpAnswer(200, b"".join(seen), set(), tokens=0, note=note)
+                return stream.answer(f"the stream reported an error: {str(error)[:300]}")
             tokens = _event_tokens(event)
             if tokens:
-                return HttpAnswer(200, b"".join(seen), set(), tokens=tokens, note="first token")
-    note = f"{size} bytes of stream without a token; stopped reading"
-    return HttpAnswer(200, b"".join(seen), set(), tokens=0, note=note)
+                return stream.answer("first token", tokens)
+    return stream.answer(f"{stream.size} bytes of stream without a token; stopped reading")
 
 
 def _json(data: bytes) -> Any:
@@ -367,23 +411,24 @@ def first_model(answer: HttpAnswer) -> str | None:
     return None
 
 
-def _accepted_by(
-    port: int,
-    client: tuple[Any, ...],
-    ours: set[int],
-    deadline: float,
-    wait: float = _ACCEPT_WAIT,
-) -> tuple[bool, set[int]]:
-    """(owner known, other PIDs) for the server side of the connection from ``client``:
-    ``(True, set())`` when one of ``ours`` holds it, ``(True, {pid})`` for another
-    process, ``(False, set())`` while nobody has accepted it yet (after ``wait``)."""
-    until = min(time.monotonic() + wait, deadline)
+async def _accepted_by(owner: _Owner, wait: float) -> tuple[bool, set[int]]:
+    """(owner known, other PIDs) for the server side of the connection from
+    ``owner.client``: ``(True, set())`` when one of ``owner.ours`` holds it,
+    ``(True, {pid})`` for another process, ``(False, set())`` while nobody has
+    accepted it yet (after ``wait``). Until the connection is accepted only the TCP
+    tables are read; every process's descriptors only when it is not ours."""
+    ours = owner.ours or set()
+    assert owner.client is not None
+    until = min(time.monotonic() + wait, owner.deadline)
     while True:
-        if ports.connection_owner(port, client, ours):
-            return True, set()
-        other = ports.connection_owner(port, client) - ours
-        if other:
-            return True, other
+        inodes = ports.connection_inodes(owner.port, owner.client)
+        if inodes:
+            if ports.socket_owners(inodes, ours):
+                return True, set()
+            found = ports.socket_owners(inodes)
+            other = set().union(*found.values()) - ours if found else set()
+            if other:
+                return True, other
         if time.monotonic() >= until:
             return False, set()
-        time.sleep(0.005)
+        await asyncio.sleep(0.002)

@@ -23,11 +23,11 @@ The liveness of another database's run is read from ``/proc/locks`` (who holds t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 
 from servesweep.servers import procs
+from servesweep.servers.leases import flock_holder
 
 __all__ = [
     "OWNER_ENV",
@@ -156,27 +156,4 @@ def lock_path_for(store_path: str) -> str:
 def lock_holder(store_path: str) -> int | None:
     """The PID holding the run lock of the results database at ``store_path``, read
     from /proc/locks (None when no process holds it or it cannot be told)."""
-    try:
-        st = os.stat(lock_path_for(store_path))
-        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in lines:
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" ("->" marks waiters)
-        if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
-            continue
-        if _same_file(parts[5], want) and parts[4].isdigit():
-            return int(parts[4])
-    return None
-
-
-def _same_file(field: str, want: str) -> bool:
-    try:
-        maj, minor, ino = field.split(":")
-        wmaj, wmin, wino = want.split(":")
-        return int(maj, 16) == int(wmaj, 16) and int(minor, 16) == int(wmin, 16) and ino == wino
-    except ValueError:
-        return False
+    return flock_holder(lock_path_for(store_path))

@@ -32,6 +32,7 @@ from servesweep.servers import procs
 __all__ = [
     "Socket",
     "check_port_free",
+    "connection_inodes",
     "connection_owner",
     "listeners",
     "listening_sockets",
@@ -113,12 +114,22 @@ def _diag_listening(port: int) -> list[Socket] | None:
     """Listening TCP sockets on ``port`` through netlink ``sock_diag`` — the kernel
     filters by state, so this costs microseconds where /proc/net/tcp costs
     milliseconds on a busy host. None when netlink is not available here."""
+    return _diag(port, 1 << _TCP_LISTEN)
+
+
+_TCP_CONNECTED = (1 << 12) - 1 - (1 << _TCP_LISTEN) - 1
+"""Every TCP state but LISTEN (and the unused 0)."""
+
+
+def _diag(port: int, states: int) -> list[Socket] | None:
+    """TCP sockets in ``states`` (a bit mask of TCP state numbers) whose local port is
+    ``port``, through netlink ``sock_diag``; None when netlink is not available."""
     out: list[Socket] = []
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as nl:
             nl.settimeout(1.0)
             for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1):
-                req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
+                req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, states)
                 req += bytes(48)  # inet_diag_sockid: no filter
                 header = struct.pack(
                     "=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, seq, 0
@@ -149,7 +160,8 @@ def _diag_read(nl: socket.socket, family: int, port: int, out: list[Socket]) -> 
                     addr = _normal_ip(socket.inet_ntop(family, f[6][:size]))
                     remote = _normal_ip(socket.inet_ntop(family, f[7][:size]))
                     dport = int.from_bytes(f[5], "big")
-                    out.append(Socket(addr, sport, remote, dport, _LISTEN, f[14], f[13]))
+                    state = f"{f[1]:02X}"
+                    out.append(Socket(addr, sport, remote, dport, state, f[14], f[13]))
             offset += (length + 3) & ~3
         if not data:
             return False
@@ -315,18 +327,28 @@ def owned_by(host: str, port: int, pids: Iterable[int]) -> bool:
     return bool(socket_owners({s.inode for s in socks}, pids))
 
 
+def connection_inodes(server_port: int, client_addr: tuple[str, int]) -> set[int]:
+    """Socket inodes of the server side of an open connection from ``client_addr`` to
+    ``server_port``: empty while it waits in the accept queue (inode 0) and once it
+    is closed. Asks netlink ``sock_diag`` (microseconds), else reads the TCP tables;
+    no process's descriptors."""
+    chost, cport = _normal_ip(client_addr[0]), client_addr[1]
+    socks = _diag(server_port, _TCP_CONNECTED)
+    if socks is None:
+        socks = _sockets(server_port, listening=False)
+    return {
+        s.inode
+        for s in socks
+        if s.remote_port == cport and s.remote_address == chost and s.inode != 0
+    }
+
+
 def connection_owner(
     server_port: int, client_addr: tuple[str, int], pids: Iterable[int] | None = None
 ) -> set[int]:
     """The PIDs holding the server side of an open connection from ``client_addr``
     to ``server_port`` (empty when not accepted yet or already closed)."""
-    chost, cport = _normal_ip(client_addr[0]), client_addr[1]
-    inodes = {
-        s.inode
-        for s in _sockets(server_port, listening=False)
-        if s.remote_port == cport and s.remote_address == chost and s.inode != 0
-    }
-    owners = socket_owners(inodes, pids)
+    owners = socket_owners(connection_inodes(server_port, client_addr), pids)
     return set().union(*owners.values()) if owners else set()
 
 
@@ -349,3 +371,19 @@ def check_port_free(host: str, port: int, ours: set[int]) -> None:
             details={"host": host, "port": port},
         ),
     )
+
+
+def free_port_near(
+    host: str, port: int, *, avoid: Iterable[int] = (), span: int = 1, tries: int = 200
+) -> int | None:
+    """The first port above ``port`` where ``span`` ports in a row have no listener on
+    ``host`` and none is in ``avoid`` (None when none of ``tries`` is); for messages
+    that suggest another port."""
+    avoided = set(avoid)
+    for candidate in range(port + 1, min(65536 - span, port + 1 + tries)):
+        block = range(candidate, candidate + span)
+        if any(p in avoided for p in block):
+            continue
+        if not any(listening_sockets(host, p) for p in block):
+            return candidate
+    return None

@@ -115,6 +115,10 @@ def _check_engine(
         out.problems.append(f"engine {spec.engine}: program {found.program!r} not found ({hint})")
         return
     if found.python is None:
+        out.notes.append(
+            f"flags not checked: {found.program} is a native program whose parser "
+            "servesweep cannot ask (a wrong flag shows at the first start, as invalid_args)"
+        )
         return
     prefix = len(program_of(spec))
     script = found.python != (found.program,)  # a console script, not `python -m`
@@ -145,7 +149,13 @@ def _check_engine(
             "server.executable at the Python that has it)"
         )
         return
-    if not (preset.parser and argvs):
+    if not preset.parser:
+        out.notes.append(
+            f"flags not checked: servesweep cannot ask engine {spec.engine}'s own parser "
+            "(a wrong flag shows at the first start, as invalid_args)"
+        )
+        return
+    if not argvs:
         return
     # building the parser imports the engine (torch): slow, and a slow machine is not
     # a broken engine, so what cannot be checked in time is a note
@@ -175,9 +185,11 @@ def preflight(spec: ServerSpec, configs: Sequence[Mapping[str, Any]] = ()) -> Pr
     if spec.launcher == "docker" and spec.docker is not None:
         _check_docker(spec, out)
     if spec.engine == "generic" or spec.launcher == "command":
-        out.notes.append("the engine's program is not checked (a command template)")
+        out.notes.append("the engine's program and flags are not checked (a command template)")
     elif not _local_programs(spec):
-        out.notes.append(f"the engine runs through {spec.launcher}: its program is not checked")
+        out.notes.append(
+            f"the engine runs through {spec.launcher}: its program and flags are not checked"
+        )
     elif argvs:
         _check_engine(spec, argvs, out, locate(argvs[0], get_preset(spec.engine).module))
     unset = [n for n in spec.env_passthrough if not os.environ.get(n)]

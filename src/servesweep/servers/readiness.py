@@ -42,7 +42,9 @@ from servesweep.servers.http_probe import (
 from servesweep.servers.launchers.base import ExitStatus, Launcher
 
 __all__ = [
+    "READY_POLL",
     "HttpAnswer",
+    "PollPolicy",
     "ProgressCallback",
     "ReadyInfo",
     "count_tokens",
@@ -72,6 +74,33 @@ _LOADING_STATUS = (503, 429)
 
 
 @dataclass(frozen=True)
+class PollPolicy:
+    """When the gate asks a listening instance again (health, then a generation).
+
+    After each failed attempt the wait grows from ``first_s`` by ``growth`` up to
+    ``max_s``, so a server that listens long before it can generate (llama-server
+    answers 503 while it loads) is asked a few times a second at most. With
+    ``log_gap_s``, a new line in the instance's log brings the next attempt forward
+    to ``log_gap_s`` after the previous one (at once when that is past): engines print
+    a line when they become ready (``Application startup complete.``, ``model
+    loaded``), and that is when an attempt is worth making. One attempt per line at
+    most, never more often than every ``log_gap_s``, and the back-off goes on growing,
+    so a chatty log adds few requests. Lines about the gate's own requests (an access
+    log naming the health, models or completions path) are not progress, or every
+    answer would bring the next request forward."""
+
+    first_s: float
+    max_s: float
+    growth: float = 1.5
+    log_gap_s: float | None = 0.05
+
+
+READY_POLL = PollPolicy(first_s=0.02, max_s=0.25)
+"""The gate's policy: an attempt within ~50 ms of a ready line in the log, within
+``max_s`` of a server that becomes ready silently."""
+
+
+@dataclass(frozen=True)
 class ReadyInfo:
     model: str
     load_s: float
@@ -93,6 +122,10 @@ class _LogSource:
             self.watcher = logs.LogWatcher(instance.log_path, start_after=marker)
         self.seen: list[str] = []
         self.last_tail = 0.0
+        self.progress = 0
+        """Lines read so far that are not about the gate's own requests (an engine's
+        access log: ``"GET /health HTTP/1.1" 503``); a change means the log progressed."""
+        self.own_paths: tuple[str, ...] = ()
 
     def new_lines(self, final: bool = False) -> list[str]:
         if self.watcher is not None:
@@ -109,6 +142,7 @@ class _LogSource:
                 idx = max((i for i, line in enumerate(tail) if line == last), default=-1)
                 lines = tail[idx + 1 :]
         self.seen.extend(lines)
+        self.progress += sum(1 for line in lines if not any(p in line for p in self.own_paths))
         del self.seen[: -_TAIL * 5]
         return lines
 
@@ -145,6 +179,8 @@ class _Gate:
         self.model = model
         self.api_key = api_key
         self.log = _LogSource(launcher, instance)
+        paths = (preset.health_path, preset.models_path, "/v1/completions", "/v1/chat/completions")
+        self.log.own_paths = tuple(p for p in paths if p)
         self.origin = instance.started_at or time.time()
         self.until = time.monotonic()
         """The gate's deadline (``time.monotonic()``); every request ends by it."""
@@ -189,7 +225,7 @@ class _Gate:
         raise TrialFailed(
             pattern.failure_class,
             self.evidence(
-                f"the server log shows {pattern.reason} after {self.elapsed():.1f}s{what}{advice}",
+                f"the server log has a fatal line after {self.elapsed():.1f}s{what}{advice}",
                 reason=pattern.reason,
                 matched_line=match.line,
                 exit_code=status.exit_code if status else None,
@@ -351,11 +387,13 @@ def wait_ready(
     deadline_s: float,
     api_key: str | None = None,
     on_progress: ProgressCallback | None = None,
+    poll: PollPolicy = READY_POLL,
 ) -> ReadyInfo:
     """Block until the new instance generates, or raise ``TrialFailed`` (see module doc).
 
     ``deadline_s`` counts from this call (an adopted instance gets a full window);
     ``load_s`` and ``ready_s`` count from the instance's start (``started_at``).
+    ``poll``: how often a listening instance is asked again (:class:`PollPolicy`).
     """
     gate = _Gate(launcher, instance, preset, host, port, model, api_key)
     gate.until = time.monotonic() + deadline_s
@@ -364,7 +402,9 @@ def wait_ready(
     load_s: float | None = None
     reported = 0.0
     attempt_at = 0.0
-    backoff = _POLL
+    attempted = 0.0
+    backoff = poll.first_s
+    lines = 0
     while True:
         gate.check_log()
         gate.check_exit()
@@ -372,7 +412,12 @@ def wait_ready(
         now = time.monotonic()
         if phase == "load" and gate.owns_socket():
             phase, load_s, reported = "ready", elapsed, 0.0
+        if phase == "ready" and poll.log_gap_s is not None and gate.log.progress != lines:
+            # the log progressed: ask soon, though not within log_gap_s of the last time
+            attempt_at = min(attempt_at, attempted + poll.log_gap_s)
+        lines = gate.log.progress
         if phase == "ready" and now >= attempt_at:
+            attempted = now
             if gate.try_generate():
                 assert gate.model is not None and load_s is not None
                 if on_progress is not None:
@@ -382,8 +427,8 @@ def wait_ready(
                 gate.check_log()
                 gate.check_exit()
                 _serve_error(gate)
-            backoff = min(backoff * 1.5, 0.25)
             attempt_at = time.monotonic() + backoff
+            backoff = min(backoff * poll.growth, poll.max_s)
         if on_progress is not None and now - reported >= _PROGRESS_EVERY:
             on_progress(phase, elapsed, gate.log.last_line())
             reported = now

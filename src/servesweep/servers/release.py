@@ -43,6 +43,7 @@ from servesweep.models import (
     GpuState,
     InstanceRecord,
     ProcessInfo,
+    short_cmdline,
 )
 from servesweep.servers import procs
 from servesweep.servers.gpu.base import GpuProbe
@@ -207,7 +208,9 @@ def _busy(
         for s in states
         if s.used_bytes > baseline.get(s.index, 0) + tolerance
     }
-    names = "; ".join(h.describe() + (f" {h.cmdline[:80]!r}" if h.cmdline else "") for h in holders)
+    names = "; ".join(
+        h.describe() + (f" {short_cmdline(h.cmdline)!r}" if h.cmdline else "") for h in holders
+    )
     text = message + (f"; holders: {names}" if names else "; no process is listed as holder")
     text += _owner_notes(holders, ownership)
     return TrialFailed(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servesweep.fakegpu.units import parse_size
+from servesweep.sim.helpstyle import click_style
 
 __all__ = ["SimConfig", "build_parser", "parse_args"]
 
@@ -58,6 +59,10 @@ class SimConfig:
     truth: str | None
     eos_min: int
     eos_max: int
+    cold_requests: int = 0
+    """A fresh start decodes ``cold_slowdown`` times slower, warming linearly back to
+    normal over this many requests (cold kernels and caches of a new launch)."""
+    cold_slowdown: float = 1.0
 
 
 def _size(text: str) -> int:
@@ -184,6 +189,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "--step-ms", metavar="MS", type=nn_float, default=10.0, help="decode step, ms (default 10)"
     )
     g.add_argument(
+        "--cold-requests",
+        metavar="N",
+        type=nn_int,
+        default=0,
+        help="a fresh start is cold, warming linearly over N requests (default 0: never)",
+    )
+    g.add_argument(
+        "--cold-slowdown",
+        metavar="F",
+        type=nn_float,
+        default=1.0,
+        help="decode steps right after start take F times longer (default 1)",
+    )
+    g.add_argument(
         "--batch-slowdown",
         metavar="F",
         type=nn_float,
@@ -282,7 +301,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         help="task JSONL file (repeatable; default: the builtin eval task files)",
     )
-    return p
+    return click_style(p)
 
 
 def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:
@@ -345,4 +364,6 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:
         truth=ns.truth or None,
         eos_min=lo,
         eos_max=hi,
+        cold_requests=ns.cold_requests,
+        cold_slowdown=ns.cold_slowdown,
     )

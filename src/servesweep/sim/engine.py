@@ -145,6 +145,10 @@ class Engine:
 
     def step_seconds(self) -> float:
         slowdown = 1.0 + self.cfg.batch_slowdown * max(self.running - 1, 0)
+        cold = self.cfg.cold_requests
+        if self.requests < cold:
+            # a fresh launch: cold kernels and caches, warming request by request
+            slowdown *= 1.0 + (self.cfg.cold_slowdown - 1.0) * (1.0 - self.requests / cold)
         return self.cfg.step_ms / 1000.0 * self.spec.step_factor * slowdown
 
     def first_token_seconds(self, prompt_tokens: int) -> float:

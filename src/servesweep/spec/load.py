@@ -52,6 +52,7 @@ PATH_FIELDS: tuple[str, ...] = (
     "store",
     "server.fake_gpu_dir",
     "server.log_dir",
+    "server.model_config",
     "server.systemd.unit_dir",
     "server.commands.pid_file",
     "workloads.N.dataset",
@@ -231,7 +232,7 @@ def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
     """The spec with every field of :data:`PATH_FIELDS` absolute."""
     server = spec.server
     on_server: dict[str, Any] = {}
-    for field in ("fake_gpu_dir", "log_dir"):
+    for field in ("fake_gpu_dir", "log_dir", "model_config_file"):
         value = getattr(server, field)
         if value:
             on_server[field] = resolve_path(value, base)

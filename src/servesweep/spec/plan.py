@@ -26,6 +26,7 @@ from servesweep.spec.space import build_space, describe_dimensions
 
 __all__ = [
     "ESTIMATE_PHASES",
+    "KnownTrial",
     "Plan",
     "PlanTrial",
     "PlanWorkload",
@@ -63,6 +64,8 @@ class PlanWorkload:
     levels: tuple[str, ...]
     """Level labels in run order (``c1``, ``c8``, ``r2.5``); empty for an eval."""
     spec: WorkloadSpec
+    launches: int = 1
+    """Separate launches of the server it is measured in (the sweep's ``launches``)."""
 
     @property
     def is_eval(self) -> bool:
@@ -112,8 +115,9 @@ class Plan:
     @property
     def measurements(self) -> int:
         """Workload runs over the whole plan (levels x repeats; an eval counts once)."""
-        per_trial = sum(max(len(w.levels), 1) * w.spec.repeats for w in self.workloads)
-        return per_trial * (len(self.trials) if self.search is None else self.restarts)
+        per_trial = sum(max(len(w.levels), 1) * w.spec.repeats * w.launches for w in self.workloads)
+        trials = len(self.trials) if self.search is None else self.search.max_trials or 0
+        return per_trial * trials
 
 
 def _changes(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> tuple[str, ...]:
@@ -152,14 +156,16 @@ def _outline(spec: SweepSpec) -> SearchOutline:
 def build_plan(spec: SweepSpec) -> Plan:
     """Expand the sweep into its plan (raises ConfigError for an invalid params section).
     A sampling search gets its outline instead of a list of trials."""
-    workloads = tuple(PlanWorkload(w.name, workload_levels(w), w) for w in spec.workloads)
+    workloads = tuple(
+        PlanWorkload(w.name, workload_levels(w), w, spec.launches_of(w)) for w in spec.workloads
+    )
     if spec.search.samples:
         outline = _outline(spec)
         return Plan(
             name=spec.name,
             trials=(),
             workloads=workloads,
-            restarts=outline.max_trials or 0,
+            restarts=(outline.max_trials or 0) * spec.max_launches,
             params=param_names(spec.params),
             search=outline,
         )
@@ -172,7 +178,7 @@ def build_plan(spec: SweepSpec) -> Plan:
         name=spec.name,
         trials=tuple(trials),
         workloads=workloads,
-        restarts=len(trials),
+        restarts=len(trials) * spec.max_launches,
         params=param_names(spec.params),
     )
 
@@ -188,8 +194,8 @@ def estimate_duration(plan: Plan, history: Mapping[str, float]) -> float | None:
         return sum(known) * len(plan.trials)
     budget = plan.search.budget
     limit = budget.time if budget is not None else None
-    if plan.restarts:
-        total = sum(known) * plan.restarts
+    if plan.search.max_trials:
+        total = sum(known) * plan.search.max_trials
         return total if limit is None else min(total, limit)
     return limit
 
@@ -241,6 +247,8 @@ def _describe_workload(workload: PlanWorkload) -> str:
     text += f", max_tokens {spec.max_tokens}"
     if spec.repeats > 1:
         text += f", {spec.repeats} repeats"
+    if workload.launches > 1:
+        text += f", in {workload.launches} launches"
     return text
 
 
@@ -285,29 +293,65 @@ def _format_search(plan: Plan, outline: SearchOutline) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class KnownTrial:
+    """What the results database already holds of a planned configuration."""
+
+    number: int
+    """The trial's number, as ``run``, ``status`` and the reports show it."""
+    outcome: str
+    """``ok``, ``failed start_crash``, ``pending``...: its stored outcome."""
+    done: bool
+    """Final (``run`` does not run it again without ``--retry-failed``)."""
+
+
 def format_plan(
-    plan: Plan, estimate_s: float | None = None, history_note: str | None = None
+    plan: Plan,
+    estimate_s: float | None = None,
+    history_note: str | None = None,
+    *,
+    known: Mapping[str, KnownTrial] | None = None,
+    next_number: int = 1,
 ) -> str:
-    """The plan as plain text for ``servesweep plan``."""
+    """The plan as plain text for ``servesweep plan``. ``known`` (by fingerprint): the
+    trials the results database already has; every other trial gets the number ``run``
+    will give it, from ``next_number`` on in plan order."""
     if plan.search is not None:
         lines = _format_search(plan, plan.search)
         return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
     trials = len(plan.trials)
+    known = known or {}
+    numbers: list[int] = []
+    upcoming = next_number
+    for trial in plan.trials:
+        if trial.fingerprint in known:
+            numbers.append(known[trial.fingerprint].number)
+        else:
+            numbers.append(upcoming)
+            upcoming += 1
+    done = sum(1 for t in plan.trials if t.fingerprint in known and known[t.fingerprint].done)
+    progress = f"; {done} already done, {trials - done} to run" if known else ""
     lines = [
         f"sweep {plan.name}: {trials} trial{'s' if trials != 1 else ''} x "
         f"{len(plan.workloads)} workload{'s' if len(plan.workloads) != 1 else ''} "
-        f"= {plan.measurements} measurements",
+        f"= {plan.measurements} measurements{progress}",
         f"params swept: {', '.join(plan.params) if plan.params else 'none (server defaults)'}",
         "",
         "trials:",
     ]
     width = max((len(t.config.label()) for t in plan.trials), default=0)
-    lines.append(f"  {'#':>3}  {'fingerprint':<12}  {'params'.ljust(width)}  | changes")
+    states = [
+        known[t.fingerprint].outcome if t.fingerprint in known else "new" for t in plan.trials
+    ]
+    state_width = max((len(x) for x in states), default=0) if known else 0
+    state_head = f"{'state'.ljust(state_width)}  " if known else ""
+    lines.append(f"  {'#':>3}  {state_head}{'fingerprint':<12}  {'params'.ljust(width)}  | changes")
     previous: PlanTrial | None = None
-    for trial in plan.trials:
+    for trial, number, state in zip(plan.trials, numbers, states, strict=True):
         label = trial.config.label().ljust(width)
         change = _describe_changes(trial, previous)
-        lines.append(f"  {trial.seq:>3}  {trial.fingerprint}  {label}  | {change}")
+        shown = f"{state.ljust(state_width)}  " if known else ""
+        lines.append(f"  {number:>3}  {shown}{trial.fingerprint}  {label}  | {change}")
         previous = trial
     return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
 

@@ -29,6 +29,7 @@ __all__ = [
     "SLO_KEYS",
     "CapacitySpec",
     "CommandSpec",
+    "DecisionSpec",
     "DockerSpec",
     "Duration",
     "EvalSpec",
@@ -155,6 +156,9 @@ class ServerSpec(_Frozen):
     model: str | None = None
     served_model_name: str | None = None
     """The model name used in requests; default: ask ``/v1/models``."""
+    model_config_file: str | None = Field(default=None, alias="model_config")
+    """``model_config:`` in the file: a ``config.json`` that describes the model when its
+    files live elsewhere (another machine, an image); the memory prediction reads it."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     """The first port: slot k of a machine listens on ``port + k`` (or ``ports[k]``)."""
@@ -259,8 +263,22 @@ class EvalSpec(_Frozen):
     timeout: Duration = 10.0
     """Wall-clock limit per program run in the sandbox."""
     parallel: int = Field(default=4, ge=1)
-    allow_no_netns: bool = False
-    """Run generated code even where no network namespace can be made (unsafe)."""
+    sandbox: Literal["auto", "bwrap", "unshare", "host-filesystem"] = "auto"
+    """Where generated code runs: ``auto`` (bubblewrap, else util-linux unshare as
+    root; both without the host's files and network), one of them by name, or
+    ``host-filesystem`` (no namespaces: generated code sees the host's files and
+    network; unsafe, and every result and the report say so)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_allow_no_netns(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "allow_no_netns" in data:
+            raise ValueError(
+                "eval.allow_no_netns is replaced by eval.sandbox: without namespaces "
+                "generated code also sees the host's files; apt-get install bubblewrap, "
+                "or write sandbox: host-filesystem to accept that"
+            )
+        return data
 
 
 class WorkloadSpec(_Frozen):
@@ -269,7 +287,8 @@ class WorkloadSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
     endpoint: Literal["chat", "completions"] = "chat"
     dataset: str = "builtin:chat"
-    """``builtin:chat``, ``builtin:coding``, ``synthetic``, a JSONL or ShareGPT JSON path."""
+    """``builtin:chat``, ``builtin:coding``, ``builtin:math``, ``synthetic``, a JSONL or
+    ShareGPT JSON path."""
     input_tokens: int | None = Field(default=None, ge=1)
     """For ``synthetic``: prompt length in tokens."""
     concurrency: Annotated[list[Annotated[int, Field(ge=1)]], BeforeValidator(_one_number)] = Field(
@@ -284,13 +303,19 @@ class WorkloadSpec(_Frozen):
     burstiness: float = Field(default=1.0, gt=0)
     requests: int | None = Field(default=None, ge=1)
     duration: Duration | None = None
-    warmup: int = Field(default=0, ge=0)
+    warmup: Annotated[int, Field(ge=0)] | Literal["auto", "launch"] = "auto"
+    """Unmeasured requests before each level (a number), or ``auto``: each launch of
+    the server is warmed until its measurements stop drifting (``launch`` is how
+    the sweep marks the workload that does it; not written in a sweep file)."""
     max_tokens: int = Field(default=256, ge=1)
     ignore_eos: bool = False
     temperature: float = 0.0
     stream: bool = True
     seed: int = 0
     repeats: int = Field(default=1, ge=1)
+    launches: int | None = Field(default=None, ge=1)
+    """Separate launches of the server this workload is measured in (None: the
+    sweep's ``launches``): what varies from one start to the next is measured."""
     workers: int = Field(default=1, ge=1, le=64)
     """Load-generator processes for this workload (their samples are merged); raise it
     when the generator warns that its own event loop lags."""
@@ -309,6 +334,18 @@ class WorkloadSpec(_Frozen):
         check_slos(value)
         return value
 
+    @field_validator("warmup")
+    @classmethod
+    def _warmup_words(cls, value: int | str) -> int | str:
+        if value == "launch":
+            raise ValueError("use a number of requests or 'auto'")
+        return value
+
+    @property
+    def warmup_requests(self) -> int:
+        """The fixed warm-up before each level (0 with ``auto``)."""
+        return self.warmup if isinstance(self.warmup, int) else 0
+
     @model_validator(mode="after")
     def _load_shape(self) -> WorkloadSpec:
         if self.capacity is not None:
@@ -322,6 +359,8 @@ class WorkloadSpec(_Frozen):
                     )
             if self.repeats != 1:
                 raise ValueError("a capacity workload measures each level once: drop 'repeats'")
+            if self.launches not in (None, 1):
+                raise ValueError("a capacity workload is searched in one launch: drop 'launches'")
             if self.requests is None and self.duration is None:
                 object.__setattr__(self, "requests", 32)
             return self
@@ -405,6 +444,38 @@ class ExecutorSpec(_Frozen):
         return self
 
 
+def _fraction(value: Any) -> Any:
+    """``"1%"`` as 0.01; a number as it is."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            return value
+    return value
+
+
+def _default_prefer() -> list[CostName]:
+    return ["gpus", "memory", "latency"]
+
+
+Fraction = Annotated[float, BeforeValidator(_fraction), Field(ge=0.0, lt=1.0)]
+"""A fraction: ``0.01`` or ``"1%"``."""
+
+
+CostName = Literal["gpus", "memory", "latency"]
+
+
+class DecisionSpec(_Frozen):
+    """How ``best`` decides between configurations (docs/reports.md)."""
+
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """The confidence of the intervals a decision uses."""
+    threshold: Fraction = 0.01
+    """The smallest relative lead that makes a winner (0.01 or ``1%``)."""
+    prefer: list[CostName] = Field(default_factory=_default_prefer, min_length=1)
+    """Among tied configurations, what makes one cheaper, most important first."""
+
+
 class SweepSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -414,6 +485,9 @@ class SweepSpec(_Frozen):
     objective: Objectives | None = None
     """Use :attr:`objectives` to read it (always a tuple)."""
     constraints: StrList = Field(default_factory=list)
+    include_unreliable: bool = False
+    """Let levels the load generator could not time (``unreliable``, see
+    docs/metrics.md) count for ``best``, constraints and pruning; default: left out."""
     search: SearchSpec = Field(default_factory=SearchSpec)
     parallel: int | None = Field(default=None, ge=1)
     """How many trials may run at the same time on one machine (default: as many as
@@ -422,6 +496,22 @@ class SweepSpec(_Frozen):
     """Path of the results database; default ``servesweep.db`` beside the sweep file."""
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
     """Where the trials run (this machine by default)."""
+    decision: DecisionSpec = Field(default_factory=DecisionSpec)
+    """How ``best`` tells a winner from a tie."""
+    launches: int = Field(default=1, ge=1)
+    """Separate launches of the server every configuration is measured in (a
+    workload's own ``launches`` overrides it)."""
+
+    def launches_of(self, workload: WorkloadSpec) -> int:
+        """How many launches measure ``workload`` (a capacity search: one)."""
+        if workload.capacity is not None:
+            return 1
+        return workload.launches if workload.launches is not None else self.launches
+
+    @property
+    def max_launches(self) -> int:
+        """The launches of one trial: the most any workload needs."""
+        return max(self.launches_of(w) for w in self.workloads)
 
     @property
     def objectives(self) -> tuple[Objective, ...]:

@@ -202,6 +202,10 @@ class SearchSpec(FrozenModel):
     prune: bool | None = None
     """Stop a trial's benchmark early when it can no longer win. Default: on for the
     sampling strategies, off for ``grid``."""
+    predict: Literal["auto", "skip", "off"] = "auto"
+    """Memory prediction before each launch: ``auto`` (a sampling search does not
+    launch a configuration predicted not to fit by more than the margin; a grid
+    launches every one), ``skip`` (a grid skips them too), ``off`` (no prediction)."""
 
     @property
     def samples(self) -> bool:

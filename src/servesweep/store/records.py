@@ -65,6 +65,15 @@ class TrialRecord:
     """The slot (lane) of that machine the attempt ran in; its port derives from it."""
     gpus: tuple[int, ...] = ()
     """The GPU indexes (on ``node``) the attempt was given."""
+    sweep_number: int = 0
+    """The trial's number within its sweep (1, 2, ... in the order trials were added);
+    0 when not known. ``id`` is the database's key, shared by every sweep in it."""
+
+    @property
+    def number(self) -> int:
+        """What a person reads and types (``#3``, ``--trial 3``): the number within the
+        sweep, so each sweep of a shared database counts from 1."""
+        return self.sweep_number or self.id
 
     @property
     def lane(self) -> str:
@@ -106,3 +115,9 @@ class SweepData:
     objective: Mapping[str, Any] | None = None
     """The sweep file's objective as a dict (see spec.schema.Objective)."""
     constraints: tuple[str, ...] = ()
+    include_unreliable: bool = False
+    """The sweep file's ``include_unreliable``: levels marked unreliable count for
+    ``best`` (default: they are left out)."""
+    memory: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Per trial id: its predicted memory and what the engine reported
+    (``{"predicted": {...}, "measured": {...}}``, bytes; the latest attempt)."""

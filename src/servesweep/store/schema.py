@@ -7,7 +7,7 @@ rather than guessed at.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 CREATE_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -117,5 +117,17 @@ ALTER TABLE trials ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE trials ADD COLUMN slot INTEGER;
 ALTER TABLE trials ADD COLUMN gpus TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE telemetry ADD COLUMN node TEXT NOT NULL DEFAULT '';
+""",
+    # the confidence interval of each key metric of a level ({metric: [lo, hi]}) and
+    # its confidence; a level stored before has none (reports compute them from the
+    # level's stored requests); which launch of the server measured the level
+    2: """
+ALTER TABLE results ADD COLUMN intervals TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE results ADD COLUMN confidence REAL;
+ALTER TABLE results ADD COLUMN launch INTEGER NOT NULL DEFAULT 0;
+""",
+    # a level the load generator could not time: why (NULL: reliable)
+    3: """
+ALTER TABLE results ADD COLUMN unreliable TEXT;
 """,
 }

@@ -38,7 +38,10 @@ __all__ = ["Store", "open_store"]
 _TRIAL_COLUMNS = (
     "id, sweep_id, seq, fingerprint, params, outcome, failure_class, evidence, phase, "
     "phase_started, phase_seconds, instance, log_path, attempts, started_at, finished_at, "
-    "in_plan, adopted, launch_command, node, node_id, slot, gpus"
+    "in_plan, adopted, launch_command, node, node_id, slot, gpus, "
+    # the trial's number within its sweep (what people read): its rank by id there
+    "(SELECT COUNT(*) FROM trials AS o WHERE o.sweep_id = trials.sweep_id "
+    "AND o.id <= trials.id) AS sweep_number"
 )
 
 
@@ -241,6 +244,7 @@ class Store:
             node_id=row["node_id"],
             slot=row["slot"],
             gpus=tuple(json.loads(row["gpus"])),
+            sweep_number=row["sweep_number"],
         )
 
     def sync_trials(self, sweep_id: int, configs: Sequence[ServerConfig]) -> list[TrialRecord]:
@@ -319,7 +323,10 @@ class Store:
         started = dict(trial.phase_started)
         seconds = dict(trial.phase_seconds)
         if trial.phase is not None and trial.phase.value in started:
-            seconds[trial.phase.value] = max(0.0, at - started[trial.phase.value])
+            # a phase entered again (a configuration measured in several launches) adds up
+            seconds[trial.phase.value] = seconds.get(trial.phase.value, 0.0) + max(
+                0.0, at - started[trial.phase.value]
+            )
         started[phase.value] = at
         with self._tx() as db:
             db.execute(
@@ -382,7 +389,9 @@ class Store:
         trial = self.trial(trial_id)
         seconds = dict(trial.phase_seconds)
         if trial.phase is not None and trial.phase.value in trial.phase_started:
-            seconds[trial.phase.value] = max(0.0, at - trial.phase_started[trial.phase.value])
+            seconds[trial.phase.value] = seconds.get(trial.phase.value, 0.0) + max(
+                0.0, at - trial.phase_started[trial.phase.value]
+            )
         if outcome is Outcome.OK:
             last_phase: str | None = Phase.DONE.value
         else:
@@ -417,7 +426,8 @@ class Store:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO results(trial_id, attempt, workload, level, repeat, metrics, info, "
-                "warnings, started_at, duration_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "warnings, started_at, duration_s, intervals, confidence, launch, unreliable) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     trial_id,
                     trial.attempts,
@@ -429,6 +439,10 @@ class Store:
                     _dumps(list(result.warnings)),
                     result.started_at,
                     result.duration_s,
+                    _dumps({k: list(v) for k, v in result.intervals.items()}),
+                    result.confidence,
+                    result.launch,
+                    result.unreliable,
                 ),
             )
             result_id = cur.lastrowid
@@ -521,6 +535,14 @@ class Store:
             started_at=row["started_at"],
             duration_s=row["duration_s"],
             eval_results=evals,
+            # (a read-only look at an older database has none of the newer columns)
+            intervals={
+                k: (float(v[0]), float(v[1]))
+                for k, v in json.loads(_column(row, "intervals", "{}")).items()
+            },
+            confidence=_column(row, "confidence", None),
+            launch=_column(row, "launch", 0),
+            unreliable=_column(row, "unreliable", None),
         )
 
     def add_telemetry(self, points: Iterable[TelemetryPoint]) -> None:
@@ -606,6 +628,7 @@ class Store:
         results = {t.id: tuple(self.results(t.id, with_samples=with_samples)) for t in trials}
         objective: dict[str, Any] | None = None
         constraints: tuple[str, ...] = ()
+        include_unreliable = False
         try:
             from servesweep.spec.load import load_sweep_text
 
@@ -613,6 +636,7 @@ class Store:
             if spec.objectives:
                 objective = spec.objectives[0].model_dump(exclude_none=True)
             constraints = tuple(spec.constraints)
+            include_unreliable = spec.include_unreliable
         except (ImportError, ServesweepError):
             pass  # an old or hand-edited sweep file must not block a report
         return SweepData(
@@ -622,4 +646,16 @@ class Store:
             telemetry=tuple(self.telemetry(sweep.id)),
             objective=objective,
             constraints=constraints,
+            include_unreliable=include_unreliable,
+            memory={
+                e["trial"]: {"predicted": e.get("predicted", {}), "measured": e.get("measured", {})}
+                for e in self.events(sweep.id, "memory")
+                if e["trial"] is not None
+            },
         )
+
+
+def _column(row: sqlite3.Row, name: str, default: Any) -> Any:
+    """A row's column, or ``default`` where an older database (opened read-only, so
+    not upgraded) has no such column."""
+    return row[name] if name in row.keys() else default  # noqa: SIM118

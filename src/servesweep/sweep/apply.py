@@ -73,10 +73,13 @@ def _chosen_params(
     if params is not None:
         return dict(params)
     if trial_id is not None:
-        trial = store.trial(trial_id)
-        if trial.sweep_id != sweep_id:
-            raise ConfigError(f"trial {trial_id} belongs to another sweep", key="--trial")
-        return dict(trial.params)
+        # --trial N: the trial's number within the sweep, as every report shows it
+        trials = store.trials(sweep_id)
+        for trial in trials:
+            if trial.number == trial_id:
+                return dict(trial.params)
+        listed = ", ".join(str(t.number) for t in trials) or "none"
+        raise ConfigError(f"no trial {trial_id} in this sweep (trials: {listed})", key="--trial")
     from servesweep.report import find_best
 
     result = find_best(store.load_sweep_data(sweep_id, with_samples=False))
@@ -138,7 +141,13 @@ def apply_config(
             Path(context.log_root) / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
         )
         order = TrialOrder(
-            trial.id, trial.seq, trial.attempts, trial.fingerprint, chosen, str(log_path)
+            trial.id,
+            trial.seq,
+            trial.attempts,
+            trial.fingerprint,
+            chosen,
+            str(log_path),
+            number=trial.number,
         )
         try:
             # what earlier runs left on this machine is adopted (same launch) or stopped

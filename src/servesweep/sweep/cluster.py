@@ -22,7 +22,7 @@ from servesweep.errors import (
     TrialFailed,
 )
 from servesweep.models import Evidence, FailureClass
-from servesweep.spec.schema import SweepSpec
+from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need, params_label
 from servesweep.sweep.events import Event
 from servesweep.sweep.slot import NodeInfo, SweepContext
@@ -128,16 +128,32 @@ def gpu_ids(count: int, visible: str | None) -> tuple[int, ...]:
     return tuple(int(v) for v in ids[:count])
 
 
+def node_host(server: ServerSpec, ip: str) -> str:
+    """The address a node's servers listen on: the sweep file's ``server.host`` when it
+    sets one, else the node's address as Ray knows it (``ip``)."""
+    if "host" in server.model_fields_set or not ip:
+        return server.host
+    return ip
+
+
 def node_context(
-    context: SweepContext, *, ip: str, fake_gpu_dir: str | None, bind_node_address: bool
+    context: SweepContext,
+    *,
+    ip: str,
+    fake_gpu_dir: str | None,
+    bind_node_address: bool | None = None,
 ) -> SweepContext:
     """The sweep as a node sees it: its own fake GPUs (the node's
     ``SERVESWEEP_FAKE_GPUS`` wins over the sweep file's), and servers listening on
     the node's address when the sweep file did not choose ``server.host``
-    (``bind_node_address``)."""
+    (:func:`node_host`; ``bind_node_address`` True or False decides instead)."""
     spec = context.spec
-    if bind_node_address and ip:
-        server = spec.server.model_copy(update={"host": ip})
+    if bind_node_address is None:
+        host = node_host(spec.server, ip)
+    else:
+        host = ip if bind_node_address and ip else spec.server.host
+    if host != spec.server.host:
+        server = spec.server.model_copy(update={"host": host})
         spec = spec.model_copy(update={"server": server})
     return replace(context, spec=spec, fake_gpu_dir=fake_gpu_dir or context.fake_gpu_dir)
 
@@ -215,12 +231,19 @@ _KINDS: dict[str, type[ServesweepError]] = {
 
 
 def short_error(text: str, limit: int = 300) -> str:
-    """The lines of a cluster's error message that say what happened, on one line."""
+    """The lines of a cluster's error message that say what happened, on one line, at
+    most ``limit`` characters: cut after a whole word, with ``...`` when cut."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     keep = [
         line for line in lines if not re.match(r"(class_name|actor_id|pid|namespace|name):", line)
     ]
-    return " ".join(keep)[:limit]
+    joined = " ".join(keep)
+    if len(joined) <= limit:
+        return joined
+    cut = joined[: max(0, limit - 3)]
+    if " " in cut and not joined[len(cut)].isspace():
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "..."
 
 
 def lost_evidence(

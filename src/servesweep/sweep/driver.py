@@ -45,6 +45,7 @@ from servesweep.sweep.channel import StoreWriter
 from servesweep.sweep.events import (
     Event,
     LeftoverAdopted,
+    LevelMeasured,
     NodeLost,
     Observer,
     SlotIdle,
@@ -52,6 +53,8 @@ from servesweep.sweep.events import (
     SweepWarning,
     TrialFinished,
 )
+from servesweep.sweep.health_notes import HealthNotes
+from servesweep.sweep.memory_gate import MemoryGate
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports
 from servesweep.sweep.scheduler import (
     Assign,
@@ -78,6 +81,8 @@ __all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
 
 _POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 60.0
+MAX_SKIPS_IN_ROW = 1000
+"""A search that proposes this many configurations predicted not to fit in a row stops."""
 NODE_LOST_RETRIES = 1
 """How many times a trial whose node was lost is run again."""
 
@@ -182,6 +187,8 @@ class RunSettings:
     max_slots: int | None = None
     """``--slots``: at most this many slots per machine (None: the sweep file's
     ``parallel``, else as many as fit)."""
+    predict: bool = True
+    """Predict each configuration's memory (``run --no-predict``: False)."""
 
 
 @dataclass
@@ -196,6 +203,9 @@ class _State:
     """Slots whose process is gone: dropped once their command ends."""
     retried: dict[int, int] = field(default_factory=dict)
     """Trials run again after a lost node, and how often."""
+    last_environment: tuple[int, EnvironmentFailure | None] | None = None
+    """The trial that finished last, and its environment failure (see
+    ``environment_failure``)."""
 
 
 class Driver:
@@ -222,6 +232,7 @@ class Driver:
         self.need: GpuNeed = gpu_need(self.spec)
         self.writer = StoreWriter(store, sweep.id, observer, on_finished=self._finished)
         self.state = _State()
+        self.health = HealthNotes(self.spec.include_unreliable)
         self._closing: list[SlotHandle] = []
         """Slots torn down whose threads may still be finishing."""
         self.prepared: dict[str, NodePrepared] = {}
@@ -230,6 +241,7 @@ class Driver:
         self._trials: dict[int, TrialRecord] = {}
         self.nodes: dict[str, NodeInfo] = {n.key: n for n in executor.nodes()}
         """The machines of this run, by key (see ``NodeInfo.key``)."""
+        self.memory = MemoryGate(self.spec, enabled=settings.predict)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -246,6 +258,7 @@ class Driver:
                 todo=todo_count,
                 done=done,
                 slots=self._max_slots(),
+                at_most=not isinstance(source, GridSource),
             )
         )
         self._warn_cpu_sharing()
@@ -257,8 +270,12 @@ class Driver:
                     self._loop()
                 self._finish_slots()
         except (KeyboardInterrupt, Interrupted):
-            self._abort()
-            raise Interrupted("interrupted; the running instances were stopped") from None
+            stopped = self._abort()
+            raise Interrupted(
+                "interrupted; "
+                + ("the running instances were stopped; " if stopped else "")
+                + "run the same command again to continue (what was measured is kept)"
+            ) from None
         except BaseException:
             # a bug or an unusable environment ends the sweep: no server left behind and
             # no trial left "running" (the next run continues where this one stopped)
@@ -403,19 +420,38 @@ class Driver:
         # a search proposes only for slots that are free (it learns from each result)
         capacity = self._max_slots() * max(1, len(self.nodes))
         room = capacity - len(self.state.running) - len(self.state.jobs)
-        if room <= 0:
-            return
-        for trial in self.source.take(room):
-            self._trials[trial.id] = trial
-            need = self.need.of(trial.params)
-            capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
-            if need > capacity:
-                raise ConfigError(
-                    f"trial {trial.id} ({params_label(trial.params)}) needs {need} GPUs; no "
-                    f"machine offers more than {capacity}",
-                    key="server.gpus_per_trial",
+        skips = 0
+        while room > 0 and not self.state.stopping:
+            skipped = [t for t in self.source.take(room) if not self._queue(t)]
+            room = len(skipped)  # a search proposes again for each one not launched
+            skips += room
+            if skips >= MAX_SKIPS_IN_ROW:
+                self.state.stopping = True
+                self.writer.note(
+                    SweepWarning(
+                        message=f"the search proposed {skips} configurations in a row that are "
+                        "predicted not to fit; it stops (see servesweep plan, or run "
+                        "--no-predict)"
+                    )
                 )
-            self.state.jobs.append(Job(trial.id, need))
+
+    def _queue(self, trial: TrialRecord) -> bool:
+        """Queue one trial, or finish it ``skipped`` (predicted_oom): False."""
+        self._trials[trial.id] = trial
+        end = self.memory.check(trial)
+        if end is not None:
+            self.writer.note(end)
+            return False
+        need = self.need.of(trial.params)
+        capacity = max((len(n.gpus) for n in self._alive_nodes()), default=0) or 1
+        if need > capacity:
+            raise ConfigError(
+                f"trial {trial.number} ({params_label(trial.params)}) needs {need} GPUs; no "
+                f"machine offers more than {capacity}",
+                key="server.gpus_per_trial",
+            )
+        self.state.jobs.append(Job(trial.id, need))
+        return True
 
     def _alive_nodes(self) -> list[NodeInfo]:
         return [n for key, n in self.nodes.items() if key not in self.state.dead_nodes]
@@ -442,8 +478,9 @@ class Driver:
         while True:
             if not state.stopping:
                 self._queue_more()
-                for decision in self._scheduler().decide(state.jobs, self._views()):
-                    self._carry_out(decision)
+                decisions = self._scheduler().decide(state.jobs, self._views())
+                if not all([self._carry_out(d) for d in decisions]):
+                    continue  # a trial skipped at its start: queue and place again
             busy = any(s.busy for s in state.slots.values())
             if not busy and (state.stopping or not state.jobs):
                 return
@@ -455,15 +492,21 @@ class Driver:
                 )
             self._wait_event()
 
-    def _carry_out(self, decision: Decision) -> None:
+    def _carry_out(self, decision: Decision) -> bool:
+        """Carry out one decision; False when its trial was skipped instead (predicted
+        not to fit, with the predictor as the trials before it calibrated it)."""
         state = self.state
         if isinstance(decision, Teardown):
             slot = state.slots[(decision.node, decision.slot)]
             slot.busy = slot.tearing = True
             slot.handle.teardown()
-            return
+            return True
         job = next(j for j in state.jobs if j.trial == decision.trial)
         state.jobs.remove(job)
+        end = self.memory.check(self._trials.get(job.trial) or self.store.trial(job.trial))
+        if end is not None:
+            self.writer.note(end)
+            return False
         if isinstance(decision, Open):
             # a sweep without a GPU pool schedules on one token "GPU" per machine
             gpus = decision.gpus if self.spec.server.gpus else ()
@@ -487,6 +530,7 @@ class Driver:
         state.running[decision.trial] = key
         state.ran.append(decision.trial)
         slot.handle.run(self._order(decision.trial))
+        return True
 
     def _order(self, trial_id: int) -> TrialOrder:
         trial = self.store.trial(trial_id)
@@ -500,6 +544,7 @@ class Driver:
             params=dict(trial.params),
             log_path=str(log),
             prune=self.source.prune_policy(),
+            number=trial.number,
         )
 
     def _wait_event(self) -> None:
@@ -525,6 +570,10 @@ class Driver:
         if isinstance(event, NodeLost):
             self._node_lost(event)
         self.writer.apply(event)
+        if isinstance(event, LevelMeasured):
+            line = self.health.note(event.trial, event.result)
+            if line is not None:
+                self.writer.note(SweepWarning(trial=event.trial, message=line))
 
     def _node_lost(self, event: NodeLost) -> None:
         """No more work for the lost slot, nor for its node when the node is gone."""
@@ -572,12 +621,39 @@ class Driver:
 
     def _finished(self, event: TrialFinished) -> None:
         trial = self.store.trial(event.trial)
+        checked = self.memory.learn(trial)
+        if checked is not None:
+            self.writer.note(checked)
+        while self.memory.notes:
+            self.writer.note(SweepWarning(message=self.memory.notes.pop(0)))
         if self._retry_lost(trial):
             return
         if trial.outcome is Outcome.FAILED and self.settings.fail_fast:
             self.state.stopping = True
-            self.writer.note(SweepWarning(message=f"--fail-fast: stopping after trial {trial.id}"))
+            self.writer.note(
+                SweepWarning(message=f"--fail-fast: stopping after trial {trial.number}")
+            )
+        self._stop_on_repeated_environment(trial)
         self.source.tell(trial, self.store.results(trial.id, with_samples=False))
+
+    def _stop_on_repeated_environment(self, trial: TrialRecord) -> None:
+        """The same environment failure (class and holder) on two trials in a row: the
+        machine, not the configurations, is at fault; every further trial would fail
+        alike. Stop the sweep (the trials not run stay pending) with one line."""
+        state = self.state
+        failure = environment_failure(trial)
+        last = state.last_environment
+        state.last_environment = (trial.number, failure)
+        if failure is None or last is None or last[1] != failure or state.stopping:
+            return
+        state.stopping = True
+        self.writer.note(
+            SweepWarning(
+                message=f"trials {last[0]} and {trial.number} both failed {failure.describe()}: "
+                "stopping the sweep (the trials not run stay pending); free it and run the "
+                "sweep again"
+            )
+        )
 
     def _retry_lost(self, trial: TrialRecord) -> bool:
         """Queue a trial whose node was lost once more (first in line); its failed
@@ -593,7 +669,7 @@ class Driver:
             self.writer.note(
                 SweepWarning(
                     trial=trial.id,
-                    message=f"trial {trial.id} is not run again: it needs {need} GPUs and no "
+                    message=f"trial {trial.number} is not run again: it needs {need} GPUs and no "
                     f"machine left has that many (largest: {largest})",
                 )
             )
@@ -605,7 +681,7 @@ class Driver:
         self.writer.note(
             SweepWarning(
                 trial=trial.id,
-                message=f"trial {trial.id} lost its {lost} on {trial.node}: running it again",
+                message=f"trial {trial.number} lost its {lost} on {trial.node}: running it again",
             )
         )
         return True
@@ -634,14 +710,18 @@ class Driver:
     def _finish_timeout(self) -> float:
         return stop_timeout(self.spec.server)
 
-    def _abort(self) -> None:
-        """Stop everything now: instances stopped, trials in flight ``interrupted``."""
+    def _abort(self) -> bool:
+        """Stop everything now: instances stopped, trials in flight ``interrupted``.
+        Whether there were instances to stop."""
         state = self.state
         state.stopping = True
         with contextlib.suppress(BaseException):
             self._drain()  # what slots reported before the stop is kept
         self.writer.mark_interrupted(list(state.running))
-        if state.slots:  # a refusal before any slot opened has nothing to stop
+        running = bool(state.slots and self.store.live_instances(self.sweep.id))
+        if running:
+            # a refusal before any slot opened, or slots whose servers never started,
+            # have nothing to stop
             self.observer.event(SweepWarning(message="stopping the running instances"))
         for slot in list(state.slots.values()):
             slot.handle.interrupt()
@@ -656,6 +736,40 @@ class Driver:
                 self.observer.event(SweepWarning(message=f"giving the unit back: {exc}"))
         self.writer.mark_interrupted(list(state.ran))
         state.slots.clear()
+        return running
+
+
+_ENVIRONMENT_CLASSES = (FailureClass.PORT_IN_USE, FailureClass.GPU_BUSY, FailureClass.STOP_FAILED)
+
+
+@dataclass(frozen=True)
+class EnvironmentFailure:
+    """A failure of the machine rather than of a configuration: its class and holder."""
+
+    failure_class: FailureClass
+    holder: tuple[int, ...]
+    """The PIDs its evidence names (GPU holders, port owners, unkillable processes)."""
+    names: str = field(default="", compare=False)
+
+    def describe(self) -> str:
+        return f"{self.failure_class.value} ({self.names or 'no holder named'})"
+
+
+def environment_failure(trial: TrialRecord) -> EnvironmentFailure | None:
+    """A failed trial's environment failure (``port_in_use``, ``gpu_busy``,
+    ``stop_failed``) and who caused it; None for any other outcome."""
+    if trial.outcome is not Outcome.FAILED or trial.failure_class not in _ENVIRONMENT_CLASSES:
+        return None
+    assert trial.failure_class is not None
+    evidence = trial.evidence
+    holders: dict[int, str] = {}
+    if evidence is not None:
+        holders.update({h.pid: h.describe() for h in evidence.gpu_holders})
+        holders.update({p.pid: p.describe() for p in evidence.processes})
+    names = "; ".join(holders[p] for p in sorted(holders)[:3])
+    if len(holders) > 3:
+        names += f" and {len(holders) - 3} more"
+    return EnvironmentFailure(trial.failure_class, tuple(sorted(holders)), names)
 
 
 def max_slots(spec: SweepSpec, option: int | None = None) -> int:

@@ -110,6 +110,9 @@ class SweepStarted(Event):
     done: int = 0
     slots: int = 1
     """How many trials may run at the same time."""
+    at_most: bool = False
+    """``todo`` is a bound, not a count: a search proposes trials as it goes, and stops
+    at its trial cap or budget."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ class TrialStarted(Event):
     kind: ClassVar[str] = "trial_started"
     trial: int = 0
     seq: int = 0
+    number: int = 0
+    """The trial's number within its sweep (what people read; ``trial`` is its id)."""
     params: Mapping[str, Any] = field(default_factory=dict)
     attempt: int = 1
     at: float = 0.0
@@ -211,6 +216,7 @@ class LevelMeasured(Event):
             "workload": r.workload,
             "level": r.level,
             "repeat": r.repeat,
+            "launch": r.launch,
             "metrics": headline(r),
         }
 

@@ -73,12 +73,16 @@ def baseline_without(probe: GpuProbe, gpus: Sequence[int], pids: set[int]) -> di
     return baseline
 
 
-def check_slot_ports(context: SweepContext, host: str, ports: Sequence[int]) -> None:
+def check_slot_ports(
+    context: SweepContext, host: str, ports: Sequence[int], *, first: bool = False
+) -> None:
     """Every port a slot beyond the first may use (``ports[k]`` is slot k's) is free on
-    this machine, or held by this database's own instances; the first slot's port is
-    checked at each start, as always. ConfigError otherwise."""
+    this machine, or held by this database's own instances; with ``first``, slot 0's
+    port too (otherwise it is checked at each start, as always). ConfigError
+    otherwise."""
     ownership = Ownership(context.store_id, context.run, -1)
-    for k, port in enumerate(ports[1:], start=1):
+    start = 0 if first else 1
+    for k, port in enumerate(ports[start:], start=start):
         for info in port_tools.listeners(host, port):
             if info.pid > 0 and ownership.owner(info.pid).kind in (
                 OwnerKind.LEFTOVER,
@@ -86,6 +90,17 @@ def check_slot_ports(context: SweepContext, host: str, ports: Sequence[int]) -> 
                 OwnerKind.SIBLING,
             ):
                 continue
+            if k == 0:
+                who = info.describe()
+                owner = ownership.owner(info.pid) if info.pid > 0 else None
+                if owner is not None and owner.kind is OwnerKind.OTHER_RUN:
+                    who += f": {owner.describe()}"
+                free = port_tools.free_port_near(host, port, avoid=ports, span=len(ports))
+                other = f"run on another port with --port {free}" if free else "use --port N"
+                raise ConfigError(
+                    f"port {port} is in use by {who}; stop that program, or {other}",
+                    key="server.port",
+                )
             raise ConfigError(
                 f"slot {k} would listen on port {port}, which is in use "
                 f"({info.describe()}); free it, choose another server.port, list "

@@ -19,7 +19,7 @@ import queue
 import secrets
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +34,7 @@ from servesweep.servers.ownership import lock_path_for
 from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
-from servesweep.spec.slots import gpu_need
+from servesweep.spec.slots import gpu_need, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.cluster import check_fit, check_ray_version, cluster_spec, trial_needs
 from servesweep.sweep.driver import (
@@ -47,7 +47,9 @@ from servesweep.sweep.driver import (
 )
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
 from servesweep.sweep.identity import changes
+from servesweep.sweep.leases import run_leases
 from servesweep.sweep.local import LocalExecutor
+from servesweep.sweep.node import check_slot_ports
 from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import SweepContext, this_node
 
@@ -78,16 +80,23 @@ class RunOptions:
     keep_running: bool = False
     """Leave the last instance running at the end (default: stop it)."""
     only: tuple[int, ...] = ()
-    """Run only these trial ids (others stay as they are)."""
+    """Run only these trials, by their number in the sweep (``--trial N``, as the
+    reports show it); the others stay as they are."""
     keep_results: bool = False
     """Keep results measured before the sweep file changed what a trial measures."""
     slots: int | None = None
     """At most this many trials at once per machine (default: the sweep file's
     ``parallel``, else as many as fit in the GPU pool)."""
+    predict: bool = True
+    """``--no-predict``: False (no memory prediction, every configuration launched)."""
     ray: str | None = None
     """``--ray``: run on a Ray cluster at this address (``""``: the sweep file's
     ``executor.address``, else ``RAY_ADDRESS``, else this machine's cluster); None:
     as the sweep file's ``executor`` says."""
+    wait: bool = False
+    """``--wait``: wait for the ports and GPUs another run holds (default: refuse)."""
+    port: int | None = None
+    """``--port``: slot 0's port instead of the sweep file's ``server.port``."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +223,8 @@ def _on_cluster(context: SweepContext, cluster: RayConnection, observer: Observe
     ``cluster.cluster_spec``)."""
     spec = context.spec
     scheduled = cluster_spec(spec, cluster.nodes)
-    if spec.server.gpus and spec.server.gpus != scheduled.server.gpus:
+    if spec.server.gpus:
+        # said whenever the list is set, even when it happens to match a node's GPUs
         observer.event(
             SweepWarning(
                 message=f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each "
@@ -249,7 +259,7 @@ def run_sweep(
     """
     options = options or RunOptions()
     observer = observer or NullObserver()
-    loaded = load_sweep(path)
+    loaded = with_port(load_sweep(path), options.port)
     api_key = _api_key(loaded.spec)
     cluster = join_cluster(loaded, options.ray)
     try:
@@ -282,12 +292,41 @@ def _run_joined(
             loaded.spec.server.gpu_backend, fake_gpu_dir(loaded), gpus=loaded.spec.server.gpus
         ).close()
     store_path = store_path_for(loaded, options.store)
-    with sweep_lock(store_path):
+    spec = cluster_spec(loaded.spec, cluster.nodes) if cluster else loaded.spec
+    with (
+        sweep_lock(store_path),
+        run_leases(
+            spec,
+            store_path,
+            slots=max_slots(spec, options.slots),
+            fake_gpu_dir=None if cluster else fake_gpu_dir(loaded),
+            wait=options.wait,
+            notify=lambda line: observer.event(SweepWarning(message=line)),
+            cluster=cluster,
+        ),
+    ):
         store = open_store(store_path)
         try:
             return _run(loaded, store, store_path, options, observer, api_key, cluster)
         finally:
             store.close()
+
+
+def with_port(loaded: LoadedSweep, port: int | None) -> LoadedSweep:
+    """The sweep with ``--port``: slot 0 listens on ``port``, slot k on ``port + k``
+    (what is measured does not change: ports are not part of a trial's identity)."""
+    if port is None:
+        return loaded
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{port} is not a port (1-65535)", key="--port")
+    server = loaded.spec.server
+    if server.ports:
+        raise loaded.error(
+            "--port does not apply to a sweep file that lists server.ports: edit them",
+            "server.ports",
+        )
+    spec = loaded.spec.model_copy(update={"server": server.model_copy(update={"port": port})})
+    return replace(loaded, spec=spec)
 
 
 def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection | None:
@@ -342,6 +381,21 @@ def sweep_lock(store_path: Path) -> Iterator[None]:
         yield
     finally:
         handle.close()
+
+
+def _only_ids(only: Sequence[int], trials: Sequence[TrialRecord], name: str) -> set[int]:
+    """The ids of the trials ``--trial N`` names by their number in the sweep's plan;
+    a number that is not there is a usage error (not an empty run that exits 0)."""
+    by_number = {t.number: t.id for t in trials}
+    unknown = [n for n in only if n not in by_number]
+    if unknown:
+        listed = ", ".join(str(t.number) for t in trials) or "none"
+        raise ConfigError(
+            f"no trial {unknown[0]} in sweep {name!r} (its trials: {listed}; "
+            "see servesweep status)",
+            key="--trial",
+        )
+    return {by_number[n] for n in only}
 
 
 def new_run_id() -> str:
@@ -405,13 +459,23 @@ def _run(
         for trial in trials:
             if trial.outcome in (Outcome.FAILED, Outcome.INTERRUPTED):
                 store.reset_trial(trial.id)
+    if not options.predict:  # --no-predict: what the prediction skipped runs now
+        for trial in trials:
+            if trial.evidence is not None and trial.evidence.reason == "predicted_oom":
+                store.reset_trial(trial.id)
         trials = store.trials(sweep.id, in_plan_only=True)
     for trial in store.trials(sweep.id):
         if trial.outcome is Outcome.RUNNING:
             # the run that owned it died; its results are incomplete: run it again
             store.reset_trial(trial.id)
     trials = store.trials(sweep.id, in_plan_only=True)
-    todo = [t for t in trials if not t.outcome.final and (not options.only or t.id in options.only)]
+    only = _only_ids(options.only, trials, spec.name)
+    todo = [t for t in trials if not t.outcome.final and (not only or t.id in only)]
+    if cluster is None and spec.server.launcher == "subprocess" and (todo or spec.search.samples):
+        # a program on the port would fail every trial: say so before anything starts
+        # (other launchers may find their own service there, and stop it)
+        ports = slot_ports(spec, context.slots)
+        check_slot_ports(context, spec.server.host, ports, first=True)
 
     events: queue.Queue[Event] = queue.Queue()
     executor: Executor
@@ -432,6 +496,7 @@ def _run(
             keep_running=options.keep_running,
             fail_fast=options.fail_fast,
             max_slots=options.slots,
+            predict=options.predict,
         ),
     )
     source: TrialSource

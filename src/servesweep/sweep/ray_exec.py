@@ -20,11 +20,13 @@ and with it Ray.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import socket
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -33,9 +35,11 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayError
 
 from servesweep import __version__
-from servesweep.errors import ConfigError, ServesweepError
+from servesweep.errors import ConfigError, ResourceBusy, ServesweepError
 from servesweep.models import InstanceRecord
 from servesweep.servers.gpu import FAKE_GPUS_ENV
+from servesweep.servers.leases import Busy, Holder, Lease, Resource, resources_for
+from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import slot_ports
 from servesweep.sweep.cluster import (
     BufferChannel,
@@ -44,10 +48,12 @@ from servesweep.sweep.cluster import (
     gpu_ids,
     gpu_nodes,
     node_context,
+    node_host,
     node_infos,
     short_error,
 )
 from servesweep.sweep.events import Event, NodeLost
+from servesweep.sweep.leases import busy_message, waiting_message
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
 from servesweep.sweep.ray_actor import LoadFrom, SlotActor, on_node
 from servesweep.sweep.ray_slot import RaySlot
@@ -60,11 +66,12 @@ from servesweep.sweep.slot import (
     stop_timeout,
 )
 
-__all__ = ["RayConnection", "RayExecutor", "connect", "leave"]
+__all__ = ["RayConnection", "RayExecutor", "connect", "hold_node_leases", "leave"]
 
 _CONNECT_TIMEOUT_S = 10.0
 _CALL_TIMEOUT_S = 120.0
 _CLOSE_S = 10.0
+_LEASE_POLL_S = 0.5
 _SLOT_CONCURRENCY = 4
 """Calls a slot's actor serves at once: a command's stream, an interrupt, a ping."""
 
@@ -211,6 +218,92 @@ def _describe() -> dict[str, Any]:
     }
 
 
+# -- the run's leases on every node ----------------------------------------------------
+
+
+class LeaseHolder:
+    """Holds the run's leases on one node while the run lives (a Ray actor: Ray ends
+    it with the driver, and the locks end with it)."""
+
+    def __init__(self, owner: Holder) -> None:
+        self._lease = Lease(owner)
+
+    def take(self, resources: Sequence[Resource]) -> Busy | RemoteFailure | None:
+        try:
+            return self._lease.take(resources)
+        except OSError as exc:
+            return RemoteFailure.of(
+                ServesweepError(f"cannot take the run's leases in {self._lease.directory}: {exc}")
+            )
+
+    def release(self) -> None:
+        self._lease.release()
+
+
+_RemoteLeases = ray.remote(LeaseHolder)
+
+
+def hold_node_leases(
+    connection: RayConnection,
+    spec: SweepSpec,
+    ports: Sequence[int],
+    owner: Holder,
+    *,
+    wait: bool,
+    notify: Callable[[str], None],
+) -> Callable[[], None]:
+    """Take the run's leases (its slots' ports, each node's GPUs) on every node of the
+    cluster; returns what lets them go. ResourceBusy when another run holds one (with
+    ``wait``: waits, telling ``notify``)."""
+    actors: list[Any] = []
+
+    def release() -> None:
+        if ray.is_initialized():  # (once the run has left the cluster, Ray ended them)
+            for actor in actors:
+                with contextlib.suppress(Exception):  # Ray raises more than RayError here
+                    ray.get(actor.release.remote(), timeout=_CLOSE_S)
+                    ray.kill(actor)
+        actors.clear()
+
+    try:
+        for node in connection.nodes:
+            actor: Any = _RemoteLeases.options(
+                num_cpus=0, scheduling_strategy=on_node(node.node_id)
+            ).remote(owner)
+            actors.append(actor)
+            resources = resources_for(
+                ports,
+                node.gpus,
+                spec.server.gpu_backend,
+                connection.fake_gpu_dirs[node.node_id],
+                node_host(spec.server, connection.ips[node.node_id]),
+            )
+            last: Busy | None = None
+            while True:
+                try:
+                    answer: Busy | RemoteFailure | None = ray.get(
+                        actor.take.remote(resources), timeout=_CALL_TIMEOUT_S
+                    )
+                except RayError as exc:
+                    raise ServesweepError(
+                        f"cannot take the run's leases on node {node.name}: {short_error(str(exc))}"
+                    ) from None
+                if isinstance(answer, RemoteFailure):
+                    raise answer.error(f"node {node.name}")
+                if answer is None:
+                    break
+                if not wait:
+                    raise ResourceBusy(busy_message(answer, node.name))
+                if answer != last:
+                    notify(waiting_message(answer, node.name))
+                    last = answer
+                time.sleep(_LEASE_POLL_S)
+    except BaseException:
+        release()
+        raise
+    return release
+
+
 # -- work on a node that is not a slot's -------------------------------------------------
 
 
@@ -265,13 +358,11 @@ class RayExecutor:
         self.context = context
         self.events = events
         self.bench_from = bench_from
-        bind = "host" not in context.spec.server.model_fields_set
         self._contexts = {
             n.node_id: node_context(
                 context,
                 ip=connection.ips[n.node_id],
                 fake_gpu_dir=connection.fake_gpu_dirs[n.node_id],
-                bind_node_address=bind,
             )
             for n in connection.nodes
         }

@@ -127,7 +127,7 @@ class RaySlot:
                 self._put(events)
                 self._put(ray.get(self._actor.close.remote(), timeout=_CALL_TIMEOUT_S))
         except RayTaskError as exc:  # the node could not give the unit back
-            raise ServesweepError(f"on {self._node.name}: {short_error(str(exc))}") from exc
+            raise ServesweepError(f"on {self._node.name}: {_task_error(exc)}") from exc
         except RayError:
             pass  # the actor or its node is gone: nothing to give back there
         finally:
@@ -227,7 +227,7 @@ class RaySlot:
                 self._put(item)
         except RayTaskError as exc:  # a bug on the node: an internal error, not a loss
             self.error = RuntimeError(
-                f"slot {self.placement.slot} on {self._node.name}: {short_error(str(exc))}"
+                f"slot {self.placement.slot} on {self._node.name}: {_task_error(exc)}"
             )
             return str(self.error)
         except RayError as exc:
@@ -327,3 +327,12 @@ class RaySlot:
                 error=error,
             )
         )
+
+
+def _task_error(exc: RayTaskError) -> str:
+    """What a task on a node raised, said first: Ray's message opens with the worker's
+    process title and a traceback, which a long title would push past the cut."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) < 2:
+        return short_error(" ".join(lines))
+    return short_error(f"{lines[-1]} (in {lines[0]})")

@@ -170,6 +170,8 @@ class TrialOrder:
     prune: PrunePolicy | None = None
     """When set, the benchmark stops early once the trial can no longer win (see
     ``search.prune``): the outcome is ``pruned`` with the reason."""
+    number: int = 0
+    """The trial's number within its sweep, for people (0: use ``trial``)."""
 
 
 class _Pruned(Exception):
@@ -575,6 +577,7 @@ class SlotWorker:
             TrialStarted(
                 trial=order.trial,
                 seq=order.seq,
+                number=order.number or order.trial,
                 params=dict(order.params),
                 attempt=order.attempt,
                 at=time.time(),
@@ -593,6 +596,11 @@ class SlotWorker:
             model = self._bring_up(order, log_path)
             self._enter(order.trial, Phase.BENCH)
             self._bench(order, model)
+            for launch in range(1, self.context.spec.max_launches):
+                # measured again in a launch of its own: stop, release, start, ready
+                model = self._bring_up(order, log_path, fresh=True)
+                self._enter(order.trial, Phase.BENCH)
+                self._bench(order, model, launch)
         except TrialFailed as failure:
             outcome, failure_class, evidence = (
                 Outcome.FAILED,
@@ -645,12 +653,14 @@ class SlotWorker:
         self.current = CurrentInstance(order.trial, instance, info.model)
         return info.model, info.ready_s
 
-    def _bring_up(self, order: TrialOrder, log_path: Path) -> str:
-        """Stop, release, start, load, ready; or adopt a running instance of this launch."""
+    def _bring_up(self, order: TrialOrder, log_path: Path, *, fresh: bool = False) -> str:
+        """Stop, release, start, load, ready; or adopt a running instance of this launch
+        (never when ``fresh``: a configuration's next launch)."""
         argv, env, launch_fp = self.launch_of(order)
         current = self.current
         if (
-            current is not None
+            not fresh
+            and current is not None
             and current.instance.fingerprint == launch_fp
             and self.launcher.poll(current.instance) is None
         ):
@@ -706,12 +716,21 @@ class SlotWorker:
 
         return progress
 
-    def _bench(self, order: TrialOrder, model: str) -> None:
+    def _bench(self, order: TrialOrder, model: str, launch: int = 0) -> None:
+        """The workloads measured in launch ``launch`` of the configuration (all in the
+        first; in a later one those whose ``launches`` reach it)."""
         assert self.current is not None
         target = self._target(model)
         instance = self.current.instance
         measured: list[LevelResult] = []
-        left = sum(_levels(w) for w in self.workloads)
+        spec = self.context.spec
+        workloads = [w for w in self.workloads if spec.launches_of(w) > launch]
+        loads = [w for w in workloads if not w.is_eval and w.capacity is None]
+        if loads and loads[0].warmup == "auto":
+            # the launch's first load workload warms the fresh server until it settles
+            warm = loads[0].model_copy(update={"warmup": "launch"})
+            workloads = [warm if w is loads[0] else w for w in workloads]
+        left = sum(_levels(w) for w in workloads)
         pruned: list[str] = []
 
         def after_level(result: LevelResult) -> bool:
@@ -729,7 +748,7 @@ class SlotWorker:
                 return False
             return True
 
-        for workload in self.workloads:
+        for workload in workloads:
             self._check_cancel()
 
             def progress(message: str, name: str = workload.name) -> None:
@@ -748,6 +767,7 @@ class SlotWorker:
                 ) from exc
             self._check_cancel()
             # what was measured is kept, even when the server died during the workload
+            results = [replace(r, launch=launch) if launch else r for r in results]
             for result in results:
                 self.emit(LevelMeasured(trial=order.trial, result=result))
                 for warning in result.warnings:

@@ -9,17 +9,38 @@ machine; an instance on another machine is shown as recorded).
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.servers.launchers import make_launcher
+from servesweep.servers.ownership import lock_holder
 from servesweep.spec.load import load_sweep_text
-from servesweep.store import SweepRecord, TrialRecord, open_store
+from servesweep.spec.plan import KnownTrial
+from servesweep.store import Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.slot import this_node
 
-__all__ = ["format_status", "sweep_status"]
+__all__ = ["format_status", "known_trials", "sweep_status"]
+
+
+def known_trials(store: Store, name: str) -> tuple[dict[str, KnownTrial], int]:
+    """For ``servesweep plan``: the trials the latest sweep ``name`` already has (by
+    fingerprint: number, outcome, final) and the number the next new trial gets."""
+    sweep = store.latest_sweep(name)
+    if sweep is None:
+        return {}, 1
+    known = {}
+    for t in store.trials(sweep.id):
+        outcome = t.outcome.value
+        if t.failure_class is not None:
+            outcome += f" {t.failure_class.value}"
+        known[t.fingerprint] = KnownTrial(t.number, outcome, t.outcome.final)
+    return known, len(known) + 1
 
 
 def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
@@ -29,25 +50,47 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
         if sweep is None:
             raise ConfigError(f"no sweep{' named ' + repr(name) if name else ''} in {path}")
         trials = store.trials(sweep.id, in_plan_only=True)
+        removed = len(store.trials(sweep.id)) - len(trials)
+        lost = {e["trial"]: e for e in store.events(sweep.id, "node_lost") if e.get("trial")}
         live = store.live_instances(sweep.id)
+        others = []
+        if name is None:
+            for other in store.sweeps():
+                planned = store.trials(other.id, in_plan_only=True)
+                done = sum(1 for t in planned if t.outcome.final)
+                others.append({"id": other.id, "name": other.name, "trials": len(planned),
+                               "done": done})  # fmt: skip
     now = time.time()
-    rows = [_row(t, now) for t in trials]
+    holder = lock_holder(str(path))
+    rows = [_row(t, now, lost.get(t.id), holder is not None) for t in trials]
     return {
         "sweep": sweep.name,
         "id": sweep.id,
         "store": str(path),
+        "sweep_file": sweep.spec_path,
+        "run_pid": holder,
         "trials": rows,
+        "not_in_plan": removed,
         "instances": [_instance(sweep, t) for t in live],
+        "sweeps": others if len(others) > 1 else [],
     }
 
 
-def _row(t: TrialRecord, now: float) -> dict[str, Any]:
+def _row(
+    t: TrialRecord, now: float, lost: dict[str, Any] | None, run_alive: bool
+) -> dict[str, Any]:
     in_phase = None
     if t.outcome.value == "running" and t.phase is not None:
         started = t.phase_started.get(t.phase.value)
         in_phase = None if started is None else round(now - started, 1)
     return {
-        "trial": t.id,
+        "run_alive": run_alive if t.outcome.value == "running" else None,
+        "node_id": t.node_id or None,
+        "retried_after": (
+            f"node_lost on {lost.get('node') or '?'}" if lost and t.attempts > 1 else None
+        ),
+        "trial": t.number,
+        "id": t.id,
         "params": dict(t.params),
         "outcome": t.outcome.value,
         "phase": t.phase.value if t.phase else None,
@@ -65,7 +108,7 @@ def _instance(sweep: SweepRecord, trial: TrialRecord) -> dict[str, Any]:
     instance = trial.instance
     assert instance is not None
     return {
-        "trial": trial.id,
+        "trial": trial.number,
         "params": dict(trial.params),
         "node": instance.node or None,
         "pid": instance.main_pid,
@@ -78,10 +121,25 @@ def _instance(sweep: SweepRecord, trial: TrialRecord) -> dict[str, Any]:
     }
 
 
+def _on_this_machine(node: str) -> bool:
+    """Whether a record's node names this machine: its hostname, or one of its own
+    addresses (a cluster node started here, on a loopback or an interface address)."""
+    if node in ("", this_node(), socket.getfqdn()):
+        return True
+    try:
+        address = ipaddress.ip_address(node.split("#")[0])
+    except ValueError:
+        return False
+    if address.is_loopback:
+        return True
+    ours = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(address) in ours
+
+
 def _alive(sweep: SweepRecord, trial: TrialRecord) -> bool | None:
     """Whether the instance runs (None: it is on another machine, or cannot be told)."""
     instance = trial.instance
-    if instance is None or instance.node not in ("", this_node()):
+    if instance is None or not _on_this_machine(instance.node):
         return None
     try:
         spec = load_sweep_text(sweep.spec_text, sweep.spec_path).spec
@@ -95,22 +153,46 @@ def _alive(sweep: SweepRecord, trial: TrialRecord) -> bool | None:
 
 def format_status(status: dict[str, Any]) -> str:
     rows = status["trials"]
+    lines: list[str] = []
+    sweeps = status.get("sweeps") or []
+    if sweeps:
+        lines.append(f"{len(sweeps)} sweeps in {status['store']}:")
+        for s in sweeps:
+            lines.append(f"  #{s['id']}  {s['name']}: {s['done']}/{s['trials']} trials done")
+        lines.append(
+            f"showing the latest, {status['sweep']}; name its sweep file to see another "
+            "(servesweep status FILE)"
+        )
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
-    lines = [
+    lines += [
         f"sweep {status['sweep']} (#{status['id']}) in {status['store']}: "
         + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        + (
+            f"; {status['not_in_plan']} more no longer in the sweep file"
+            if status.get("not_in_plan")
+            else ""
+        )
     ]
+    # where each trial ran: on a cluster always, on one machine when it had several slots
     several = len({(r["node"], r["slot"]) for r in rows if r["slot"] is not None}) > 1
+    several = several or any(r.get("node_id") for r in rows)
     for row in rows:
         params = " ".join(f"{k}={v}" for k, v in row["params"].items()) or "(defaults)"
         line = f"  {row['trial']:>4}  {row['outcome']:<11} {params}"
         if several and row["slot"] is not None:
             gpus = ",".join(str(g) for g in row["gpus"])
             line += f"  @{row['node']}/{row['slot']}" + (f" gpus {gpus}" if gpus else "")
-        if row["outcome"] == "running":
+        if row["outcome"] == "running" and row.get("run_alive") is False:
+            line += (
+                f"  [was in {row['phase']}; the run that ran it has ended: run the same "
+                "command again to continue]"
+            )
+        elif row["outcome"] == "running":
             line += f"  [{row['phase']} {row['seconds_in_phase']}s]"
+        if row.get("retried_after"):
+            line += f"  (attempt {row['attempts']}, run again after {row['retried_after']})"
         if row["failure_class"]:
             line += f"  {row['failure_class']}: {row['message']}"
         lines.append(line)
@@ -128,4 +210,6 @@ def format_status(status: dict[str, Any]) -> str:
             f"  trial {inst['trial']} ({params}): {what} on {inst['node'] or 'this machine'} "
             f"port {inst['port']}" + (f" gpus {gpus}" if gpus else "") + f" — {state}"
         )
+    if any(inst["running"] is not False for inst in instances):
+        lines.append(f"  stop them: servesweep stop {status.get('sweep_file') or 'SWEEP_FILE'}")
     return "\n".join(lines)

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.errors import ConfigError, TrialFailed
+from servesweep.models import short_cmdline
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.release import wait_released
-from servesweep.spec.schema import parse_duration, parse_size
+from servesweep.spec.schema import WorkloadSpec, parse_duration, parse_size
 
 __all__ = ["doctor", "format_doctor", "parse_gpu_list", "wait_gpus"]
 
@@ -73,7 +74,7 @@ def wait_gpus(
         )
     except TrialFailed as failure:
         return False, f"GPUs {gpus} not free: {failure.evidence.message}" + "".join(
-            f"\n  {h.describe()}  {h.cmdline[:120]}" for h in failure.evidence.gpu_holders
+            f"\n  {h.describe()}  {short_cmdline(h.cmdline)}" for h in failure.evidence.gpu_holders
         )
     finally:
         probe.close()
@@ -87,23 +88,66 @@ def doctor(
 
     spec = None
     configs: list[dict[str, Any]] = []
+    workloads: list[WorkloadSpec] = []
+    store_id = ""
     if sweep_file is not None:
         from servesweep.spec.expand import expand_configs
         from servesweep.spec.load import load_sweep
-        from servesweep.sweep.orchestrator import fake_gpu_dir
+        from servesweep.sweep.orchestrator import fake_gpu_dir, store_path_for
 
         loaded = load_sweep(sweep_file)
         spec = loaded.spec.server
+        workloads = list(loaded.spec.workloads)
         configs = [dict(c.params) for c in expand_configs(loaded.spec)]
         if backend == "auto":
             backend = spec.gpu_backend
         # the sweep's fake GPUs, as `run` sees them (relative to the sweep file)
         fake_dir = fake_dir or fake_gpu_dir(loaded)
+        store_id = _store_id(store_path_for(loaded))
     probe = open_probe(backend, fake_dir)
     try:
-        return diagnose(spec, probe, configs)
+        report = diagnose(spec, probe, configs, store_id)
     finally:
         probe.close()
+    sandboxes, problems = _eval_sandboxes(workloads)
+    if sandboxes:
+        report["eval_sandbox"] = sandboxes
+    if problems:
+        report["problems"] = [*report.get("problems", []), *problems]
+    return report
+
+
+def _eval_sandboxes(workloads: list[WorkloadSpec]) -> tuple[dict[str, Any], list[str]]:
+    """Which backend runs each eval workload's generated code here and what it
+    does not protect; a setting that cannot run here is a problem."""
+    from servesweep.bench.evals.sandbox import describe
+
+    settings: dict[str, list[str]] = {}
+    for workload in workloads:
+        if workload.eval is not None:
+            settings.setdefault(workload.eval.sandbox, []).append(workload.name)
+    found: dict[str, Any] = {}
+    problems = []
+    for setting, names in settings.items():
+        found[", ".join(names)] = entry = describe(setting)
+        if entry.get("error"):
+            problems.append(f"eval workload {', '.join(names)}: {entry['error']}")
+    return found, problems
+
+
+def _store_id(path: Path) -> str:
+    """The id of the results database at ``path`` ('' when there is none yet): what
+    marks the instances this sweep left running as its own."""
+    from servesweep.errors import ServesweepError
+    from servesweep.store import open_store
+
+    if not path.exists():
+        return ""
+    try:
+        with open_store(path, readonly=True) as store:
+            return store.store_id
+    except ServesweepError:
+        return ""
 
 
 def format_doctor(report: dict[str, Any]) -> str:

@@ -26,9 +26,14 @@ Role = Literal["candidate", "judge"]
 _SANDBOX_DIR = "/sandbox"
 _WORK_DIR = "/tmp"
 _SCRIPTS = {
-    "candidate": ("wire.py", "confine.py", "sandboxed_candidate.py"),
-    "judge": ("wire.py", "confine.py", "sandboxed_judge.py"),
+    "candidate": ("wire.py", "confine.py", "rootfs.py", "sandboxed_candidate.py"),
+    "judge": ("wire.py", "confine.py", "rootfs.py", "sandboxed_judge.py"),
 }
+_TOPS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
+_UNSHARE = [
+    "setpriv", "--pdeathsig", "KILL", "--",  # dies with servesweep, and so does all below
+    "unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
+]  # fmt: skip
 
 
 def _interpreter(python: str | None) -> tuple[str, str]:
@@ -127,6 +132,19 @@ class Commands:
             argv = ["bwrap", *self.bwrap_args(folder)]
             argv += ["--", *py, f"{_SANDBOX_DIR}/{script}", f"{_SANDBOX_DIR}/job.json"]
             return Launch(argv, env, str(rundir), fds, user=uid)
+        if backend == "unshare":
+            # The process builds its own root (rootfs.py) as root in its new mount
+            # namespace, then drops to the run's uid (confine.py).
+            base = rundir / f"{role}-root"  # outside the folder /sandbox shows
+            base.mkdir(mode=0o700)
+            rootfs = {**self.rootfs_plan(folder), "base": str(base)}
+            job = {**job, "uid": uid, "gid": uid, "workdir": _WORK_DIR, "limits": limits}
+            job["rootfs"] = rootfs
+            (folder / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            self._own(folder, uid)
+            env |= {"HOME": _WORK_DIR, "TMPDIR": _WORK_DIR}
+            argv = [*_UNSHARE, *py, str(folder / script), str(folder / "job.json")]
+            return Launch(argv, env, "/", fds)
         work = folder / "work"
         work.mkdir()
         job = {**job, "uid": uid, "gid": uid, "workdir": str(work), "limits": limits}
@@ -134,9 +152,35 @@ class Commands:
         self._own(folder, uid)
         env |= {"HOME": str(work), "TMPDIR": str(work)}
         argv = [*py, str(folder / script), str(folder / "job.json")]
-        if backend == "unshare":
-            argv = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
         return Launch(argv, env, str(work), fds)
+
+    def _interpreter_dirs(self) -> list[str]:
+        """The interpreter's folders outside ``/usr`` (pyenv, conda...)."""
+        found: list[str] = []
+        for path in (self._prefix, os.path.dirname(self.python)):
+            if not any(path == m or path.startswith(m + "/") for m in ("/usr", *found)):
+                found.append(path)
+        return found
+
+    def rootfs_plan(self, folder: Path) -> dict[str, Any]:
+        """What :mod:`rootfs` mounts for the ``unshare`` backend: the same host
+        folders as :meth:`bwrap_args`, all read-only."""
+        binds: list[list[str]] = [["/usr", "/usr"]]
+        symlinks: list[list[str]] = []
+        for top in _TOPS:
+            if os.path.islink(top):
+                symlinks.append([os.readlink(top), top])
+            elif os.path.isdir(top):
+                binds.append([top, top])
+        if os.path.exists("/etc/ld.so.cache"):
+            binds.append(["/etc/ld.so.cache", "/etc/ld.so.cache"])
+        binds += [[path, path] for path in self._interpreter_dirs()]
+        return {
+            "binds": binds,
+            "symlinks": symlinks,
+            "folder": str(folder),
+            "tmpfs_bytes": self.limits.tmpfs_bytes,
+        }
 
     @staticmethod
     def _own(folder: Path, uid: int | None) -> None:
@@ -159,7 +203,7 @@ class Commands:
             "--setenv", "HOME", _WORK_DIR, "--setenv", "TMPDIR", _WORK_DIR,
             "--ro-bind", "/usr", "/usr",
         ]  # fmt: skip
-        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        for top in _TOPS:
             if os.path.islink(top):
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
@@ -168,9 +212,7 @@ class Commands:
         # The interpreter outside /usr (pyenv, conda...): bind it with traversable
         # parents in the sandbox's own root.
         made: set[str] = set()
-        for path in (self._prefix, os.path.dirname(self.python)):
-            if any(path == m or path.startswith(m + "/") for m in ("/usr", *made)):
-                continue
+        for path in self._interpreter_dirs():
             parent = Path(path).parent
             for up in reversed([parent, *parent.parents]):
                 if str(up) != "/" and str(up) not in made:

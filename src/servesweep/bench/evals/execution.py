@@ -28,7 +28,7 @@ __all__ = ["Launch", "execute"]
 _VERDICT_MAX = 65536
 _CHECK_S = 0.1
 _GRACE_S = 1.0
-_GATE = 'read -r go && exec "$@" </dev/null'
+_GATE = 'read -r go && exec "$@"'
 """Runs as the first process of a gated launch: waits until servesweep moved it
 into its cgroups, then becomes the real command (everything it starts stays in)."""
 
@@ -75,7 +75,9 @@ class _Proc:
             if launch.cgroup is not None:
                 launch.cgroup.join(self.popen.pid)
                 self.popen.stdin.write(b"go\n")
-            self.popen.stdin.close()
+                self.popen.stdin.flush()
+            # stdin stays open for the run: the sandboxed program's lifeline
+            # (confine.py), at its end only once servesweep is gone.
         except OSError:
             self.kill()
             self.popen.wait()

@@ -17,6 +17,8 @@ from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.bench.evals.suites import CodingTask, Task, TextTask, load_suite
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError
+from servesweep.intervals import DEFAULT_CONFIDENCE
+from servesweep.level_intervals import eval_intervals
 from servesweep.models import EvalTaskResult, LevelResult
 from servesweep.spec.schema import EvalSpec, WorkloadSpec
 
@@ -141,7 +143,8 @@ async def run_eval_workload(
     if sandbox is None:
         sandbox = Sandbox(
             SandboxLimits(timeout_s=spec.timeout),
-            allow_no_netns=spec.allow_no_netns,
+            host_filesystem=spec.sandbox == "host-filesystem",
+            backend="none" if spec.sandbox == "host-filesystem" else spec.sandbox,
             parallel=spec.parallel,
         )
     wall, started = time.time(), time.monotonic()
@@ -204,6 +207,8 @@ def _summarize(
             mc.EVAL_ERROR_RATE.name: errors / total if total else 0.0,
         },
         warnings=tuple(warnings),
+        intervals=eval_intervals(results, confidence=DEFAULT_CONFIDENCE),
+        confidence=DEFAULT_CONFIDENCE,
         info={
             "suite": suite,
             "status_counts": dict(sorted(counts.items())),
@@ -211,6 +216,7 @@ def _summarize(
             "tasks": len(per_task),
             "samples": spec.samples,
             "sandbox": sandbox.backend or "not used",
+            "sandbox_setting": spec.sandbox,
             **(
                 {
                     "sandbox_memory_limit": sandbox.memory_limit,

@@ -13,12 +13,17 @@ Each process gets:
 
 * no network: a new network namespace (bubblewrap ``bwrap --unshare-net``, else
   util-linux ``unshare --net``). Where neither works the sandbox refuses with
-  :class:`SandboxError` unless ``allow_no_netns`` is set;
-* its own PID namespace, so every process it starts dies with it;
-* with bwrap: a user namespace in which it cannot make further user namespaces
-  (``--disable-userns``, so no private mounts), a read-only view of only ``/usr``
-  and the interpreter, a private size-limited tmpfs as working directory and
-  ``HOME``, nothing else of the host;
+  :class:`SandboxError`; the ``none`` backend (no namespaces, the host's
+  filesystem and network) runs only when asked for by name with
+  ``host_filesystem=True`` (``eval.sandbox: host-filesystem``), never by ``auto``;
+* its own PID namespace, so every process it starts dies with it, and with
+  servesweep (bwrap ``--die-with-parent``; for unshare a parent-death signal on
+  ``unshare`` and on the namespace's first process, see :mod:`confine`);
+* its own root: a read-only view of only ``/usr`` and the interpreter, a private
+  size-limited tmpfs as working directory and ``HOME``, nothing else of the host
+  (bwrap; for unshare a mount namespace the process builds itself,
+  :mod:`rootfs`); no user namespaces of its own (bwrap ``--disable-userns``, for
+  unshare a chroot below the namespace's root), so no private mounts;
 * a scrubbed environment (``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` only);
 * when servesweep runs as root, a fresh unprivileged uid/gid per process and run,
   from its first instruction with bwrap;
@@ -53,13 +58,28 @@ from servesweep.bench.evals.execution import Launch, execute
 from servesweep.bench.evals.outcome import SandboxLimits, SandboxResult, decide
 from servesweep.errors import SandboxError
 
-__all__ = ["Backend", "Sandbox", "SandboxLimits", "SandboxResult"]
+__all__ = ["UNPROTECTED", "Backend", "Sandbox", "SandboxLimits", "SandboxResult", "describe"]
 
 _UID_RANGE = (1_900_000_000, 2_000_000_000)
 _SANDBOX_PIDS = 4
 """Processes of the sandbox itself in a run's pids cgroup (bwrap, its init)."""
-_PROBE_CANDIDATE = "import socket\n\ndef interfaces():\n    return socket.if_nameindex()\n"
-_PROBE_TEST = "def check(candidate):\n    assert [n for _, n in candidate()] == ['lo']\n"
+_PROBE_CANDIDATE = (
+    "import os, socket\n\n"
+    "def interfaces():\n"
+    "    return [n for _, n in socket.if_nameindex()], os.listdir('/tmp'), os.access('/', 2)\n"
+)
+_PROBE_TEST = "def check(candidate):\n    assert candidate() == (['lo'], [], False)\n"
+"""Only a loopback of its own, an empty private /tmp, a read-only root."""
+UNPROTECTED: dict[Backend, str] = {
+    "bwrap": "nothing of the threat model in docs/evals.md (with bubblewrap older than "
+    "0.8, generated code may make user namespaces)",
+    "unshare": "nothing of the threat model in docs/evals.md",
+    "none": "generated code sees and may change every file the run's uid can reach "
+    "(world-readable secrets, world-writable files, /tmp, /dev/shm), reaches the "
+    "network and the host's loopback, and a process it leaves in the background "
+    "outlives a servesweep killed with SIGKILL",
+}
+"""What each backend does not protect (docs/evals.md has the table)."""
 _PROBED: dict[tuple[Backend, int, str], str | None] = {}
 """Per (backend, euid, interpreter): None when it works, else why not."""
 
@@ -67,23 +87,24 @@ _PROBED: dict[tuple[Backend, int, str], str | None] = {}
 class Sandbox:
     """Runs candidate programs against their tests; see the module docstring.
 
-    ``backend="auto"`` takes bwrap, then unshare; ``"none"`` (no network
-    isolation) is used only with ``allow_no_netns=True``. ``parallel`` is the most
-    runs at once; ``python`` the interpreter for generated code (default: the base
-    interpreter of this one).
+    ``backend="auto"`` takes bwrap, then unshare (both: no view of the host's
+    files, no network); ``"none"`` (the host's filesystem and network) is used
+    only when asked for by name with ``host_filesystem=True``. ``parallel`` is the
+    most runs at once; ``python`` the interpreter for generated code (default: the
+    base interpreter of this one).
     """
 
     def __init__(
         self,
         limits: SandboxLimits | None = None,
         *,
-        allow_no_netns: bool = False,
+        host_filesystem: bool = False,
         backend: Literal["auto", "bwrap", "unshare", "none"] = "auto",
         parallel: int = 4,
         python: str | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
-        self.allow_no_netns = allow_no_netns
+        self.host_filesystem = host_filesystem
         self.requested = backend
         self._backend: Backend | None = None
         self._root = os.geteuid() == 0
@@ -120,6 +141,8 @@ class Sandbox:
     @property
     def nested_userns(self) -> bool:
         """Whether generated code may make user namespaces (and so private mounts)."""
+        if self._backend == "unshare":
+            return False  # it lives in a chroot, where the kernel refuses them
         return not (self._backend == "bwrap" and bwrap_can_disable_userns())
 
     @property
@@ -128,8 +151,9 @@ class Sandbox:
         found = []
         if self._backend == "none":
             found.append(
-                "generated code ran WITHOUT network isolation (eval.allow_no_netns: true); "
-                "install bubblewrap to isolate it"
+                "generated code ran with the host's filesystem and network "
+                f"(eval.sandbox: host-filesystem): {UNPROTECTED['none']}; "
+                "apt-get install bubblewrap to isolate it"
             )
         if self._prepared and self._cgroups is None:
             found.append(
@@ -164,12 +188,11 @@ class Sandbox:
         order: list[Backend]
         if self.requested == "auto":
             order = ["bwrap", "unshare"]
-            if self.allow_no_netns:
-                order.append("none")
-        elif self.requested == "none" and not self.allow_no_netns:
+        elif self.requested == "none" and not self.host_filesystem:
             raise SandboxError(
-                "the eval sandbox backend 'none' runs generated code with the host's "
-                "network; set eval.allow_no_netns: true to accept that"
+                "the eval sandbox backend 'none' lets generated code read and write the "
+                "host's files and network; apt-get install bubblewrap, or set "
+                "eval.sandbox: host-filesystem to accept that"
             )
         else:
             order = [self.requested]
@@ -186,9 +209,9 @@ class Sandbox:
         raise SandboxError(
             "cannot run generated code safely here ("
             + "; ".join(reasons)
-            + "). Install bubblewrap (apt-get install bubblewrap) or allow user "
-            "namespaces; or set eval.allow_no_netns: true to run it with the host's "
-            "network (unsafe)"
+            + "): apt-get install bubblewrap (and allow user namespaces), or set "
+            "eval.sandbox: host-filesystem to run it with the host's files and network "
+            "(unsafe)"
         )
 
     async def _probe(self, backend: Backend) -> str | None:
@@ -197,6 +220,8 @@ class Sandbox:
             return f"{tool} is not installed"
         if backend == "unshare" and not self._root:
             return "needs root (use bwrap, which works unprivileged)"
+        if backend == "unshare" and shutil.which("setpriv", path="/usr/bin:/bin") is None:
+            return "setpriv (util-linux) is not installed"
         test = _PROBE_TEST if backend != "none" else "def check(candidate):\n    candidate()\n"
         result = await self._run(backend, _PROBE_CANDIDATE, test, "interfaces", "")
         if result.status == "pass":
@@ -290,3 +315,27 @@ class Sandbox:
             if not group.remove():
                 self._stuck.append(group)
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def describe(setting: str) -> dict[str, Any]:
+    """What ``servesweep doctor`` says of an ``eval.sandbox`` setting here: the
+    backend that will run generated code (found as a run would: a real probe), what
+    it does not protect and what it cannot enforce; ``error`` when none can run."""
+    host = setting == "host-filesystem"
+    backend: Any = "none" if host else setting
+    box = Sandbox(backend=backend, host_filesystem=host, parallel=1)
+    try:
+        chosen = asyncio.run(box.start())
+        warnings = list(box.warnings)
+        memory = box.memory_limit
+    except SandboxError as exc:
+        return {"setting": setting, "backend": None, "error": str(exc)}
+    finally:
+        box.close()
+    return {
+        "setting": setting,
+        "backend": chosen,
+        "does_not_protect": UNPROTECTED[chosen],
+        "memory_limit": memory,
+        "warnings": warnings,
+    }

@@ -78,6 +78,18 @@
         width: params.coordSys.width, height: params.coordSys.height });
     return shape && { type: "rect", shape: shape, style: api.style() };
   }
+  function errorBar(params, api) {
+    var x = api.value(0);
+    var lo = api.coord([x, api.value(1)]);
+    var hi = api.coord([x, api.value(2)]);
+    var cap = 5;
+    var style = { stroke: api.visual("color"), lineWidth: 1.5 };
+    return { type: "group", children: [
+      { type: "line", shape: { x1: lo[0], y1: lo[1], x2: hi[0], y2: hi[1] }, style: style },
+      { type: "line", shape: { x1: lo[0] - cap, y1: lo[1], x2: lo[0] + cap, y2: lo[1] }, style: style },
+      { type: "line", shape: { x1: hi[0] - cap, y1: hi[1], x2: hi[0] + cap, y2: hi[1] }, style: style }
+    ] };
+  }
   function fromData(p) { return (p.data && p.data.text) || ""; }
   function decorate(spec) {
     var option = spec.option;
@@ -94,6 +106,7 @@
         s.label.formatter = fromData;
       }
       if (s.renderItem === "lane-bar") s.renderItem = laneBar;
+      if (s.renderItem === "error-bar") s.renderItem = errorBar;
       if (s.type === "scatter") s.itemStyle = Object.assign({ opacity: 1 }, s.itemStyle || {});
     });
     return option;

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from servesweep.errors import LaunchError
-from servesweep.models import InstanceRecord
+from servesweep.errors import LaunchError, TrialFailed
+from servesweep.models import Evidence, FailureClass, InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.engine_args import launch_command_text
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
@@ -136,6 +136,23 @@ def _signal_group(pgid: int | None, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def _not_runnable(request: LaunchRequest, exc: OSError, log_path: Path) -> TrialFailed:
+    program = request.argv[0]
+    missing = isinstance(exc, FileNotFoundError)
+    reason = "executable_not_found" if missing else "executable_not_runnable"
+    what = "does not exist" if missing else f"cannot be run ({exc.strerror or exc})"
+    return TrialFailed(
+        FailureClass.START_CRASH,
+        Evidence(
+            message=f"the server program {program!r} {what}: nothing was started "
+            "(check server.executable and PATH)",
+            reason=reason,
+            log_path=str(log_path),
+            details={"argv0": program, "errno": exc.errno},
+        ),
+    )
+
+
 class SubprocessLauncher:
     """Runs the server as a child process; see the module docstring."""
 
@@ -161,7 +178,11 @@ class SubprocessLauncher:
                     start_new_session=True,
                     close_fds=True,
                 )
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            # the configuration's program is not there (or not runnable): a start that
+            # failed with its evidence, not a fault of servesweep
+            raise _not_runnable(request, exc, log_path) from None
+        except ValueError as exc:
             raise LaunchError(
                 f"cannot run the server command {request.argv[0]!r}: {exc} "
                 "(check server.executable and PATH)"

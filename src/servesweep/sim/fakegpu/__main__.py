@@ -11,6 +11,7 @@ from types import FrameType
 
 from servesweep.fakegpu.store import FakeGpuDir, FakeGpuError, FakeOutOfMemory
 from servesweep.fakegpu.units import format_bytes, parse_size
+from servesweep.sim.helpstyle import click_style
 
 
 def _size(text: str) -> int:
@@ -50,7 +51,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     hold.add_argument("--mem", type=_size, required=True, help="bytes per GPU, e.g. 2GiB")
     hold.add_argument("--release-delay", type=float, default=0.0, help="seconds after exit")
     hold.add_argument("--truth", default=None, help="append ground-truth JSON lines here")
-    return p
+    return click_style(p)
 
 
 def _show(d: FakeGpuDir) -> None:

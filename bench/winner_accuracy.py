@@ -1,0 +1,266 @@
+"""How often a sweep names the wrong winner, per decision policy, and what it costs.
+
+A simulated landscape with a known truth stands in for an inference server: ``--configs``
+configurations of one engine whose true output throughput (concurrency 1) is known:
+the best at 300 tok/s, two more within 0.5-1.5 % of it (as good, for any purpose), two
+2.5-4 % behind it, the rest 5-30 % behind. A measured level is built request by
+request, as the load generator records it (``RequestSample``: TTFT, chunk times,
+tokens), with the noise a real server shows:
+
+- **between launches**: each launch of a configuration runs at a factor drawn from
+  N(1, ``--launch-sd``) (default 2 %: the H200 measured 1.9 % at c1 and 2.2 % at c4
+  across five launches of llama-server);
+- **within a launch**: each request's decode rate varies N(1, ``--request-sd``)
+  (default 6 %), each repeat of a level adds N(1, 0.5 %).
+
+Every policy reads the same measurements and decides through servesweep's own
+``find_best`` (intervals from ``servesweep.level_intervals``, the decision from
+``servesweep.report.uncertainty``):
+
+- ``mean``: one launch, one repeat, the highest mean wins (servesweep before intervals);
+- ``grid-repeats-3``: one launch, three repeats, the highest mean (the usual remedy);
+- ``intervals``: one launch, one repeat, ``best`` with intervals (a tie: the leader);
+- ``intervals+confirm``: as ``intervals``; then the tie set's leading candidates (at most
+  3) are relaunched, one launch each per round, and ``best`` decides again on all their
+  launches (successive elimination: a candidate decisively beaten leaves), until one
+  is left or the confirm budget is spent (``--confirm-launches`` extra launches; by
+  default as many as keep its GPU-hours within those of ``grid-repeats-3``). The
+  confirm phase is simulated here with servesweep's decision code; the driver does not
+  run it yet.
+
+A winner is **wrong** when its true throughput is more than 2 % below the true best.
+GPU-hours come from a model of a large deployment: 8 GPUs, 7 min to stop, release and
+load, 3 min per measured level. Numbers over ``--seeds`` seeds (Wilson 95 % interval
+of the wrong-winner rate).
+
+Run:  .venv/bin/python bench/winner_accuracy.py [--seeds 100] [--configs 12] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from servesweep.intervals import wilson
+from servesweep.level_intervals import level_intervals
+from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
+from servesweep.report.best import find_best
+from servesweep.store.records import SweepData, SweepRecord, TrialRecord
+
+GPUS = 8
+LAUNCH_MIN = 7.0
+"""Minutes to stop, release and load one configuration."""
+LEVEL_MIN = 3.0
+"""Minutes of one measured level."""
+REQUESTS = 32
+TOKENS = 24
+BEST = 300.0
+OBJECTIVE = "chat.c1.output_throughput"
+
+
+@dataclass
+class Noise:
+    launch_sd: float
+    request_sd: float
+    repeat_sd: float = 0.005
+
+
+def landscape(rng: random.Random, n: int) -> list[float]:
+    """True throughputs: the best, two as good, two just worse, the rest worse."""
+    out = [BEST]
+    out += [BEST * (1 - rng.uniform(0.005, 0.015)) for _ in range(2)]
+    out += [BEST * (1 - rng.uniform(0.025, 0.04)) for _ in range(2)]
+    out += [BEST * (1 - rng.uniform(0.05, 0.30)) for _ in range(n - 5)]
+    rng.shuffle(out)
+    return out
+
+
+def measure(
+    truth: float, launch_factor: float, repeat: int, launch: int, rng: random.Random, noise: Noise
+) -> LevelResult:
+    """One level at concurrency 1: requests one after another, TTFT 30 ms, one token
+    per chunk, each request's decode rate noisy."""
+    rate = truth * launch_factor * rng.gauss(1.0, noise.repeat_sd)
+    samples: list[RequestSample] = []
+    t = 0.0
+    tokens_total = 0
+    for i in range(REQUESTS):
+        duration = TOKENS / max(1.0, rate * rng.gauss(1.0, noise.request_sd))
+        ttft = min(0.5 * duration, max(0.005, rng.gauss(0.030, 0.003)))
+        gaps = (max(1e-5, (duration - ttft) / (TOKENS - 1)),) * (TOKENS - 1)
+        end = t + ttft + sum(gaps)
+        samples.append(
+            RequestSample(
+                index=i,
+                ok=True,
+                sent_at=t,
+                first_token_at=t + ttft,
+                finished_at=end,
+                prompt_tokens=64,
+                completion_tokens=TOKENS,
+                chunk_gaps=gaps,
+                chunk_tokens=(1,) * TOKENS,
+            )
+        )
+        tokens_total += TOKENS
+        t = end
+    metrics = {"output_throughput": tokens_total / t, "duration_s": t}
+    intervals = level_intervals(samples, duration_s=t, resamples=100)
+    keep = {"output_throughput": intervals["output_throughput"]}
+    return LevelResult(
+        "chat", "c1", repeat, metrics, intervals=keep, confidence=0.95, launch=launch
+    )
+
+
+def _trial(tid: int) -> TrialRecord:
+    return TrialRecord(
+        id=tid,
+        sweep_id=1,
+        seq=tid,
+        fingerprint=f"c{tid}",
+        params={"config": tid},
+        outcome=Outcome.OK,
+        instance=InstanceRecord(launcher="subprocess", pids=(1,), gpus=tuple(range(GPUS))),
+        attempts=1,
+    )
+
+
+def _data(results: dict[int, list[LevelResult]]) -> SweepData:
+    sweep = SweepRecord(1, "accuracy", "a.yaml", "", "h", 0.0, "0")
+    return SweepData(
+        sweep=sweep,
+        trials=tuple(_trial(t) for t in results),
+        results={t: tuple(r) for t, r in results.items()},
+    )
+
+
+def hours(launches: int, levels: int) -> float:
+    """GPU-hours of ``launches`` launches and ``levels`` measured levels."""
+    return (launches * LAUNCH_MIN + levels * LEVEL_MIN) * GPUS / 60
+
+
+def _launches(rng: random.Random, noise: Noise) -> float:
+    return rng.gauss(1.0, noise.launch_sd)
+
+
+@dataclass
+class Decision:
+    chosen: int
+    gpu_hours: float
+    launches: int
+    decided: bool
+
+
+def run_seed(
+    seed: int, n: int, noise: Noise, confirm_launches: int
+) -> tuple[list[float], dict[str, Decision]]:
+    rng = random.Random(seed)
+    truth = landscape(rng, n)
+    ids = list(range(1, n + 1))
+    # one launch of every configuration, three repeats in it (policies read 1 or 3)
+    first: dict[int, list[LevelResult]] = {}
+    for tid, true in zip(ids, truth, strict=True):
+        factor = _launches(rng, noise)
+        first[tid] = [measure(true, factor, r, 0, rng, noise) for r in range(3)]
+    out: dict[str, Decision] = {}
+    one = {t: [r[0]] for t, r in first.items()}
+    means = {t: r[0].metrics["output_throughput"] for t, r in one.items()}
+    out["mean"] = Decision(max(means, key=means.__getitem__), hours(n, n), n, True)
+    three = {
+        t: statistics.fmean(x.metrics["output_throughput"] for x in r) for t, r in first.items()
+    }
+    out["grid-repeats-3"] = Decision(max(three, key=three.__getitem__), hours(n, 3 * n), n, True)
+    best = find_best(_data(one), OBJECTIVE)
+    assert best.trial is not None
+    leader = best.ranking[0].trial.id
+    out["intervals"] = Decision(leader, hours(n, n), n, best.decided)
+    # confirm: relaunch the tie set's leaders until they separate or the budget is spent
+    results = {t: list(r) for t, r in one.items()}
+    extra = 0
+    live = [c.trial.id for c in (best.ranking[0], *best.ties)][:3] if not best.decided else []
+    launch_no = {t: 0 for t in ids}
+    decided = best.decided
+    chosen = leader
+    while len(live) > 1 and extra + len(live) <= confirm_launches:
+        for tid in live:
+            launch_no[tid] += 1
+            factor = _launches(rng, noise)
+            results[tid].append(measure(truth[tid - 1], factor, 0, launch_no[tid], rng, noise))
+            extra += 1
+        again = find_best(_data({t: results[t] for t in live}), OBJECTIVE)
+        assert again.winner is not None
+        chosen = again.ranking[0].trial.id
+        decided = again.decided
+        live = [c.trial.id for c in (again.ranking[0], *again.ties)]
+    out["intervals+confirm"] = Decision(chosen, hours(n + extra, n + extra), n + extra, decided)
+    return truth, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--configs", type=int, default=12)
+    parser.add_argument("--launch-sd", type=float, default=0.02)
+    parser.add_argument("--request-sd", type=float, default=0.06)
+    parser.add_argument(
+        "--confirm-launches",
+        type=int,
+        default=None,
+        help="extra launches the confirm phase may spend (default: what keeps the "
+        "GPU-hours within those of a grid with repeats: 3)",
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    noise = Noise(args.launch_sd, args.request_sd)
+    if args.confirm_launches is None:
+        # a grid with repeats 3 measures 2 more levels per configuration; one confirm
+        # launch costs a launch and a level
+        args.confirm_launches = int(2 * args.configs * LEVEL_MIN // (LAUNCH_MIN + LEVEL_MIN))
+    started = time.monotonic()
+    wrong: dict[str, int] = {}
+    hours: dict[str, list[float]] = {}
+    ties: dict[str, int] = {}
+    for seed in range(args.seeds):
+        truth, outcomes = run_seed(seed, args.configs, noise, args.confirm_launches)
+        top = max(truth)
+        for name, o in outcomes.items():
+            wrong[name] = wrong.get(name, 0) + (truth[o.chosen - 1] < 0.98 * top)
+            hours.setdefault(name, []).append(o.gpu_hours)
+            ties[name] = ties.get(name, 0) + (not o.decided)
+    rows: list[dict[str, Any]] = []
+    for name in wrong:
+        lo, hi = wilson(wrong[name], args.seeds) or (0.0, 0.0)
+        rows.append(
+            {
+                "policy": name,
+                "wrong_winners": wrong[name] / args.seeds,
+                "wrong_lo": lo,
+                "wrong_hi": hi,
+                "gpu_hours": statistics.fmean(hours[name]),
+                "undecided": ties[name] / args.seeds,
+            }
+        )
+    if args.json:
+        print(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        return
+    print(
+        f"{args.seeds} seeds, {args.configs} configurations, launch sd {args.launch_sd:.1%}, "
+        f"request sd {args.request_sd:.1%} ({time.monotonic() - started:.0f} s)"
+    )
+    print("| policy | wrong winners (95 % interval) | GPU-hours | left a tie |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['policy']} | {r['wrong_winners']:.1%} "
+            f"({r['wrong_lo']:.1%}..{r['wrong_hi']:.1%}) "
+            f"| {r['gpu_hours']:.1f} | {r['undecided']:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Deciding with uncertainty: is one configuration really better, is a constraint
+really met.
+
+:mod:`servesweep.report.best` ranks; this module says what the ranking is worth:
+
+- :func:`margin`: how far one candidate leads another on one objective, against the
+  uncertainty of the difference (the two intervals combined) and the practical
+  threshold (:attr:`Rules.threshold`, default 1 %). A lead is *decisive* only when it
+  is beyond both; otherwise the two are tied.
+- :func:`tie_set`: the candidates the leader does not decisively beat, objective by
+  objective (a later objective can separate what an earlier one left tied).
+- :func:`prefer`: among tied candidates, the cheaper one (fewer GPUs, then less GPU
+  memory, then lower latency; :attr:`Rules.prefer` orders these), with the reason
+  in one line.
+- :func:`judge`: a constraint judged with the value's interval: ``met`` (the whole
+  interval satisfies it), ``violated`` (none of it does) or ``uncertain`` (the
+  interval straddles the limit), with what it would take to decide.
+
+A value without an interval (a sweep file metric like ``load_s``, a synthetic
+result) counts as exact: the threshold alone decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servesweep.intervals import DEFAULT_CONFIDENCE, standard_error, z_quantile
+from servesweep.report.data import MetricStats
+from servesweep.report.numbers import format_number
+from servesweep.spec.constraints import Constraint
+
+__all__ = [
+    "COSTS",
+    "DEFAULT_THRESHOLD",
+    "Margin",
+    "Rules",
+    "Verdict",
+    "judge",
+    "margin",
+    "prefer",
+    "rescaled",
+    "tie_set",
+]
+
+DEFAULT_THRESHOLD = 0.01
+COSTS: tuple[str, ...] = ("gpus", "memory", "latency")
+"""What "cheaper" weighs, in the default order of :attr:`Rules.prefer`."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How ``best`` decides (the sweep file's ``decision``)."""
+
+    confidence: float = DEFAULT_CONFIDENCE
+    threshold: float = DEFAULT_THRESHOLD
+    """The smallest relative lead that counts (0.01: 1 %)."""
+    prefer: tuple[str, ...] = COSTS
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any] | None) -> Rules:
+        """From the sweep file's ``decision`` (as a dict); defaults for what it leaves out."""
+        if not spec:
+            return cls()
+        return cls(
+            confidence=float(spec.get("confidence", DEFAULT_CONFIDENCE)),
+            threshold=float(spec.get("threshold", DEFAULT_THRESHOLD)),
+            prefer=tuple(spec.get("prefer", COSTS)),
+        )
+
+
+def _se(stats: MetricStats) -> float | None:
+    if stats.lo is None or stats.hi is None:
+        return None
+    return standard_error(stats.lo, stats.hi, stats.confidence or DEFAULT_CONFIDENCE)
+
+
+def rescaled(stats: MetricStats, confidence: float) -> tuple[float, float] | None:
+    """The interval of ``stats`` at ``confidence``: as measured when the confidence is
+    the measured one, else symmetric around the mean from its standard error."""
+    if stats.lo is None or stats.hi is None:
+        return None
+    if confidence == (stats.confidence or DEFAULT_CONFIDENCE):
+        return stats.lo, stats.hi
+    se = _se(stats) or 0.0
+    half = z_quantile(confidence) * se
+    return stats.mean - half, stats.mean + half
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far ``a`` leads ``b`` on one objective (negative: it trails)."""
+
+    lead: float
+    """``a - b`` in the better direction."""
+    relative: float
+    """``lead / |b|``."""
+    uncertainty: float | None
+    """Half width of the difference's interval (None: neither value has one)."""
+    threshold: float
+    confidence: float
+
+    @property
+    def beyond_noise(self) -> bool:
+        return self.lead > (self.uncertainty or 0.0)
+
+    @property
+    def practical(self) -> bool:
+        return self.relative > self.threshold
+
+    @property
+    def decisive(self) -> bool:
+        return self.beyond_noise and self.practical
+
+    def describe(self) -> str:
+        """``leads by 2.3 % (±0.8 % at 95 %)``, saying what keeps it from deciding."""
+        text = f"leads by {self.relative:.1%}"
+        if self.uncertainty is not None and self.lead != 0:
+            rel = self.uncertainty / abs(self.lead) * abs(self.relative)
+            text += f" (±{rel:.1%} at {self.confidence:.0%})"
+        if not self.beyond_noise:
+            text += ", within its uncertainty"
+        elif not self.practical:
+            text += f", below the {self.threshold:.0%} threshold"
+        return text
+
+
+def margin(a: MetricStats, b: MetricStats, direction: str, rules: Rules) -> Margin:
+    """How far ``a`` leads ``b`` (``direction`` ``max`` or ``min``) under ``rules``."""
+    lead = a.mean - b.mean if direction == "max" else b.mean - a.mean
+    base = abs(b.mean)
+    relative = lead / base if base > 0 else (math.inf if lead > 0 else 0.0)
+    ses = [s for s in (_se(a), _se(b)) if s is not None]
+    uncertainty = z_quantile(rules.confidence) * math.sqrt(sum(s * s for s in ses)) if ses else None
+    return Margin(lead, relative, uncertainty, rules.threshold, rules.confidence)
+
+
+def tie_set(
+    ranked: Sequence[Any],
+    stats_of: Callable[[Any, int], MetricStats],
+    dirs: Sequence[str],
+    rules: Rules,
+) -> tuple[list[Any], list[tuple[Any, Margin]]]:
+    """The candidates tied with the leader, leader first, in ranking order; and, for
+    each candidate the leader beat decisively, on which objective's margin.
+
+    ``ranked`` is best first by the means; ``stats_of(candidate, k)`` the stats of
+    objective ``k``. Objective by objective, the leader of those still tied keeps the
+    ones it does not decisively beat."""
+    tied = list(ranked)
+    beaten: list[tuple[Any, Margin]] = []
+    for k, direction in enumerate(dirs):
+        if len(tied) < 2:
+            break
+        leader = max(
+            tied,
+            key=lambda c: (
+                stats_of(c, k).mean if direction == "max" else -stats_of(c, k).mean,
+                -tied.index(c),
+            ),
+        )
+        keep = [leader]
+        for cand in tied:
+            if cand is leader:
+                continue
+            m = margin(stats_of(leader, k), stats_of(cand, k), direction, rules)
+            if m.decisive:
+                beaten.append((cand, m))
+            else:
+                keep.append(cand)
+        tied = sorted(keep, key=ranked.index)
+    return tied, beaten
+
+
+def prefer(
+    tied: Sequence[Any],
+    costs: Mapping[str, Callable[[Any], float | None]],
+    rules: Rules,
+) -> tuple[Any, str]:
+    """The cheapest of ``tied`` (ranking order breaks what the costs leave equal) and
+    why, in words: ``fewest GPUs (1 against 2)``. ``costs[name](candidate)`` is the
+    candidate's cost (None: unknown, never cheaper)."""
+
+    def key(cand: Any) -> tuple[float, ...]:
+        out = []
+        for name in rules.prefer:
+            value = costs[name](cand) if name in costs else None
+            out.append(math.inf if value is None else value)
+        return (*out, float(tied.index(cand)))
+
+    chosen = min(tied, key=key)
+    first = tied[0]
+    if chosen is first:
+        return chosen, "the leader on the objective"
+    words = {"gpus": "fewest GPUs", "memory": "least GPU memory", "latency": "lowest latency"}
+    for name in rules.prefer:
+        fn = costs.get(name)
+        if fn is None:
+            continue
+        mine, theirs = fn(chosen), fn(first)
+        if mine is not None and (theirs is None or mine < theirs):
+            return chosen, (
+                f"{words.get(name, name)} ({format_number(mine)} against "
+                f"{format_number(theirs)} for the leader)"
+            )
+    return chosen, "first in run order"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A constraint judged with the interval of its value."""
+
+    state: str
+    """``met``, ``violated`` or ``uncertain``."""
+    value: float
+    lo: float | None = None
+    hi: float | None = None
+    advice: str = ""
+    """What would decide an uncertain one."""
+
+    def describe(self) -> str:
+        shown = format_number(self.value)
+        if self.lo is not None and self.hi is not None:
+            shown += f" ({format_number(self.lo)}..{format_number(self.hi)})"
+        return f"{shown} ({self.state}{': ' + self.advice if self.advice else ''})"
+
+
+def judge(con: Constraint, stats: MetricStats, rules: Rules) -> Verdict:
+    """``con`` judged on ``stats``: by the mean, and by the interval at
+    ``rules.confidence`` whether that judgement is certain."""
+    bounds = rescaled(stats, rules.confidence)
+    value = stats.mean
+    ok = bool(con.check(value))
+    if bounds is None or con.op in ("==", "!="):
+        # an equality is a fact about what was counted (error_rate == 0), not a bound
+        return Verdict("met" if ok else "violated", value)
+    lo, hi = bounds
+    ends = [bool(con.check(lo)), bool(con.check(hi))]
+    if all(ends):
+        return Verdict("met", value, lo, hi)
+    if not any(ends):
+        return Verdict("violated", value, lo, hi)
+    distance = abs(value - con.value)
+    half = (hi - value) if (con.value > value) else (value - lo)
+    if distance <= 0 or half <= 0:
+        advice = "the value is at the limit: no amount of measuring decides it"
+    else:
+        factor = (half / distance) ** 2
+        advice = (
+            f"{'passes' if ok else 'fails'} by the mean; about {factor:.1f}x the requests, "
+            "samples or repeats would decide it"
+        )
+    return Verdict("uncertain", value, lo, hi, advice)
