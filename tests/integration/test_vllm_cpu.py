@@ -18,9 +18,10 @@ once):
 6. ngram speculative decoding: acceptance from vLLM's ``vllm:spec_decode_*`` counters,
    the source recorded in the results and the JSON report.
 
-The sweep runs with ``--keep-running``. Then ``servesweep doctor`` (flags checked with
-vLLM's own parser; and, on a copy of the environment without the ``vllm`` distribution
-record, that ``vllm serve`` would fail), ``servesweep best`` (labels), ``servesweep
+The sweep runs with ``--keep-running``. ``servesweep doctor`` on the same
+configurations (a file of its own: doctor starts nothing; flags checked with vLLM's own
+parser; and, on a copy of the environment without the ``vllm`` distribution record,
+that ``vllm serve`` would fail), ``servesweep best`` (labels), ``servesweep
 bench`` against the instance left running, ``servesweep apply --best`` (which adopts it
 when it is the best) and stopping what it runs, and ``python -m
 vllm.entrypoints.openai.api_server`` (the model as ``--model``) started by ``apply
