@@ -216,6 +216,13 @@ class Reach:
     """Configurations the memory prediction did not launch, before the best."""
     skipped_feasible: int = 0
     """Of those, configurations that would have fit (the predictor's false alarms)."""
+    skipped_winners: int = 0
+    """Of those, configurations that meet the constraint too (a near-best one or not):
+    false alarms that could have cost the search something."""
+    hours: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Where the GPU-hours up to the best went: OOM crashes, configurations that miss
+    the constraint, other feasible configurations (the exploration), the trial that
+    reached the best."""
 
 
 class Predictor:
@@ -264,7 +271,8 @@ def run_search(
     predictor = Predictor(spec) if predict else None
     rng = random.Random(f"noise:{seed}")
     clock = gpu_seconds = own = 0.0
-    pruned = failed = launched = skipped = false_alarms = 0
+    pruned = failed = launched = skipped = false_alarms = winners_skipped = 0
+    hours = [0.0, 0.0, 0.0, 0.0]
     for seq in itertools.count(1):
         started = time.perf_counter()
         config = engine.ask()
@@ -279,12 +287,16 @@ def run_search(
                 own += time.perf_counter() - started
                 skipped += 1
                 false_alarms += not TRUTH[_key(config.params)].oom
+                winners_skipped += TRUTH[_key(config.params)].feasible
                 continue
             own += time.perf_counter() - started
         launched += 1
         record, results, seconds = run_trial(engine, seq, config, clock, rng)
         clock += seconds
         gpu_seconds += seconds * GPUS
+        t, reached = TRUTH[_key(config.params)], _key(config.params) in NEAR_BEST
+        where = 0 if t.oom else 1 if not t.feasible else 3 if reached else 2
+        hours[where] += seconds * GPUS / 3600
         started = time.perf_counter()
         engine.tell(record, results)
         if predictor is not None and record.outcome is not Outcome.FAILED:
@@ -292,14 +304,18 @@ def run_search(
         own += time.perf_counter() - started
         pruned += record.outcome is Outcome.PRUNED
         failed += record.outcome is Outcome.FAILED
+        if record.outcome is not Outcome.OK and where == 3:
+            hours[2] += hours[3]  # a near-best one pruned by the noise: not reached yet
+            hours[3] = 0.0
         if record.outcome is Outcome.OK and _key(config.params) in NEAR_BEST:
             return Reach(
                 strategy, seed, launched, gpu_seconds / 3600, launched, pruned, failed, own,
-                failed, skipped, false_alarms,
+                failed, skipped, false_alarms, winners_skipped, (*hours,),
             )  # fmt: skip
     return Reach(
-        strategy, seed, None, None, launched, pruned, failed, own, failed, skipped, false_alarms
-    )
+        strategy, seed, None, None, launched, pruned, failed, own, failed, skipped, false_alarms,
+        winners_skipped, (*hours,),
+    )  # fmt: skip
 
 
 def grid_cost() -> float:
@@ -311,6 +327,10 @@ def grid_cost() -> float:
         else:
             total += STOP_RELEASE_S + LOAD_S + sum(s for _, s in LEVELS)
     return total * GPUS / 3600
+
+
+HOURS = ("oom crashes", "constraint missed", "exploration", "the reaching trial")
+"""Where a strategy's GPU-hours up to the best go (:attr:`Reach.hours`)."""
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -338,6 +358,14 @@ def summarize(reaches: Sequence[Reach], full: float) -> dict[str, Any]:
         "oom_started_max": max(r.oom_started for r in reaches),
         "skipped_median": statistics.median(r.skipped for r in reaches),
         "skipped_feasible_total": sum(r.skipped_feasible for r in reaches),
+        "skipped_winners_total": sum(r.skipped_winners for r in reaches),
+        "hours_mean": dict(
+            zip(
+                HOURS,
+                (statistics.mean(r.hours[i] for r in reaches) for i in range(len(HOURS))),
+                strict=True,
+            )
+        ),
     }
 
 
@@ -469,6 +497,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{s['oom_started_median']:>15} {s['oom_started_p90']:>4} {s['oom_started_max']:>4} "
             f"{s['skipped_median']:>11} {s['skipped_feasible_total']:>11}"
         )
+    print()
+    print("GPU-h per seed up to the best, mean, by where they went (false skips: fit / met")
+    print("the constraint too):")
+    print(f"{'strategy':<15} " + " ".join(f"{h:>18}" for h in HOURS) + f" {'false skips':>12}")
+    for strategy, data in out["search"].items():
+        s = data["summary"]
+        parts = " ".join(f"{v:>18.2f}" for v in s["hours_mean"].values())
+        skips = f"{s['skipped_feasible_total']}/{s['skipped_winners_total']}"
+        print(f"{strategy:<15} {parts} {skips:>12}")
     print()
     print(
         f"{'capacity case':<32} {'within 5% in <=8':>16} {'levels mean':>11} {'max':>4} "
