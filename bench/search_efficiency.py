@@ -16,7 +16,10 @@ settings (never the landscape's truth), a configuration predicted not to fit by 
 than the margin is skipped (``predicted_oom``, no GPU time) and told to the search as
 infeasible, and every configuration that came up calibrates the predictor with the
 figures the engine prints while loading. ``oom_started`` counts the OOM crashes
-launched before the best was reached.
+launched before the best was reached. Rows ``NAME+oracle`` (``--strategies
+tpe+oracle``) skip exactly the configurations that do not fit, from the landscape's
+truth: what a perfect predictor would give. A second table splits the GPU-hours up to
+the best by where they went.
 
 Every strategy runs through :class:`servesweep.search.Search` exactly as the driver
 calls it (ask, run the levels c1, c8, c32 with :func:`prune_reason` after each, tell),
@@ -250,6 +253,17 @@ class Predictor:
         self.model.learn(self.calibrator.add(predicted, measured, applied))
 
 
+class Oracle(Predictor):
+    """The landscape's own memory truth as the prediction (rows ``NAME+oracle``): every
+    OOM skipped, nothing else; a bound on what any memory predictor can give."""
+
+    def skip(self, config: ServerConfig) -> Evidence | None:
+        super().skip(config)
+        if not TRUTH[_key(config.params)].oom:
+            return None
+        return Evidence(message="the landscape's truth: it does not fit", reason="predicted_oom")
+
+
 def _skipped(seq: int, config: ServerConfig, evidence: Evidence, clock: float) -> TrialRecord:
     return TrialRecord(
         id=seq,
@@ -264,11 +278,16 @@ def _skipped(seq: int, config: ServerConfig, evidence: Evidence, clock: float) -
 
 
 def run_search(
-    strategy: str, seed: int, predict: bool = False, predict_mode: str = "auto", **search: Any
+    strategy: str,
+    seed: int,
+    predict: bool = False,
+    predict_mode: str = "auto",
+    oracle: bool = False,
+    **search: Any,
 ) -> Reach:
     spec = sweep_spec(strategy, seed, predict=predict_mode, **search)
     engine = Search.create(spec, [])
-    predictor = Predictor(spec) if predict else None
+    predictor = (Oracle if oracle else Predictor)(spec) if predict or oracle else None
     rng = random.Random(f"noise:{seed}")
     clock = gpu_seconds = own = 0.0
     pruned = failed = launched = skipped = false_alarms = winners_skipped = 0
@@ -434,7 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--strategies",
         default="grid,random,tpe,grid+predict,random+predict,tpe+predict",
-        help="strategies; NAME+predict runs NAME through the memory prediction",
+        help="strategies; NAME+predict runs NAME through the memory prediction, "
+        "NAME+oracle with the landscape's memory truth as the prediction",
     )
     parser.add_argument(
         "--startup",
@@ -458,13 +478,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[tuple[str, str, dict[str, Any]]] = []
     for name in (s for s in args.strategies.split(",") if s):
         base, _, flag = name.partition("+")
-        runs.append((name, base, {"predict": True} if flag == "predict" else {}))
+        runs.append((name, base, {flag: True} if flag in ("predict", "oracle") else {}))
     runs += [
         (f"tpe/s={n}", "tpe", {"startup_trials": int(n)}) for n in args.startup.split(",") if n
     ]
     for label, strategy, settings in runs:
         seeds = [0] if strategy == "grid" else list(range(args.seeds))
-        if strategy == "grid" and settings.get("predict"):
+        if strategy == "grid" and (settings.get("predict") or settings.get("oracle")):
             settings = {**settings, "predict_mode": "skip"}
         reaches = [run_search(strategy, seed, **settings) for seed in seeds]
         out["search"][label] = {
