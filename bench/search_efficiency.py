@@ -4,7 +4,7 @@ A simulated landscape stands in for an inference server: 48 configurations over 
 vLLM params (``max-num-seqs`` 4 values x ``max-num-batched-tokens`` 4 x
 ``speculative_config.num_speculative_tokens`` 3), the memory of a vLLM-like engine
 serving a 7.6 B model with an EAGLE-style draft on a 24 GiB GPU (bench/landscape_memory.py)
-under which 12 of them fail with CUDA OOM while loading, a latency model under which
+under which 15 of them fail with CUDA OOM while loading, a latency model under which
 more miss the constraint ``chat.c1.ttft_p99_ms < 200``, and an output throughput at
 concurrency 8 (the objective) whose ground truth is known. The best feasible
 configuration sits next to the OOM cliff and the constraint.
@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--strategies",
-        default="grid,random,tpe,grid+predict,random+predict,tpe+predict",
+        default="grid,random,tpe,grid+predict,random+predict,tpe+predict,random+oracle,tpe+oracle",
         help="strategies; NAME+predict runs NAME through the memory prediction, "
         "NAME+oracle with the landscape's memory truth as the prediction",
     )
