@@ -4,7 +4,7 @@ A simulated landscape stands in for an inference server: 48 configurations over 
 vLLM params (``max-num-seqs`` 4 values x ``max-num-batched-tokens`` 4 x
 ``speculative_config.num_speculative_tokens`` 3), the memory of a vLLM-like engine
 serving a 7.6 B model with an EAGLE-style draft on a 24 GiB GPU (bench/landscape_memory.py)
-under which 12 of them fail with CUDA OOM while loading, a latency model under which
+under which 15 of them fail with CUDA OOM while loading, a latency model under which
 more miss the constraint ``chat.c1.ttft_p99_ms < 200``, and an output throughput at
 concurrency 8 (the objective) whose ground truth is known. The best feasible
 configuration sits next to the OOM cliff and the constraint.
@@ -16,7 +16,10 @@ settings (never the landscape's truth), a configuration predicted not to fit by 
 than the margin is skipped (``predicted_oom``, no GPU time) and told to the search as
 infeasible, and every configuration that came up calibrates the predictor with the
 figures the engine prints while loading. ``oom_started`` counts the OOM crashes
-launched before the best was reached.
+launched before the best was reached. Rows ``NAME+oracle`` (``--strategies
+tpe+oracle``) skip exactly the configurations that do not fit, from the landscape's
+truth: what a perfect predictor would give. A second table splits the GPU-hours up to
+the best by where they went.
 
 Every strategy runs through :class:`servesweep.search.Search` exactly as the driver
 calls it (ask, run the levels c1, c8, c32 with :func:`prune_reason` after each, tell),
@@ -216,6 +219,13 @@ class Reach:
     """Configurations the memory prediction did not launch, before the best."""
     skipped_feasible: int = 0
     """Of those, configurations that would have fit (the predictor's false alarms)."""
+    skipped_winners: int = 0
+    """Of those, configurations that meet the constraint too (a near-best one or not):
+    false alarms that could have cost the search something."""
+    hours: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Where the GPU-hours up to the best went: OOM crashes, configurations that miss
+    the constraint, other feasible configurations (the exploration), the trial that
+    reached the best."""
 
 
 class Predictor:
@@ -243,6 +253,17 @@ class Predictor:
         self.model.learn(self.calibrator.add(predicted, measured, applied))
 
 
+class Oracle(Predictor):
+    """The landscape's own memory truth as the prediction (rows ``NAME+oracle``): every
+    OOM skipped, nothing else; a bound on what any memory predictor can give."""
+
+    def skip(self, config: ServerConfig) -> Evidence | None:
+        super().skip(config)
+        if not TRUTH[_key(config.params)].oom:
+            return None
+        return Evidence(message="the landscape's truth: it does not fit", reason="predicted_oom")
+
+
 def _skipped(seq: int, config: ServerConfig, evidence: Evidence, clock: float) -> TrialRecord:
     return TrialRecord(
         id=seq,
@@ -257,14 +278,20 @@ def _skipped(seq: int, config: ServerConfig, evidence: Evidence, clock: float) -
 
 
 def run_search(
-    strategy: str, seed: int, predict: bool = False, predict_mode: str = "auto", **search: Any
+    strategy: str,
+    seed: int,
+    predict: bool = False,
+    predict_mode: str = "auto",
+    oracle: bool = False,
+    **search: Any,
 ) -> Reach:
     spec = sweep_spec(strategy, seed, predict=predict_mode, **search)
     engine = Search.create(spec, [])
-    predictor = Predictor(spec) if predict else None
+    predictor = (Oracle if oracle else Predictor)(spec) if predict or oracle else None
     rng = random.Random(f"noise:{seed}")
     clock = gpu_seconds = own = 0.0
-    pruned = failed = launched = skipped = false_alarms = 0
+    pruned = failed = launched = skipped = false_alarms = winners_skipped = 0
+    hours = [0.0, 0.0, 0.0, 0.0]
     for seq in itertools.count(1):
         started = time.perf_counter()
         config = engine.ask()
@@ -279,12 +306,16 @@ def run_search(
                 own += time.perf_counter() - started
                 skipped += 1
                 false_alarms += not TRUTH[_key(config.params)].oom
+                winners_skipped += TRUTH[_key(config.params)].feasible
                 continue
             own += time.perf_counter() - started
         launched += 1
         record, results, seconds = run_trial(engine, seq, config, clock, rng)
         clock += seconds
         gpu_seconds += seconds * GPUS
+        t, reached = TRUTH[_key(config.params)], _key(config.params) in NEAR_BEST
+        where = 0 if t.oom else 1 if not t.feasible else 3 if reached else 2
+        hours[where] += seconds * GPUS / 3600
         started = time.perf_counter()
         engine.tell(record, results)
         if predictor is not None and record.outcome is not Outcome.FAILED:
@@ -292,14 +323,18 @@ def run_search(
         own += time.perf_counter() - started
         pruned += record.outcome is Outcome.PRUNED
         failed += record.outcome is Outcome.FAILED
+        if record.outcome is not Outcome.OK and where == 3:
+            hours[2] += hours[3]  # a near-best one pruned by the noise: not reached yet
+            hours[3] = 0.0
         if record.outcome is Outcome.OK and _key(config.params) in NEAR_BEST:
             return Reach(
                 strategy, seed, launched, gpu_seconds / 3600, launched, pruned, failed, own,
-                failed, skipped, false_alarms,
+                failed, skipped, false_alarms, winners_skipped, (*hours,),
             )  # fmt: skip
     return Reach(
-        strategy, seed, None, None, launched, pruned, failed, own, failed, skipped, false_alarms
-    )
+        strategy, seed, None, None, launched, pruned, failed, own, failed, skipped, false_alarms,
+        winners_skipped, (*hours,),
+    )  # fmt: skip
 
 
 def grid_cost() -> float:
@@ -311,6 +346,10 @@ def grid_cost() -> float:
         else:
             total += STOP_RELEASE_S + LOAD_S + sum(s for _, s in LEVELS)
     return total * GPUS / 3600
+
+
+HOURS = ("oom crashes", "constraint missed", "exploration", "the reaching trial")
+"""Where a strategy's GPU-hours up to the best go (:attr:`Reach.hours`)."""
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -338,6 +377,14 @@ def summarize(reaches: Sequence[Reach], full: float) -> dict[str, Any]:
         "oom_started_max": max(r.oom_started for r in reaches),
         "skipped_median": statistics.median(r.skipped for r in reaches),
         "skipped_feasible_total": sum(r.skipped_feasible for r in reaches),
+        "skipped_winners_total": sum(r.skipped_winners for r in reaches),
+        "hours_mean": dict(
+            zip(
+                HOURS,
+                (statistics.mean(r.hours[i] for r in reaches) for i in range(len(HOURS))),
+                strict=True,
+            )
+        ),
     }
 
 
@@ -405,8 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--strategies",
-        default="grid,random,tpe,grid+predict,random+predict,tpe+predict",
-        help="strategies; NAME+predict runs NAME through the memory prediction",
+        default="grid,random,tpe,grid+predict,random+predict,tpe+predict,random+oracle,tpe+oracle",
+        help="strategies; NAME+predict runs NAME through the memory prediction, "
+        "NAME+oracle with the landscape's memory truth as the prediction",
     )
     parser.add_argument(
         "--startup",
@@ -430,13 +478,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[tuple[str, str, dict[str, Any]]] = []
     for name in (s for s in args.strategies.split(",") if s):
         base, _, flag = name.partition("+")
-        runs.append((name, base, {"predict": True} if flag == "predict" else {}))
+        runs.append((name, base, {flag: True} if flag in ("predict", "oracle") else {}))
     runs += [
         (f"tpe/s={n}", "tpe", {"startup_trials": int(n)}) for n in args.startup.split(",") if n
     ]
     for label, strategy, settings in runs:
         seeds = [0] if strategy == "grid" else list(range(args.seeds))
-        if strategy == "grid" and settings.get("predict"):
+        if strategy == "grid" and (settings.get("predict") or settings.get("oracle")):
             settings = {**settings, "predict_mode": "skip"}
         reaches = [run_search(strategy, seed, **settings) for seed in seeds]
         out["search"][label] = {
@@ -469,6 +517,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{s['oom_started_median']:>15} {s['oom_started_p90']:>4} {s['oom_started_max']:>4} "
             f"{s['skipped_median']:>11} {s['skipped_feasible_total']:>11}"
         )
+    print()
+    print("GPU-h per seed up to the best, mean, by where they went (false skips: fit / met")
+    print("the constraint too):")
+    print(f"{'strategy':<15} " + " ".join(f"{h:>18}" for h in HOURS) + f" {'false skips':>12}")
+    for strategy, data in out["search"].items():
+        s = data["summary"]
+        parts = " ".join(f"{v:>18.2f}" for v in s["hours_mean"].values())
+        skips = f"{s['skipped_feasible_total']}/{s['skipped_winners_total']}"
+        print(f"{strategy:<15} {parts} {skips:>12}")
     print()
     print(
         f"{'capacity case':<32} {'within 5% in <=8':>16} {'levels mean':>11} {'max':>4} "
