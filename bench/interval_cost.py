@@ -9,36 +9,15 @@ Prints a Markdown table (see docs/metrics.md, "Uncertainty").
 from __future__ import annotations
 
 import argparse
-import random
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' synthetic levels
+
+from tests.helpers.samples import sequential_level
 
 from servesweep.level_intervals import level_intervals
-from servesweep.models import RequestSample
-
-
-def level(n: int, tokens: int, seed: int = 1) -> tuple[list[RequestSample], float]:
-    rng = random.Random(seed)
-    out: list[RequestSample] = []
-    t = 0.0
-    for i in range(n):
-        ttft = rng.uniform(0.02, 0.04)
-        gaps = tuple(rng.uniform(0.003, 0.006) for _ in range(tokens - 1))
-        end = t + ttft + sum(gaps)
-        out.append(
-            RequestSample(
-                index=i,
-                ok=True,
-                sent_at=t,
-                first_token_at=t + ttft,
-                finished_at=end,
-                prompt_tokens=100,
-                completion_tokens=tokens,
-                chunk_gaps=gaps,
-                chunk_tokens=(1,) * tokens,
-            )
-        )
-        t = end
-    return out, t
 
 
 def main() -> None:
@@ -49,7 +28,7 @@ def main() -> None:
     print("|---|---|---|")
     for size in args.sizes.split(","):
         n, tokens = (int(x) for x in size.split("x"))
-        samples, duration = level(n, tokens)
+        samples, duration = sequential_level(n, tokens)
         start = time.process_time()
         found = level_intervals(samples, duration_s=duration, slo={})
         cpu = time.process_time() - start

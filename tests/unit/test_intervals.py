@@ -7,6 +7,7 @@ import random
 import time
 
 import pytest
+from tests.helpers.samples import sequential_level
 
 from servesweep.intervals import (
     bootstrap_ratio,
@@ -84,34 +85,8 @@ def test_combine_takes_the_wider_of_within_and_between() -> None:
     assert combine([(5.0, None, None)]) is None
 
 
-def _level(n: int, tokens: int, seed: int = 1) -> tuple[list[RequestSample], float]:
-    """``n`` requests one after another (concurrency 1), ``tokens`` each."""
-    rng = random.Random(seed)
-    out: list[RequestSample] = []
-    t = 0.0
-    for i in range(n):
-        ttft = rng.uniform(0.02, 0.04)
-        gaps = tuple(rng.uniform(0.003, 0.006) for _ in range(tokens - 1))
-        end = t + ttft + sum(gaps)
-        out.append(
-            RequestSample(
-                index=i,
-                ok=True,
-                sent_at=t,
-                first_token_at=t + ttft,
-                finished_at=end,
-                prompt_tokens=100,
-                completion_tokens=tokens,
-                chunk_gaps=gaps,
-                chunk_tokens=(1,) * tokens,
-            )
-        )
-        t = end
-    return out, t
-
-
 def test_level_intervals_hold_the_point_values() -> None:
-    samples, duration = _level(40, 64)
+    samples, duration = sequential_level(40, 64)
     iv = level_intervals(samples, duration_s=duration, slo={})
     ttfts = sorted((s.ttft or 0.0) * 1e3 for s in samples)
     for stat, q in (("median", 0.5), ("p90", 0.9)):
@@ -127,8 +102,8 @@ def test_level_intervals_hold_the_point_values() -> None:
 
 
 def test_level_intervals_shrink_with_more_requests() -> None:
-    few, d_few = _level(12, 32)
-    many, d_many = _level(120, 32)
+    few, d_few = sequential_level(12, 32)
+    many, d_many = sequential_level(120, 32)
     w_few = level_intervals(few, duration_s=d_few)["ttft_median_ms"]
     w_many = level_intervals(many, duration_s=d_many)["ttft_median_ms"]
     assert (w_many[1] - w_many[0]) < 0.6 * (w_few[1] - w_few[0])
@@ -169,7 +144,7 @@ def test_eval_intervals_are_wilson() -> None:
 
 
 def test_a_big_level_costs_well_under_a_second() -> None:
-    samples, duration = _level(256, 256)
+    samples, duration = sequential_level(256, 256)
     start = time.process_time()
     level_intervals(samples, duration_s=duration, slo={})
     # 65 k tokens: the thinned bootstrap keeps it to a fraction of a second of CPU
