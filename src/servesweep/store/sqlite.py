@@ -652,6 +652,7 @@ class Store:
                 for e in self.events(sweep.id, "memory")
                 if e["trial"] is not None
             },
+            confirm=tuple(self.events(sweep.id, "confirm")),
         )
 
 

@@ -92,7 +92,9 @@ class StoreWriter:
 
     def _write(self, event: Event) -> Event | None:
         store = self.store
-        if isinstance(event, TrialStarted):
+        if isinstance(event, TrialStarted) and event.relaunch:
+            pass  # more launches of a finished trial: its attempt and outcome stay
+        elif isinstance(event, TrialStarted):
             store.begin_attempt(
                 event.trial,
                 event.at or time.time(),
@@ -124,10 +126,10 @@ class StoreWriter:
                 return None
             store.finish_trial(
                 event.trial,
-                event.outcome,
+                Outcome.OK if event.relaunch else event.outcome,
                 event.at or time.time(),
-                failure_class=event.failure_class,
-                evidence=event.evidence,
+                failure_class=None if event.relaunch else event.failure_class,
+                evidence=store.trial(event.trial).evidence if event.relaunch else event.evidence,
             )
             done = store.trial(event.trial)
             event = replace(event, phase_seconds=dict(done.phase_seconds))
