@@ -30,9 +30,14 @@ def test_tied_configs_are_relaunched_and_a_killed_confirm_continues(tmp_path: Pa
         grid={"seed": [1, 2]},
         args={"budget": 8, "topk": 4, "step-ms": 6},
         workloads=[
-            {"name": "chat", "concurrency": [2], "requests": 16, "max_tokens": 24,
-             "ignore_eos": True}
-        ],  # fmt: skip
+            {
+                "name": "chat",
+                "concurrency": [2],
+                "requests": 16,
+                "max_tokens": 24,
+                "ignore_eos": True,
+            }
+        ],
         extra={"confirm": {"top": 3, "launches": 1, "budget": 2}},
     )
     events = tmp_path / "events.jsonl"
