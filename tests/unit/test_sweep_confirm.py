@@ -166,3 +166,21 @@ def test_best_says_what_the_confirmation_changed() -> None:
         dataclasses.replace(sweep_data(trials, tied), confirm=reset), "chat.c1.output_throughput"
     )
     assert best.confirm is None and best_to_json(best)["confirm"] is None
+
+
+def test_plan_says_what_the_confirm_phase_may_add() -> None:
+    from servesweep.spec.plan import build_plan, format_plan
+
+    grid = format_plan(build_plan(load_sweep_text(_SWEEP, "s.yaml").spec))
+    assert "confirm" not in grid
+    text = format_plan(
+        build_plan(load_sweep_text(_SWEEP + "confirm: {top: 2, launches: 1}\n", "s.yaml").spec)
+    )
+    assert (
+        "then confirm: the leaders still tied (up to 2) relaunched 1 time each per round, "
+        "at most 4 more server starts"
+    ) in text
+    timed = format_plan(
+        build_plan(load_sweep_text(_SWEEP + "confirm: {budget: 30m}\n", "s.yaml").spec)
+    )
+    assert "relaunched 2 times each per round, at most 30m" in timed
