@@ -64,6 +64,10 @@ def test_tied_configs_are_relaunched_and_a_killed_confirm_continues(tmp_path: Pa
             # combine both launches
             assert trial.attempts == 1 and trial.outcome.value == "ok"
             assert sorted(r.launch for r in data.results[trial.id]) == [0, 1]
+            # its GPU time counts its relaunch, not the time between (other trials ran)
+            assert trial.started_at is not None and trial.finished_at is not None
+            held = trial.finished_at - trial.started_at
+            assert held <= 1.25 * sum(trial.phase_seconds.values()) + 2.0, trial
 
         best = run_cli("best", str(sweep), "--json")
         assert best.returncode == 0, best.stderr
