@@ -53,7 +53,7 @@ from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSampl
 from servesweep.report.best import find_best
 from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
 from servesweep.store.records import SweepData, SweepRecord, TrialRecord
-from servesweep.sweep.confirm import Done, Round, decide, spent_launches
+from servesweep.sweep.confirm import Done, Round, cost, decide, spent_launches
 
 GPUS = 8
 LAUNCH_MIN = 7.0
@@ -191,7 +191,7 @@ def run_seed(
         while True:
             tied = [c.trial.id for c in now.ranking if c is now.winner or c in now.ties]
             stored = {t: len(r) for t, r in results.items()}  # one level per launch
-            step = decide(spec, tied, stored, rounds, base=1)
+            step = decide(spec, tied, stored, rounds)
             if isinstance(step, Done):
                 break
             for tid, more in step.more.items():
@@ -199,7 +199,7 @@ def run_seed(
                     factor = _launches(rng, noise)
                     launch = stored[tid] + k
                     results[tid].append(measure(truth[tid - 1], factor, 0, launch, rng, noise))
-            rounds.append(Round(step.round, step.targets, done=True))
+            rounds.append(Round(step.round, step.targets, done=True, relaunches=cost(step)))
             now = find_best(_data(results), OBJECTIVE)
     extra = spent_launches({t: len(r) for t, r in results.items()}, 1)
     assert now.trial is not None

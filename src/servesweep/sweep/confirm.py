@@ -15,13 +15,14 @@ The rules (successive elimination):
   ended without a tie);
 * each candidate of a round gets ``launches`` more launches, fewer when the budget
   has less room (an equal share for each); none left: done (``budget``), as when the
-  phase's time budget is spent;
+  phase's time budget is spent. The budget is what the rounds since the phase began
+  added, so a phase begun anew (trials ran since) has all of it;
 * a round that was under way when a run stopped is finished first (the launches it
   planned and that are not stored yet), so a rerun continues the confirm where it was.
 
-The history is what the driver stored (:class:`Round`, one per round started), the
-spent launches what the results database holds: a rerun decides exactly as the
-killed run would have.
+The history is what the driver stored (:class:`Round`, one per round started) and the
+launches the results database holds: a rerun decides exactly as the killed run would
+have.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 from servesweep.spec.schema import ConfirmSpec
 
-__all__ = ["Done", "Relaunch", "Round", "decide", "spent_launches"]
+__all__ = ["Done", "Relaunch", "Round", "cost", "decide", "spent_launches"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Round:
     done: bool = False
     seconds: float = 0.0
     """How long the round took (0 while under way)."""
+    relaunches: int = 0
+    """The launches it adds (what it costs of the budget)."""
 
 
 @dataclass(frozen=True)
@@ -75,15 +78,13 @@ def decide(
     launches: Mapping[int, int],
     rounds: Sequence[Round],
     *,
-    base: int,
     dropped: frozenset[int] = frozenset(),
     elapsed_s: float = 0.0,
 ) -> Relaunch | Done:
     """What the confirm phase does next.
 
     ``tied``: the tie set now, leader first (ranking order); ``launches``: launches
-    stored per trial; ``rounds``: the rounds so far; ``base``: launches every trial
-    gets in the sweep itself; ``dropped``: trials whose relaunch failed;
+    stored per trial; ``rounds``: the rounds so far; ``dropped``: trials whose relaunch failed;
     ``elapsed_s``: seconds the finished rounds took."""
     last = rounds[-1] if rounds else None
     if last is not None and not last.done:
@@ -105,7 +106,7 @@ def decide(
     limit = spec.max_seconds
     if limit is not None and elapsed_s >= limit:
         return Done("budget")
-    room = spec.max_launches - spent_launches(launches, base)
+    room = spec.max_launches - sum(r.relaunches for r in rounds)
     each = min(spec.launches, room // len(alive))
     if each < 1:
         return Done("budget")
@@ -113,3 +114,8 @@ def decide(
     more = dict.fromkeys(alive, each)
     targets = {t: launches.get(t, 0) + each for t in alive}
     return Relaunch(number, more, targets)
+
+
+def cost(step: Relaunch) -> int:
+    """The launches a round adds."""
+    return sum(step.more.values())

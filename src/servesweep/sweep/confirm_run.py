@@ -5,6 +5,7 @@ the launches stored, the tie set) turned into the inputs of
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from servesweep.report.best import find_best
 from servesweep.report.confirmed import steps_since_reset
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import Store
-from servesweep.sweep.confirm import Done, Relaunch, Round, decide
+from servesweep.sweep.confirm import Done, Relaunch, Round, cost, decide
 from servesweep.sweep.events import ConfirmStep, Event
 
 __all__ = ["ConfirmRun"]
@@ -27,13 +28,11 @@ class ConfirmRun:
         store: Store,
         sweep_id: int,
         spec: ConfirmSpec,
-        base: int,
         note: Callable[[Event], None],
     ) -> None:
         self.store = store
         self.sweep_id = sweep_id
         self.spec = spec
-        self.base = base
         self.note = note
         self.launches: dict[int, int] = {}
         """Launches stored per candidate trial (the next launch's number)."""
@@ -55,10 +54,11 @@ class ConfirmRun:
         for step in steps:
             if step["step"] == "round":
                 targets = {int(k): int(v) for k, v in step.get("targets", {}).items()}
-                rounds.append(Round(int(step["round"]), targets))
+                relaunches = int(step.get("relaunches", 0))
+                rounds.append(Round(int(step["round"]), targets, relaunches=relaunches))
             elif step["step"] == "round_done" and rounds:
                 seconds = float(step.get("seconds", 0.0))
-                rounds[-1] = Round(rounds[-1].number, rounds[-1].targets, True, seconds)
+                rounds[-1] = dataclasses.replace(rounds[-1], done=True, seconds=seconds)
                 elapsed += seconds
             elif step["step"] == "dropped" and step.get("trial") is not None:
                 dropped.add(int(step["trial"]))
@@ -71,7 +71,6 @@ class ConfirmRun:
             self.tied,
             self.launches,
             rounds,
-            base=self.base,
             dropped=frozenset(dropped),
             elapsed_s=elapsed,
         )
@@ -103,7 +102,7 @@ class ConfirmRun:
                     round=step.round,
                     targets={str(k): v for k, v in step.targets.items()},
                     tied=tuple(self.tied),
-                    relaunches=sum(step.more.values()),
+                    relaunches=cost(step),
                 )
             )
 

@@ -707,9 +707,7 @@ class Driver:
         spec = self.spec.confirm_phase
         if spec is None or self.state.stopping:
             return
-        phase = ConfirmRun(
-            self.store, self.sweep.id, spec, self.spec.max_launches, self.writer.note
-        )
+        phase = ConfirmRun(self.store, self.sweep.id, spec, self.writer.note)
         if self.state.ran:
             phase.reset()
         while not self.state.stopping:
