@@ -33,8 +33,8 @@ def test_tied_configs_are_relaunched_and_a_killed_confirm_continues(tmp_path: Pa
             {
                 "name": "chat",
                 "concurrency": [2],
-                "requests": 16,
-                "max_tokens": 24,
+                "requests": 12,
+                "max_tokens": 16,
                 "ignore_eos": True,
             }
         ],
