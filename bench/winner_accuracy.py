@@ -20,13 +20,14 @@ Every policy reads the same measurements and decides through servesweep's own
 - ``mean``: one launch, one repeat, the highest mean wins (servesweep before intervals);
 - ``grid-repeats-3``: one launch, three repeats, the highest mean (the usual remedy);
 - ``intervals``: one launch, one repeat, ``best`` with intervals (a tie: the leader);
-- ``intervals+confirm``: as ``intervals``; then the tie set's leading candidates (at most
-  3) are relaunched, one launch each per round, and ``best`` decides again on all their
-  launches (successive elimination: a candidate decisively beaten leaves), until one
-  is left or the confirm budget is spent (``--confirm-launches`` extra launches; by
-  default as many as keep its GPU-hours within those of ``grid-repeats-3``). The
-  confirm phase is simulated here with servesweep's decision code; the driver does not
-  run it yet.
+- ``intervals+confirm``: as ``intervals``; then servesweep's confirm phase decides
+  (``servesweep.sweep.confirm.decide``, what the driver runs after a sweep, with
+  ``confirm: {top: 3, launches: 1, budget: N}``): the tie set's leading candidates are
+  relaunched, one launch each per round, stored as further launches of their trials,
+  and ``best`` decides again on all the results (successive elimination: a candidate
+  decisively beaten leaves), until one is left or the budget is spent
+  (``--confirm-launches`` extra launches; by default as many as keep its GPU-hours
+  within those of ``grid-repeats-3``).
 
 A winner is **wrong** when its true throughput is more than 2 % below the true best.
 GPU-hours come from a model of a large deployment: 8 GPUs, 7 min to stop, release and
@@ -50,7 +51,9 @@ from servesweep.intervals import wilson
 from servesweep.level_intervals import level_intervals
 from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
 from servesweep.report.best import find_best
+from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
 from servesweep.store.records import SweepData, SweepRecord, TrialRecord
+from servesweep.sweep.confirm import Done, Round, cost, decide, spent_launches
 
 GPUS = 8
 LAUNCH_MIN = 7.0
@@ -179,24 +182,28 @@ def run_seed(
     assert best.trial is not None
     leader = best.ranking[0].trial.id
     out["intervals"] = Decision(leader, hours(n, n), n, best.decided)
-    # confirm: relaunch the tie set's leaders until they separate or the budget is spent
+    # confirm: the driver's decision, round by round, on everything measured so far
     results = {t: list(r) for t, r in one.items()}
-    extra = 0
-    live = [c.trial.id for c in (best.ranking[0], *best.ties)][:3] if not best.decided else []
-    launch_no = {t: 0 for t in ids}
-    decided = best.decided
-    chosen = leader
-    while len(live) > 1 and extra + len(live) <= confirm_launches:
-        for tid in live:
-            launch_no[tid] += 1
-            factor = _launches(rng, noise)
-            results[tid].append(measure(truth[tid - 1], factor, 0, launch_no[tid], rng, noise))
-            extra += 1
-        again = find_best(_data({t: results[t] for t in live}), OBJECTIVE)
-        assert again.winner is not None
-        chosen = again.ranking[0].trial.id
-        decided = again.decided
-        live = [c.trial.id for c in (again.ranking[0], *again.ties)]
+    now = best
+    if confirm_launches >= 2:
+        spec = ConfirmSpec(top=3, launches=1, budget=ConfirmBudget(launches=confirm_launches))
+        rounds: list[Round] = []
+        while True:
+            tied = [c.trial.id for c in now.ranking if c is now.winner or c in now.ties]
+            stored = {t: len(r) for t, r in results.items()}  # one level per launch
+            step = decide(spec, tied, stored, rounds)
+            if isinstance(step, Done):
+                break
+            for tid, more in step.more.items():
+                for k in range(more):
+                    factor = _launches(rng, noise)
+                    launch = stored[tid] + k
+                    results[tid].append(measure(truth[tid - 1], factor, 0, launch, rng, noise))
+            rounds.append(Round(step.round, step.targets, done=True, relaunches=cost(step)))
+            now = find_best(_data(results), OBJECTIVE)
+    extra = spent_launches({t: len(r) for t, r in results.items()}, 1)
+    assert now.trial is not None
+    chosen, decided = now.trial.id, now.decided
     out["intervals+confirm"] = Decision(chosen, hours(n + extra, n + extra), n + extra, decided)
     return truth, out
 

@@ -42,6 +42,9 @@ def _search_sweep(tmp_path: Path, name: str, search: dict[str, Any], **extra: An
             "params": _SPACE,
             "search": search,
             "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 1},
+            # these tests count what the search measured: no confirm phase after it
+            # (tests/integration/test_sweep_confirm.py runs one)
+            "confirm": False,
             **extra,
         },
     )

@@ -21,6 +21,7 @@ from rich.text import Text
 from servesweep.report import format_number
 from servesweep.spec.plan import format_duration
 from servesweep.sweep.events import (
+    ConfirmStep,
     Event,
     PhaseEntered,
     Progress,
@@ -102,6 +103,8 @@ class ProgressDisplay:
                 self._on_trial_finished(event)
             elif isinstance(event, SweepWarning):
                 self._on_warning(event)
+            elif isinstance(event, ConfirmStep):
+                self._on_confirm(event)
             self._refresh()
 
     def close(self) -> None:
@@ -137,7 +140,7 @@ class ProgressDisplay:
 
     def _on_trial_started(self, event: TrialStarted) -> None:
         again = event.trial in self._numbers  # a retry (after a lost node): same count
-        if not again:
+        if not again and not event.relaunch:
             self._started += 1
             self._index[event.trial] = self._started
         params = " ".join(f"{k}={v}" for k, v in event.params.items()) or "(defaults)"
@@ -154,6 +157,9 @@ class ProgressDisplay:
             total = str(self._total) if self._total else "?"
             count = self._index.get(event.trial, self._started)
             retry = f" again (attempt {event.attempt})" if again else ""
+            if event.relaunch:
+                self._print(f"confirm: trial {self._n(event.trial)} relaunched{at}: {params}")
+                return
             self._print(f"[{count}/{total}] trial {self._n(event.trial)}{retry}{at}: {params}")
 
     def _on_phase(self, event: PhaseEntered) -> None:
@@ -178,6 +184,15 @@ class ProgressDisplay:
 
     def _on_trial_finished(self, event: TrialFinished) -> None:
         running = self._running.pop(event.trial, None)
+        if event.relaunch:  # the confirm phase: not one of the run's trials to count
+            self._running.pop(event.trial, None)
+            outcome = event.outcome.value
+            text = Text(f"confirm: trial {self._n(event.trial)} relaunch ")
+            text.append(outcome, style="green" if outcome == "ok" else "red")
+            if event.evidence is not None:
+                text.append(f": {event.evidence.summary()}")
+            self._print(text)
+            return
         if running is not None:
             self._trial_times.append(time.monotonic() - running.started)
         self._finished += 1
@@ -197,6 +212,31 @@ class ProgressDisplay:
                 style="dim",
             )
         self._print(text)
+
+    def _on_confirm(self, event: ConfirmStep) -> None:
+        """The confirm phase's rounds and end (docs/sweep-file.md, ``confirm``)."""
+        if event.step == "round":
+            who = ", ".join(f"#{self._n(int(t))}" for t in event.targets)
+            self._print(
+                f"confirm round {event.round}: relaunching {who} (tied with the leader), "
+                f"{event.relaunches} launch{'es' if event.relaunches != 1 else ''}"
+            )
+        elif event.step == "done":
+            ends = {
+                "no_tie": "nothing to confirm (no tie after the sweep)",
+                "separated": "the candidates separated",
+                "budget": "budget spent",
+                "failed": "too few candidates could be relaunched",
+            }
+            why = ends.get(event.reason, event.reason)
+            if not event.round:
+                self._print(f"confirm: {why}")
+                return
+            self._print(
+                f"confirm: {why} after {event.round} round{'s' if event.round != 1 else ''} "
+                f"and {event.relaunches} relaunch{'es' if event.relaunches != 1 else ''} "
+                "(servesweep best says what it changed)"
+            )
 
     def _on_warning(self, event: SweepWarning) -> None:
         text = Text(f"warning: {event.message}", style="yellow")

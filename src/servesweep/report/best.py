@@ -21,7 +21,10 @@ How it decides (also in docs/reports.md):
    Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
    GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
    said in one line. Values equal within ``rel_tol`` are ranked by run order.
-5. With several objectives the Pareto set (candidates no other candidate beats
+5. When the sweep ran a confirm phase (``confirm`` in the sweep file: the tied
+   leaders relaunched until they separate or its budget is spent), a note says what
+   it did and what it changed (:mod:`servesweep.report.confirmed`).
+6. With several objectives the Pareto set (candidates no other candidate beats
    on every objective) is given too.
 """
 
@@ -36,6 +39,7 @@ from servesweep import metrics_catalog as mc
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import Latency, Stat
 from servesweep.models import Outcome
+from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
 from servesweep.report.data import (
     MetricStats,
     config_label,
@@ -123,6 +127,9 @@ class BestResult:
     runner_up: Margin | None = None
     """The leader's margin over the best candidate outside the tie set (None: every
     candidate is in it)."""
+    confirm: ConfirmSummary | None = None
+    """What the sweep's confirm phase did (None: it had none)."""
+    confirm_note: str = ""
 
     @property
     def feasible(self) -> bool:
@@ -330,11 +337,23 @@ def find_best(
     ties: tuple[Candidate, ...] = ()
     pareto: tuple[Candidate, ...] = ()
     decided, why, runner_up = True, "", None
+    confirmed: ConfirmSummary | None = None
+    note = ""
     if ranking:
         winner, tied, why, runner_up = _decide(data, index, ranking, objs, rules)
         ties = tuple(c for c in tied if c is not winner)
         decided = not ties
         notes.append(why)
+        confirmed = summarise(data.confirm)
+        if confirmed is not None:
+            leader = tied[0]
+            beaten = [
+                (c.trial.id, margin(leader.stats[0], c.stats[0], dirs[0], rules))
+                for c in ranking
+                if c.trial.id in confirmed.candidates and c not in tied
+            ]
+            note = confirm_note(confirmed, leader.trial.id, [c.trial.id for c in tied], beaten)
+            notes.append(note)
         notes.extend(_uncertain_notes(winner, parsed))
         if len(objs) > 1:
             pareto = tuple(
@@ -355,6 +374,8 @@ def find_best(
         decided=decided,
         why=why,
         runner_up=runner_up,
+        confirm=confirmed if ranking else None,
+        confirm_note=note if ranking and confirmed is not None else "",
     )
 
 
@@ -562,6 +583,9 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
                 "uncertainty": result.runner_up.uncertainty,
             },
         },
+        "confirm": None
+        if result.confirm is None
+        else {**result.confirm.to_dict(), "note": result.confirm_note},
         "best": None if result.winner is None else _candidate_json(result, result.winner),
         "ties": [_candidate_json(result, c) for c in result.ties],
         "pareto": [_candidate_json(result, c) for c in result.pareto],

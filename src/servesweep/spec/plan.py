@@ -20,7 +20,7 @@ from typing import Any
 from servesweep.models import ServerConfig
 from servesweep.spec.constraints import resolve_objectives, workload_levels
 from servesweep.spec.expand import expand_configs, param_key, param_names, same_value
-from servesweep.spec.schema import SweepSpec, WorkloadSpec
+from servesweep.spec.schema import ConfirmSpec, SweepSpec, WorkloadSpec
 from servesweep.spec.schema_search import SearchBudget
 from servesweep.spec.space import build_space, describe_dimensions
 
@@ -111,6 +111,8 @@ class Plan:
     """The swept param names."""
     search: SearchOutline | None = None
     """A sampling search's outline (then ``trials`` is empty)."""
+    confirm: ConfirmSpec | None = None
+    """The confirm phase after the trials (None: none)."""
 
     @property
     def measurements(self) -> int:
@@ -168,6 +170,7 @@ def build_plan(spec: SweepSpec) -> Plan:
             restarts=(outline.max_trials or 0) * spec.max_launches,
             params=param_names(spec.params),
             search=outline,
+            confirm=spec.confirm_phase,
         )
     trials: list[PlanTrial] = []
     previous: Mapping[str, Any] | None = None
@@ -180,6 +183,7 @@ def build_plan(spec: SweepSpec) -> Plan:
         workloads=workloads,
         restarts=len(trials) * spec.max_launches,
         params=param_names(spec.params),
+        confirm=spec.confirm_phase,
     )
 
 
@@ -356,6 +360,20 @@ def format_plan(
     return "\n".join(lines + _format_tail(plan, estimate_s, history_note))
 
 
+def _describe_confirm(confirm: ConfirmSpec) -> str:
+    """The confirm phase in one line (docs/sweep-file.md, ``confirm``)."""
+    limits = []
+    if confirm.budget is None or confirm.budget.launches is not None:
+        limits.append(f"at most {confirm.max_launches} more server starts")
+    if confirm.max_seconds is not None:
+        limits.append(f"at most {format_duration(confirm.max_seconds)}")
+    return (
+        f"then confirm: the leaders still tied (up to {confirm.top}) relaunched "
+        f"{confirm.launches} time{'s' if confirm.launches != 1 else ''} each per round, "
+        f"{' and '.join(limits)}"
+    )
+
+
 def _format_tail(plan: Plan, estimate_s: float | None, history_note: str | None) -> list[str]:
     lines = ["", "workloads (every trial, no restart between them):"]
     name_width = max((len(w.name) for w in plan.workloads), default=0)
@@ -366,6 +384,8 @@ def _format_tail(plan: Plan, estimate_s: float | None, history_note: str | None)
     else:
         starts = f"at most {plan.restarts}" if plan.restarts else "as the budget allows"
         lines += ["", f"server starts: {starts}"]
+    if plan.confirm is not None:
+        lines.append(_describe_confirm(plan.confirm))
     note = f" ({history_note})" if history_note else ""
     prefix = "estimated duration" if plan.search is None else "estimated duration, at most"
     if estimate_s is not None:

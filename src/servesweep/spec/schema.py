@@ -29,6 +29,8 @@ __all__ = [
     "SLO_KEYS",
     "CapacitySpec",
     "CommandSpec",
+    "ConfirmBudget",
+    "ConfirmSpec",
     "DecisionSpec",
     "DockerSpec",
     "Duration",
@@ -476,6 +478,59 @@ class DecisionSpec(_Frozen):
     """Among tied configurations, what makes one cheaper, most important first."""
 
 
+class ConfirmBudget(_Frozen):
+    """What the confirm phase may spend: extra launches, wall time, or both (the
+    first reached ends it)."""
+
+    launches: int | None = Field(default=None, ge=1)
+    time: Duration | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        """``budget: 8`` is 8 extra launches; ``budget: 30m`` is 30 minutes."""
+        if isinstance(data, bool):
+            raise ValueError("budget: give a number of launches (8) or a duration (30m)")
+        if isinstance(data, int):
+            return {"launches": data}
+        if isinstance(data, (str, float)):
+            try:
+                parse_duration(data)
+            except ValueError:
+                raise ValueError(
+                    f"not a number of launches or a duration: {data!r} (write e.g. budget: 8, "
+                    "budget: 30m or budget: {launches: 8, time: 30m})"
+                ) from None
+            return {"time": data}
+        return data
+
+
+class ConfirmSpec(_Frozen):
+    """The confirm phase (docs/sweep-file.md): after the grid or the search, the
+    leading candidates still tied with the leader are launched again until they
+    separate or the budget is spent."""
+
+    top: int = Field(default=3, ge=2)
+    """At most this many tied candidates (the leader among them) are confirmed."""
+    launches: int = Field(default=2, ge=1)
+    """Extra launches of each candidate per round."""
+    budget: ConfirmBudget | None = None
+    """Default: two full rounds (``2 × top × launches`` extra launches)."""
+
+    @property
+    def max_launches(self) -> int:
+        """The extra launches the whole phase may spend."""
+        if self.budget is not None and self.budget.launches is not None:
+            return self.budget.launches
+        if self.budget is not None and self.budget.time is not None:
+            return 10**9  # the time limit alone
+        return 2 * self.top * self.launches
+
+    @property
+    def max_seconds(self) -> float | None:
+        return None if self.budget is None else self.budget.time
+
+
 class SweepSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -501,6 +556,19 @@ class SweepSpec(_Frozen):
     launches: int = Field(default=1, ge=1)
     """Separate launches of the server every configuration is measured in (a
     workload's own ``launches`` overrides it)."""
+    confirm: ConfirmSpec | bool | None = None
+    """The confirm phase: ``true`` or a mapping turns it on, ``false`` off; unset, it
+    is on for a search and off for a grid. Read it with :attr:`confirm_phase`."""
+
+    @property
+    def confirm_phase(self) -> ConfirmSpec | None:
+        """The confirm phase this sweep runs (None: none)."""
+        if isinstance(self.confirm, ConfirmSpec):
+            return self.confirm
+        if self.confirm is None:
+            capped = self.search.trials is not None or self.search.budget is not None
+            return ConfirmSpec() if (self.search.samples or capped) else None
+        return ConfirmSpec() if self.confirm else None
 
     def launches_of(self, workload: WorkloadSpec) -> int:
         """How many launches measure ``workload`` (a capacity search: one)."""

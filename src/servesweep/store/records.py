@@ -121,3 +121,6 @@ class SweepData:
     memory: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     """Per trial id: its predicted memory and what the engine reported
     (``{"predicted": {...}, "measured": {...}}``, bytes; the latest attempt)."""
+    confirm: tuple[Mapping[str, Any], ...] = ()
+    """The confirm phase's stored steps, in order (``confirm`` events: rounds, the
+    relaunches that failed, how it ended; see ``sweep.confirm``)."""

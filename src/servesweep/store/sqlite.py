@@ -411,6 +411,23 @@ class Store:
                 ),
             )
 
+    def finish_relaunch(self, trial_id: int, seconds: float, at: float) -> None:
+        """More launches of a finished trial (the confirm phase) ended: their phases add
+        up, its outcome stays, and its end moves by their ``seconds`` (so wall time x
+        GPUs, its GPU-hours, counts them and not the time between)."""
+        trial = self.trial(trial_id)
+        phases = dict(trial.phase_seconds)
+        if trial.phase is not None and trial.phase.value in trial.phase_started:
+            phases[trial.phase.value] = phases.get(trial.phase.value, 0.0) + max(
+                0.0, at - trial.phase_started[trial.phase.value]
+            )
+        end = (trial.finished_at or at) + max(0.0, seconds)
+        with self._tx() as db:
+            db.execute(
+                "UPDATE trials SET phase_seconds=?, finished_at=?, phase=? WHERE id=?",
+                (_dumps(phases), end, Phase.DONE.value, trial_id),
+            )
+
     def reset_trial(self, trial_id: int) -> None:
         """Make a finished trial pending again (``--retry-failed``)."""
         with self._tx() as db:
@@ -652,6 +669,7 @@ class Store:
                 for e in self.events(sweep.id, "memory")
                 if e["trial"] is not None
             },
+            confirm=tuple(self.events(sweep.id, "confirm")),
         )
 
 

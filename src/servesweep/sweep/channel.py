@@ -76,6 +76,8 @@ class StoreWriter:
         self._lock = threading.RLock()
         """Reentrant: ``on_finished`` may note events of its own while a trial's end
         is being written."""
+        self._relaunched: dict[int, float] = {}
+        """Trials whose confirm relaunch is under way, and when it started."""
         self.interrupted = False
         """After an interrupt, outcomes that arrive are not final: trials in flight
         are marked ``interrupted`` instead."""
@@ -92,7 +94,10 @@ class StoreWriter:
 
     def _write(self, event: Event) -> Event | None:
         store = self.store
-        if isinstance(event, TrialStarted):
+        if isinstance(event, TrialStarted) and event.relaunch:
+            # more launches of a finished trial: its attempt and outcome stay
+            self._relaunched[event.trial] = event.at or time.time()
+        elif isinstance(event, TrialStarted):
             store.begin_attempt(
                 event.trial,
                 event.at or time.time(),
@@ -122,13 +127,18 @@ class StoreWriter:
         elif isinstance(event, TrialFinished):
             if self.interrupted:
                 return None
-            store.finish_trial(
-                event.trial,
-                event.outcome,
-                event.at or time.time(),
-                failure_class=event.failure_class,
-                evidence=event.evidence,
-            )
+            at = event.at or time.time()
+            if event.relaunch:
+                started = self._relaunched.pop(event.trial, at)
+                store.finish_relaunch(event.trial, at - started, at)
+            else:
+                store.finish_trial(
+                    event.trial,
+                    event.outcome,
+                    at,
+                    failure_class=event.failure_class,
+                    evidence=event.evidence,
+                )
             done = store.trial(event.trial)
             event = replace(event, phase_seconds=dict(done.phase_seconds))
             if self._on_finished is not None:

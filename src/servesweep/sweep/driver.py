@@ -42,7 +42,10 @@ from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.channel import StoreWriter
+from servesweep.sweep.confirm import Done
+from servesweep.sweep.confirm_run import ConfirmRun
 from servesweep.sweep.events import (
+    ConfirmStep,
     Event,
     LeftoverAdopted,
     LevelMeasured,
@@ -203,6 +206,8 @@ class _State:
     """Slots whose process is gone: dropped once their command ends."""
     retried: dict[int, int] = field(default_factory=dict)
     """Trials run again after a lost node, and how often."""
+    relaunch: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Trials queued by the confirm phase, and the launch numbers to measure."""
     last_environment: tuple[int, EnvironmentFailure | None] | None = None
     """The trial that finished last, and its environment failure (see
     ``environment_failure``)."""
@@ -268,7 +273,8 @@ class Driver:
                 if self.state.jobs:
                     self._prepare_nodes()
                     self._loop()
-                self._finish_slots()
+            self._confirm()
+            self._finish_slots()
         except (KeyboardInterrupt, Interrupted):
             stopped = self._abort()
             raise Interrupted(
@@ -503,7 +509,9 @@ class Driver:
             return True
         job = next(j for j in state.jobs if j.trial == decision.trial)
         state.jobs.remove(job)
-        end = self.memory.check(self._trials.get(job.trial) or self.store.trial(job.trial))
+        end = None
+        if job.trial not in state.relaunch:  # a relaunch ran before: it fits
+            end = self.memory.check(self._trials.get(job.trial) or self.store.trial(job.trial))
         if end is not None:
             self.writer.note(end)
             return False
@@ -528,7 +536,8 @@ class Driver:
         slot = state.slots[key]
         slot.busy, slot.trial = True, decision.trial
         state.running[decision.trial] = key
-        state.ran.append(decision.trial)
+        if decision.trial not in state.relaunch:
+            state.ran.append(decision.trial)
         slot.handle.run(self._order(decision.trial))
         return True
 
@@ -543,8 +552,9 @@ class Driver:
             fingerprint=trial.fingerprint,
             params=dict(trial.params),
             log_path=str(log),
-            prune=self.source.prune_policy(),
+            prune=None if trial.id in self.state.relaunch else self.source.prune_policy(),
             number=trial.number,
+            relaunch=self.state.relaunch.get(trial.id, ()),
         )
 
     def _wait_event(self) -> None:
@@ -620,6 +630,9 @@ class Driver:
         self._closing.append(slot.handle)
 
     def _finished(self, event: TrialFinished) -> None:
+        if event.relaunch:
+            self._relaunched(event)
+            return
         trial = self.store.trial(event.trial)
         checked = self.memory.learn(trial)
         if checked is not None:
@@ -685,6 +698,56 @@ class Driver:
             )
         )
         return True
+
+    # -- the confirm phase --------------------------------------------------------------
+
+    def _confirm(self) -> None:
+        """Relaunch the tied leaders round by round until they separate or the budget
+        is spent (``sweep.confirm`` decides; each step is stored, so a rerun goes on)."""
+        spec = self.spec.confirm_phase
+        if spec is None or self.state.stopping:
+            return
+        phase = ConfirmRun(self.store, self.sweep.id, spec, self.writer.note)
+        if self.state.ran:
+            phase.reset()
+        while not self.state.stopping:
+            step = phase.next()
+            if isinstance(step, Done):
+                if not phase.done_before(step):
+                    phase.finish(step)
+                return
+            phase.begin(step)
+            started = time.monotonic()
+            for trial_id, more in step.more.items():
+                have = phase.launches.get(trial_id, 0)
+                self.state.relaunch[trial_id] = tuple(range(have, have + more))
+                trial = self.store.trial(trial_id)
+                self._trials[trial_id] = trial
+                self.state.jobs.append(Job(trial_id, self.need.of(trial.params)))
+            if not self.prepared:
+                self._prepare_nodes()
+            self._loop()
+            self.state.relaunch.clear()
+            if self.state.stopping:
+                return
+            phase.round_done(step, time.monotonic() - started)
+
+    def _relaunched(self, event: TrialFinished) -> None:
+        """A confirm relaunch ended; a failed one takes its trial out of the phase."""
+        if event.outcome is Outcome.OK:
+            return
+        trial = self.store.trial(event.trial)
+        why = event.failure_class.value if event.failure_class else event.outcome.value
+        if event.evidence is not None:
+            why += f": {event.evidence.summary()}"
+        self.writer.note(ConfirmStep(trial=trial.id, step="dropped", message=why))
+        self.writer.note(
+            SweepWarning(
+                trial=trial.id,
+                message=f"trial {trial.number}: a confirm relaunch failed ({why}); it is not "
+                "relaunched again (what it measured before stays)",
+            )
+        )
 
     # -- the end ------------------------------------------------------------------------
 

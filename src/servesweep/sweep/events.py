@@ -35,6 +35,7 @@ from servesweep.store.records import TelemetryPoint
 
 __all__ = [
     "BaselineTaken",
+    "ConfirmStep",
     "Event",
     "Fact",
     "GpusReleased",
@@ -147,6 +148,8 @@ class TrialStarted(Event):
     slot: int = 0
     gpus: tuple[int, ...] = ()
     port: int = 0
+    relaunch: bool = False
+    """More launches of a finished trial (the confirm phase): not a new attempt."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,8 @@ class TrialFinished(Event):
     evidence: Evidence | None = None
     at: float = 0.0
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    relaunch: bool = False
+    """The end of a confirm relaunch: the trial's own outcome stays as it was."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -367,6 +372,27 @@ class UnitRestored(Fact):
     unit: str = ""
     message: str = ""
     node: str = ""
+
+
+@dataclass(frozen=True)
+class ConfirmStep(Fact):
+    """A step of the confirm phase (``sweep.confirm``), kept so that a rerun continues
+    it and ``best`` can say what it changed. ``step``: ``round`` (a round begins:
+    ``targets`` are the launches each candidate has once it is done, ``tied`` the tie
+    set it starts from), ``round_done`` (with its ``seconds``), ``dropped`` (a
+    relaunch of ``trial`` failed: no more rounds for it), ``done`` (with ``reason``)
+    or ``reset`` (trials ran since: the earlier rounds no longer count)."""
+
+    kind: ClassVar[str] = "confirm"
+    step: str = ""
+    round: int = 0
+    targets: Mapping[str, int] = field(default_factory=dict)
+    tied: tuple[int, ...] = ()
+    relaunches: int = 0
+    """Launches the round adds (``round``), or the phase added (``done``)."""
+    seconds: float = 0.0
+    reason: str = ""
+    message: str = ""
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,9 @@ class TrialOrder:
     ``search.prune``): the outcome is ``pruned`` with the reason."""
     number: int = 0
     """The trial's number within its sweep, for people (0: use ``trial``)."""
+    relaunch: tuple[int, ...] = ()
+    """The confirm phase: measure the finished trial again in launches of these
+    numbers (each a fresh start of its configuration), appended to its results."""
 
 
 class _Pruned(Exception):
@@ -587,16 +590,19 @@ class SlotWorker:
                 slot=self.placement.slot,
                 gpus=tuple(self.server.gpus),
                 port=self.server.port,
+                relaunch=bool(order.relaunch),
             )
         )
         self._telemetry.drain(order.trial)
         self._phase, self._phase_seconds = None, {}
         outcome, failure_class, evidence = Outcome.OK, None, None
         try:
-            model = self._bring_up(order, log_path)
-            self._enter(order.trial, Phase.BENCH)
-            self._bench(order, model)
-            for launch in range(1, self.context.spec.max_launches):
+            launches = order.relaunch or range(1, self.context.spec.max_launches)
+            if not order.relaunch:
+                model = self._bring_up(order, log_path)
+                self._enter(order.trial, Phase.BENCH)
+                self._bench(order, model)
+            for launch in launches:
                 # measured again in a launch of its own: stop, release, start, ready
                 model = self._bring_up(order, log_path, fresh=True)
                 self._enter(order.trial, Phase.BENCH)
@@ -622,6 +628,7 @@ class SlotWorker:
                 failure_class=failure_class,
                 evidence=evidence,
                 at=time.time(),
+                relaunch=bool(order.relaunch),
             )
         )
 
@@ -724,7 +731,11 @@ class SlotWorker:
         instance = self.current.instance
         measured: list[LevelResult] = []
         spec = self.context.spec
-        workloads = [w for w in self.workloads if spec.launches_of(w) > launch]
+        if order.relaunch:
+            # the confirm phase measures every workload a launch can measure again
+            workloads = [w for w in self.workloads if w.capacity is None]
+        else:
+            workloads = [w for w in self.workloads if spec.launches_of(w) > launch]
         loads = [w for w in workloads if not w.is_eval and w.capacity is None]
         if loads and loads[0].warmup == "auto":
             # the launch's first load workload warms the fresh server until it settles
