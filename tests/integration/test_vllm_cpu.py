@@ -22,8 +22,10 @@ The sweep runs with ``--keep-running``. ``servesweep doctor`` on the same
 configurations (a file of its own: doctor starts nothing; flags checked with vLLM's own
 parser; and, on a copy of the environment without the ``vllm`` distribution record,
 that ``vllm serve`` would fail), ``servesweep best`` (labels), ``servesweep
-bench`` against the instance left running, ``servesweep apply --best`` (which adopts it
-when it is the best) and stopping what it runs, and ``python -m
+bench`` against the instance left running (once as is, once with the load generator
+given the CPU only half the time: the level is stored ``unreliable``), ``servesweep
+apply --best`` (which adopts it when it is the best) and ``servesweep stop`` of what it
+runs, and ``python -m
 vllm.entrypoints.openai.api_server`` (the model as ``--model``) started by ``apply
 --set`` and measured by ``servesweep bench``. Weights are random: the tests
 assert on mechanics (outcomes, counters, tokens), never on text.
@@ -34,6 +36,7 @@ CPU torch for pip) every test here is skipped with the script's one-line reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -161,6 +164,12 @@ def _sweep_file(
             }
         ],
         "objective": {"maximize": "chat.c4.output_throughput"},
+        # On 2 cores the load generator shares the CPU with vLLM's processes, and its
+        # event loop lags tens of milliseconds: servesweep stores such levels as
+        # unreliable (test_a_starved_load_generator_against_vllm_is_flagged_unreliable
+        # checks that). The checks here are of mechanics (outcomes, labels, apply), so
+        # the sweep counts those levels instead of leaving every configuration out.
+        "include_unreliable": True,
     }
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -397,6 +406,63 @@ def test_best_labels_a_configuration_by_its_fixed_args(swept: Any) -> None:
     assert "(fixed: enforce-eager=true kv-cache-memory-bytes=268435456)" in text, text
 
 
+class _Starver(threading.Thread):
+    """Takes the CPU from a process group the way a busy machine does, on a fixed duty
+    cycle: stopped for ``off`` seconds, then running for ``on`` seconds, until told to
+    end (at most ``limit`` seconds); the group is always left running."""
+
+    def __init__(self, pgid: int, off: float, on: float, limit: float) -> None:
+        super().__init__(daemon=True)
+        self.pgid, self.off, self.on, self.limit = pgid, off, on, limit
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.limit
+        try:
+            while not self.done.is_set() and time.monotonic() < deadline:
+                os.killpg(self.pgid, signal.SIGSTOP)
+                self.done.wait(self.off)
+                os.killpg(self.pgid, signal.SIGCONT)
+                self.done.wait(self.on)
+        except ProcessLookupError:
+            return
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGCONT)
+
+
+@pytest.mark.timeout(600)
+def test_a_starved_load_generator_against_vllm_is_flagged_unreliable(swept: Any) -> None:
+    """The issue's defect 5 on a real vLLM: the load generator is given the CPU only half
+    of the time, in turns of 150 ms (as on a machine whose cores vLLM keeps busy), so its
+    event loop cannot keep time while vLLM streams; the level is measured but stored
+    ``unreliable``, with the reason."""
+    assert swept["kept"] and _group(swept["kept"][0]), swept["kept"]
+    port = yaml.safe_load(swept["file"].read_text())["server"]["port"]
+    bench = subprocess.Popen(
+        [*SERVESWEEP, "bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "4",
+         "--requests", "8", "--max-tokens", "32", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"}, start_new_session=True,
+    )  # fmt: skip
+    starver = _Starver(bench.pid, off=0.15, on=0.15, limit=300)
+    starver.start()
+    try:
+        out, err = bench.communicate(timeout=300)
+    finally:
+        starver.done.set()
+        starver.join(10)
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate(timeout=30)
+    assert bench.returncode == 0, out + err
+    [level] = json.loads(out)
+    assert level["metrics"]["completed"] == 8, level["metrics"]
+    reason = level["unreliable"]
+    assert reason and "load generator's event loop lagged" in reason, level
+    assert "unreliable" in err and "--workers" in err, err
+
+
 def _no_alias_env(venv: Path, into: Path) -> Path:
     """A copy of the vLLM environment without the ``vllm`` distribution record: its
     Python, and a site-packages of links to everything but that record."""
@@ -520,9 +586,10 @@ def test_bench_the_kept_instance_then_apply_best_then_stop(
     flags = winner[winner.index("--host") :]
     assert str(port) in flags, (flags, port)
     assert any(c[-len(flags) :] == flags for c in cmdlines), (flags, cmdlines)
-    # stopped by PID (its process group), as the docs say: every process gone
-    _stop_group(pgid)
-    assert not _group(pgid)
+    # `servesweep stop` stops what apply left running: every process of it gone
+    stopped = run_cli("stop", str(swept["file"]), timeout=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not _group(pgid), stopped.stdout
 
 
 @pytest.mark.timeout(1200)
