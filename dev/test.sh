@@ -5,6 +5,8 @@
 #   dev/test.sh                          everything
 #   dev/test.sh tests/unit -k catalog    arguments go to pytest
 #
+# The 25 slowest tests are listed at the end (where the time goes, per CI run).
+#
 # A run that collects no tests (a -k or a path that matches nothing) FAILS: a typo must
 # not pass as a green run. Set SERVESWEEP_ALLOW_NO_TESTS=1 when a run is meant to be
 # empty (e.g. a filter that matches nothing on this machine).
@@ -20,7 +22,7 @@ echo "== mypy --strict" >&2
 .venv/bin/mypy
 echo "== pytest (unit, integration)" >&2
 set +e
-.venv/bin/pytest -m "unit or integration" -p no:cacheprovider "$@"
+.venv/bin/pytest -m "unit or integration" -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then  # pytest: no tests collected
