@@ -460,7 +460,6 @@ def test_a_starved_load_generator_against_vllm_is_flagged_unreliable(swept: Any)
     assert level["metrics"]["completed"] == 8, level["metrics"]
     reason = level["unreliable"]
     assert reason and "load generator's event loop lagged" in reason, level
-    assert "unreliable" in err and "--workers" in err, err
 
 
 def _no_alias_env(venv: Path, into: Path) -> Path:
