@@ -69,7 +69,8 @@ def test_a_level_the_generator_could_not_time_is_flagged_and_not_picked(tmp_path
         ],
         args={"ttft-ms": 100},
         extra={
-            "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 1}
+            "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 1},
+            "include_unreliable": False,
         },
     )
     spec = yaml.safe_load(sweep.read_text())
