@@ -307,3 +307,90 @@ def test_a_measured_trial_corrects_the_rest_of_the_sweep(
     assert abs(after.weights - measured.weights) < MiB
     per_token = measured.kv_cache / measured.kv_tokens
     assert abs(after.kv_cache / after.kv_tokens - per_token) < 0.01 * per_token
+
+
+def _llama_gpu(tmp_path: Path) -> MemoryModel:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    server = {"engine": "llama-server", "model": str(path), "gpus": [0], "gpu_backend": "nvml"}
+    spec = load_sweep_text(_sweep(server)).spec
+    return MemoryModel.of_sweep(spec, Capacity(140 * GiB, "gpu", "NVML"))
+
+
+def _cuda_log(weights: int, kv: int, compute: int) -> list[str]:
+    return [
+        "llama_model_loader: loaded meta data with 30 key-value pairs",
+        f"load_tensors:        CUDA0 model buffer size = {weights / MiB:10.2f} MiB",
+        "load_tensors:   CPU_Mapped model buffer size =     9.89 MiB",
+        "llama_context:  CUDA_Host  output buffer size =     0.04 MiB",
+        f"llama_kv_cache:      CUDA0 KV buffer size = {kv / MiB:10.2f} MiB",
+        f"sched_reserve:      CUDA0 compute buffer size = {compute / MiB:10.2f} MiB",
+        "sched_reserve:  CUDA_Host compute buffer size =    36.01 MiB",
+    ]
+
+
+def test_a_gpu_trial_calibrates_what_no_buffer_report_shows(tmp_path: Path) -> None:
+    """llama.cpp's report leaves out the CUDA context, cuBLAS and the memory pool: one
+    trial's NVML figure less its report is the overhead every later prediction adds."""
+    from dataclasses import replace
+
+    from servesweep.servers.memory.calibrate import Calibrator, parse_memory_log
+    from servesweep.servers.memory.rules import CUDA_CONTEXT
+
+    model = _llama_gpu(tmp_path)
+    first = model.predict({"ctx-size": 4096})
+    assert first.device == "gpu"
+    compute = first.workspace - CUDA_CONTEXT  # the workspace rule is right here
+    reported = parse_memory_log("llama-server", _cuda_log(first.weights, first.kv_cache, compute))
+    assert reported is not None and reported.device == "CUDA0"
+    assert reported.overhead is None  # no device figure: nothing to learn beside the report
+    nvml = reported.reported + 698 * MiB
+    measured = replace(reported, device_used=nvml)
+    assert measured.overhead == nvml - reported.reported
+    model.learn(Calibrator("llama-server").add(first, measured, model.calibration))
+    assert model.calibration.overhead == measured.overhead
+    again = model.predict({"ctx-size": 4096})
+    assert abs(again.per_gpu_bytes - nvml) < MiB
+    other = model.predict({"ctx-size": 65536, "parallel": 4})
+    raw = MemoryModel(model.server, model.capacity).predict({"ctx-size": 65536, "parallel": 4})
+    assert other.kv_cache == raw.kv_cache
+    expected = raw.per_gpu_bytes - CUDA_CONTEXT + measured.overhead
+    assert abs(other.per_gpu_bytes - expected) < 0.01 * expected
+
+
+def test_a_host_trial_learns_no_device_overhead(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from servesweep.servers.memory.calibrate import Calibrator, parse_memory_log
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    spec = load_sweep_text(_sweep({"engine": "llama-server", "model": str(path)})).spec
+    model = MemoryModel.of_sweep(spec, Capacity(64 * GiB, "host", "test"))
+    first = model.predict({})
+    log = [
+        f"load_tensors:   CPU_Mapped model buffer size = {first.weights / MiB:.2f} MiB",
+        f"llama_kv_cache:        CPU KV buffer size = {first.kv_cache / MiB:.2f} MiB",
+    ]
+    reported = parse_memory_log("llama-server", log)
+    assert reported is not None and reported.device == "CPU"
+    measured = replace(reported, device_used=8 * GiB)
+    assert measured.overhead is None
+    model.learn(Calibrator("llama-server").add(first, measured, model.calibration))
+    assert model.calibration.overhead == 0
+
+
+def test_cuda_flash_attention_over_a_quantized_cache_holds_f16_copies(tmp_path: Path) -> None:
+    model = _llama_gpu(tmp_path)
+    q8 = {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}
+    f16 = model.predict({"ctx-size": 32768})
+    quantized = model.predict({"ctx-size": 32768, **q8})
+    # tiny.gguf: 2 KV heads of 16 dims for K and V, f16
+    assert quantized.workspace - f16.workspace == 32768 * 2 * (16 + 16) * 2
+    k_only = model.predict({"ctx-size": 32768, "cache-type-k": "q8_0"})
+    assert k_only.workspace - f16.workspace == 32768 * 2 * 16 * 2
+    path = write_tiny_gguf(tmp_path / "host.gguf")
+    spec = load_sweep_text(_sweep({"engine": "llama-server", "model": str(path)})).spec
+    host = MemoryModel.of_sweep(spec, Capacity(64 * GiB, "host", "test"))
+    assert (
+        host.predict({"ctx-size": 32768, **q8}).workspace
+        == host.predict({"ctx-size": 32768}).workspace
+    )

@@ -13,7 +13,9 @@ calibration they give the predictor.
 :class:`Calibrator` turns pairs of (prediction, measurement) into a
 :class:`~servesweep.servers.memory.prediction.Calibration`: per component the mean of
 measured / predicted over the trials so far (the KV cache per token, where both
-sides know the tokens).
+sides know the tokens); for llama.cpp on a GPU whose probe read what the server held
+(:attr:`MeasuredMemory.device_used`), the largest overhead beyond its buffer report
+seen so far (the CUDA context, cuBLAS, the memory pool: what no buffer report shows).
 """
 
 from __future__ import annotations
@@ -76,6 +78,22 @@ class MeasuredMemory:
     output buffer)."""
     lines: tuple[str, ...] = field(default_factory=tuple)
     """The log lines the figures come from."""
+    device_used: int = 0
+    """What the GPU's probe (NVML) saw the trial's server hold on that device while it
+    served (0: not read). Beside the engine's figures it gives what no buffer report
+    shows (the CUDA context, cuBLAS and the memory pool): :attr:`overhead`."""
+
+    @property
+    def reported(self) -> int:
+        """The engine's own figures on the device, all components."""
+        return self.weights + self.kv_cache + self.draft + self.workspace
+
+    @property
+    def overhead(self) -> int | None:
+        """Device memory beyond the engine's buffer report (None: no device figure)."""
+        if not self.device_used or self.device == "CPU":
+            return None
+        return max(self.device_used - self.reported, 0)
 
     @property
     def known(self) -> bool:
@@ -90,7 +108,8 @@ class MeasuredMemory:
             "kv_tokens": self.kv_tokens,
             "device": self.device,
             "host": self.host,
-            "per_gpu_bytes": self.weights + self.kv_cache + self.draft + self.workspace,
+            "per_gpu_bytes": self.reported,
+            "device_used": self.device_used,
         }
 
 
@@ -240,6 +259,9 @@ class Calibrator:
             context = _context(applied) if predicted.device == "gpu" else 0
             raw_ws = (predicted.workspace - context) / applied.workspace
             pairs["workspace"] = _ratio(measured.workspace, raw_ws)
+            overhead = measured.overhead if predicted.device == "gpu" else None
+            if overhead is not None:
+                self.overheads.append(overhead)
         elif self.engine == "vllm" and measured.weights and measured.kv_cache:
             # vLLM's share of the GPU less weights and KV cache: its activations,
             # sampler, CUDA graphs and context, all it does not report one by one
@@ -261,5 +283,6 @@ class Calibrator:
             weights=mean("weights"),
             kv_cache=mean("kv_cache"),
             workspace=mean("workspace"),
+            overhead=max(self.overheads) if self.overheads else 0,
             trials=self.trials,
         )
