@@ -110,6 +110,8 @@ def _cache_bytes(dtype: Any, model_bytes: float) -> float:
 
 # -- llama.cpp ------------------------------------------------------------------------
 
+_FLOAT_CACHE = ("f16", "f32", "bf16")
+
 
 def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     """llama.cpp (``llama-server`` and llama-cpp-python).
@@ -124,9 +126,12 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     the activations (36 bytes per hidden unit; without flash attention, the scores of
     every head over a sequence's context, ``ctx-size / parallel``), plus the f16 mask
     with flash attention (on by default in llama-server: ``-fa auto``), and the host's
-    output buffer (``parallel`` x vocabulary x 4); fitted to llama-server's buffer
-    report (docs/benchmarks.md). Draft model (``model-draft``): its weights and a KV cache of
-    ``ctx-size-draft`` (default ``ctx-size``) cells."""
+    output buffer (``parallel`` x vocabulary x 4); on a GPU with flash attention and a
+    quantized ``cache-type-k/-v``, f16 copies of one layer's keys and values over all
+    ``ctx-size`` cells; fitted to llama-server's buffer report (docs/benchmarks.md).
+    On a GPU, the CUDA context and library workspaces (512 MiB until a trial's NVML
+    figure calibrates it: :attr:`Calibration.overhead`). Draft model (``model-draft``):
+    its weights and a KV cache of ``ctx-size-draft`` (default ``ctx-size``) cells."""
     facts = shape.model
     if facts is None:
         return unknown(shape.engine, shape.model_error, shape.capacity)
@@ -171,6 +176,13 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
         scores = ctx_seq * max(facts.n_heads, 1) * 4 + ctx_seq * 4 + hidden * 24
         per_token, mask = max(logits, scores), 0
     workspace = ubatch * per_token + mask + parallel * vocab * 4
+    if flash and on_gpu and not facts.mla:
+        # CUDA's flash attention reads a quantized cache through f16 copies of one
+        # layer's K and V over every cell (measured on an H200: docs/benchmarks.md)
+        dims = (facts.head_dim_k if type_k not in _FLOAT_CACHE else 0) + (
+            facts.head_dim_v if type_v not in _FLOAT_CACHE else 0
+        )
+        workspace += ctx * facts.n_kv_heads * dims * 2
     draft = 0
     draft_model = p.get("model-draft", "md", "spec-draft-model")
     if draft_model:
