@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-server on a GPU machine that has no registry: build it with CUDA
 # from a carried llama.cpp tree (dev/install-llama-server.sh), then run
-# tests/gpu/test_gpu_llama_server.py through dev/gpu-tests.sh (wheels from .whl/).
+# tests/gpu/test_gpu_llama_server.py and tests/gpu/test_gpu_memory.py (the memory
+# prediction against NVML) through dev/gpu-tests.sh (wheels from .whl/, gguf among them).
 #
 #   LLAMA_SRC=/path/to/llama.cpp OUT=/out bash dev/gpu-llama-server.sh
 #   GPU_LLAMA_REHEARSAL=1 bash dev/gpu-llama-server.sh     # the same on a CPU machine
@@ -29,6 +30,6 @@ build_s=$(( $(date +%s) - t0 ))
 { cat "$(dirname "$bin")/BUILD-INFO"; echo "build (or cache) seconds here: $build_s"; } \
     | tee -a "$OUT/build.log"
 export LLAMA_SERVER_BIN="$bin"
-GPU_TEST_PATHS=tests/gpu/test_gpu_llama_server.py \
+GPU_TEST_PATHS="tests/gpu/test_gpu_llama_server.py tests/gpu/test_gpu_memory.py" \
     GPU_TESTS_LIMIT=$(( ${GPU_LLAMA_BUDGET:-570} - build_s )) \
     OUT="$OUT" bash dev/gpu-tests.sh full
