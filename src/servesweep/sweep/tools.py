@@ -9,7 +9,7 @@ from typing import Any
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import short_cmdline
 from servesweep.servers.gpu import open_probe
-from servesweep.servers.release import wait_released
+from servesweep.servers.release import ReleasePolicy, wait_released
 from servesweep.spec.schema import WorkloadSpec, parse_duration, parse_size
 
 __all__ = ["doctor", "format_doctor", "parse_gpu_list", "wait_gpus"]
@@ -66,11 +66,12 @@ def wait_gpus(
             probe,
             indexes,
             {g: 0 for g in indexes},
+            ReleasePolicy(
+                tolerance=int(_parse("size", tolerance, "--tolerance")),
+                settle=_parse("duration", settle, "--settle"),
+                timeout=_parse("duration", timeout, "--timeout"),
+            ),
             old_pids=set(),
-            tolerance=int(_parse("size", tolerance, "--tolerance")),
-            settle=_parse("duration", settle, "--settle"),
-            timeout=_parse("duration", timeout, "--timeout"),
-            foreign_policy="wait",
         )
     except TrialFailed as failure:
         return False, f"GPUs {gpus} not free: {failure.evidence.message}" + "".join(
