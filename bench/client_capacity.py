@@ -256,7 +256,7 @@ def _servesweep_open(base: str, rate: float, seconds: float) -> dict[str, Any]:
 def _servesweep(
     base: str, conc: int, seconds: float, n: int | None, workers: int
 ) -> dict[str, Any]:
-    from servesweep.bench.load import run_workload_sync
+    from servesweep.bench.load import LoadOptions, run_workload_sync
     from servesweep.bench.target import Target
     from servesweep.spec.schema import WorkloadSpec
 
@@ -266,7 +266,7 @@ def _servesweep(
     else:
         spec["duration"] = seconds
     target = Target(base_url=base, model="m", metrics_path=None)
-    (res,) = run_workload_sync(target, WorkloadSpec(**spec), workers=workers)
+    (res,) = run_workload_sync(target, WorkloadSpec(**spec), LoadOptions(workers=workers))
     m = res.metrics
     t0 = int(res.info["t0_monotonic_ns"])
     chunks = sum(len(s.chunk_tokens) for s in res.samples if s.ok)

@@ -158,7 +158,7 @@ async def run_capacity(
     base_dir: str | None = None,
 ) -> list[LevelResult]:
     """Measure levels until the capacity is known; the level results, then the summary."""
-    from servesweep.bench.load import run_workload
+    from servesweep.bench.load import LoadOptions, run_workload
 
     spec = workload.capacity
     if spec is None:
@@ -167,9 +167,8 @@ async def run_capacity(
     probes: list[Probe] = []
     while (load := next_load(spec, probes)) is not None:
         level = level_workload(workload, load)
-        results = await run_workload(
-            target, level, probe=probe, gpus=gpus, workers=workers, base_dir=base_dir
-        )
+        options = LoadOptions(probe=probe, gpus=gpus, workers=workers, base_dir=base_dir)
+        results = await run_workload(target, level, options)
         scored = _scored(workload, load, results[0])
         measured.append(scored)
         probes.append(_probe(scored))

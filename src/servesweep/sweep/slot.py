@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.bench.capacity import error_checked
-from servesweep.bench.load import run_workload_sync
+from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.bench.workers import WorkerPool
 from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
@@ -437,9 +437,7 @@ class SlotWorker:
     ) -> list[LevelResult]:
         """The load generator on this machine (the slot's generator processes),
         sampling the slot's GPUs as it runs."""
-        return run_workload_sync(
-            target,
-            workload,
+        options = LoadOptions(
             probe=self.probe,
             gpus=list(self.server.gpus),
             on_progress=progress,
@@ -448,6 +446,7 @@ class SlotWorker:
             after_level=after_level,
             pool=self._generators(workload, target.timeout_s),
         )
+        return run_workload_sync(target, workload, options)
 
     def interrupt(self) -> None:
         """From any thread: make the running work end with ``Interrupted`` and stop the
