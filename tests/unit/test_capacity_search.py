@@ -10,7 +10,12 @@ from collections.abc import Callable
 
 import pytest
 
-from servesweep.bench.capacity import CAPACITY_LEVEL, capacity_result, error_checked
+from servesweep.bench.capacity import (
+    CAPACITY_LEVEL,
+    CapacityPlan,
+    capacity_result,
+    error_checked,
+)
 from servesweep.bench.capacity_search import Probe, estimate, next_load, slo_score
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import CAPACITY_METRICS
@@ -164,6 +169,31 @@ def test_capacity_result_names_the_capacity_and_the_levels_tried() -> None:
     assert [lvl["level"] for lvl in summary.info["levels"]] == ["r4", "r16", "r8"]
     assert summary.info["bound"] == "max_levels"  # 8..16 is not within 5 %
     assert summary.warnings and "stopped after 8 levels" in summary.warnings[0]
+
+
+def test_the_plan_hands_out_levels_until_the_capacity_is_known() -> None:
+    lines: list[str] = []
+    plan = CapacityPlan(workload(), lines.append)
+    curve = step(6.0)  # the SLO (500 ms TTFT) holds up to 6 req/s
+    level, measured = plan.next_level(None, None), 0
+    while level is not None:
+        assert level.capacity is None and level.concurrency == [] and len(level.rate) == 1
+        ttft = 0.5 * curve(level.rate[0])
+        samples = [
+            RequestSample(i, True, sent_at=0.0, first_token_at=ttft, finished_at=ttft)
+            for i in range(4)
+        ]
+        result = LevelResult("chat", f"r{level.rate[0]:g}", 0, {}, samples=samples)
+        with pytest.raises(ValueError, match="result of the level it returned last"):
+            plan.next_level(None, result)
+        level, measured = plan.next_level(level, result), measured + 1
+    *levels, summary = plan.results
+    assert len(levels) == measured == summary.metrics["capacity_levels"]
+    assert 6.0 / 1.05 <= summary.metrics["capacity"] <= 6.0
+    assert [r.info["capacity"]["meets_slo"] for r in levels] == [
+        r.info["capacity"]["load"] <= 6.0 for r in levels
+    ]
+    assert len(lines) == measured + 1 and lines[-1].startswith("chat capacity: ")
 
 
 def test_only_levels_within_the_slo_and_the_lowest_may_fail_with_errors() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from servesweep.bench.capacity import CapacityPlan
 from servesweep.bench.client import build_headers, get_text, make_session, post_json
 from servesweep.bench.datasets import (
     Prompt,
@@ -92,17 +93,7 @@ async def run_workload(
         result: LevelResult = await run_eval_workload(target, workload, base_dir=options.base_dir)
         return [result]
     if workload.capacity is not None:
-        from servesweep.bench.capacity import run_capacity
-
-        return await run_capacity(
-            target,
-            workload,
-            probe=options.probe,
-            gpus=options.gpus,
-            on_progress=options.on_progress,
-            workers=options.workers,
-            base_dir=options.base_dir,
-        )
+        return await _run_capacity(target, CapacityPlan(workload, options.on_progress), options)
     probe, gpus, on_progress = options.probe, options.gpus, options.on_progress
     after_level, pool = options.after_level, options.pool
     n_workers = max(1, options.workers or int(getattr(workload, "workers", 1) or 1))
@@ -149,6 +140,21 @@ async def run_workload(
             if own is not None:
                 own.close()
     return results
+
+
+async def _run_capacity(
+    target: Target, plan: CapacityPlan, options: LoadOptions
+) -> list[LevelResult]:
+    """Measure the levels ``plan`` chooses, one at a time, with the GPU telemetry,
+    generator processes and dataset directory of ``options``."""
+    each = LoadOptions(
+        probe=options.probe, gpus=options.gpus, workers=options.workers, base_dir=options.base_dir
+    )
+    level = plan.next_level(None, None)
+    while level is not None:
+        results = await run_workload(target, level, each)
+        level = plan.next_level(level, results[0])
+    return plan.results
 
 
 def run_workload_sync(
