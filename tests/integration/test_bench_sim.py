@@ -31,7 +31,7 @@ from servesweep.models import LevelResult
 from servesweep.servers.gpu import open_probe
 from servesweep.sim.fakegpu.__main__ import main as fakegpu_main
 from servesweep.sim.testing import SimRun, running_sim
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import workload_spec
 
 COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
@@ -59,7 +59,7 @@ def target(run: SimRun, **kw: Any) -> Target:
 
 
 def bench(run: SimRun, **spec: Any) -> LevelResult:
-    results = run_workload_sync(target(run), WorkloadSpec(name="w", **spec))
+    results = run_workload_sync(target(run), workload_spec(name="w", **spec))
     assert len(results) == 1
     return results[0]
 
@@ -281,12 +281,12 @@ def test_workers_split_and_merge(tmp_path: Path) -> None:
     with sim(tmp_path, "--ttft-ms", "5", "--step-ms", "5", "--batch-slowdown", "0") as run:
         (r,) = run_workload_sync(
             target(run),
-            WorkloadSpec(name="w", concurrency=[4], requests=20, max_tokens=8, ignore_eos=True),
+            workload_spec(name="w", concurrency=[4], requests=20, max_tokens=8, ignore_eos=True),
             LoadOptions(workers=2),
         )
         (o,) = run_workload_sync(
             target(run),
-            WorkloadSpec(name="w", rate=[50.0], arrival="constant", requests=40, max_tokens=4),
+            workload_spec(name="w", rate=[50.0], arrival="constant", requests=40, max_tokens=4),
             LoadOptions(workers=2),
         )
         truth = generations(run)
@@ -343,7 +343,9 @@ def test_gpu_telemetry_through_the_fake_gpus(tmp_path: Path) -> None:
             run.wait_ready()
             (r,) = run_workload_sync(
                 target(run),
-                WorkloadSpec(name="w", concurrency=[2], requests=4, max_tokens=20, ignore_eos=True),
+                workload_spec(
+                    name="w", concurrency=[2], requests=4, max_tokens=20, ignore_eos=True
+                ),
                 LoadOptions(probe=probe, gpus=[0, 1]),
             )
     finally:

@@ -16,7 +16,7 @@ from servesweep.models import Phase
 from servesweep.servers.gpu import open_probe
 from servesweep.sim.fakegpu import FakeGpuDir
 from servesweep.sim.testing import running_sim
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import workload_spec
 from servesweep.store import open_store
 
 COUNTERS = {
@@ -41,11 +41,11 @@ def test_a_level_produces_every_level_metric_of_the_catalog(tmp_path: Path) -> N
                 spec_decode_counters=COUNTERS,
                 timeout_s=60,
             )
-            workload = WorkloadSpec(
+            workload = workload_spec(
                 name="w", concurrency=[2], requests=8, max_tokens=24, ignore_eos=True
             )
             closed = run_workload_sync(target, workload, LoadOptions(probe=probe, gpus=[0]))
-            workload = WorkloadSpec(name="w", rate=[50.0], requests=8, max_tokens=8)
+            workload = workload_spec(name="w", rate=[50.0], requests=8, max_tokens=8)
             opened = run_workload_sync(target, workload, LoadOptions(probe=probe, gpus=[0]))
     finally:
         probe.close()

@@ -21,7 +21,7 @@ from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import CAPACITY_METRICS
 from servesweep.models import LevelResult, RequestSample
 from servesweep.spec import SweepSpec, parse_metric_ref, validate_ref
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import WorkloadSpec, workload_spec
 from servesweep.spec.schema_search import CapacitySpec
 
 Curve = Callable[[float], float]
@@ -138,8 +138,8 @@ def test_slo_score_is_the_quantile_of_the_worst_ratio_per_request() -> None:
 
 
 def workload() -> WorkloadSpec:
-    return WorkloadSpec.model_validate(
-        {
+    return workload_spec(
+        **{
             "name": "chat",
             "capacity": {"slo": {"ttft_ms": 500}, "vary": "rate", "low": 1, "high": 16},
         }
@@ -200,7 +200,7 @@ def test_only_levels_within_the_slo_and_the_lowest_may_fail_with_errors() -> Non
     levels = [tried(4, 0.5), tried(16, 9.0, 0.6), tried(8, 0.97)]
     checked = error_checked(workload(), [*levels, capacity_result(workload(), levels)])
     assert [r.level for r in checked] == ["r4", "r8"]
-    plain = WorkloadSpec(name="plain", concurrency=[1, 8])
+    plain = workload_spec(name="plain", concurrency=[1, 8])
     assert error_checked(plain, levels) == levels
 
 

@@ -31,7 +31,7 @@ from servesweep.metrics_catalog import (
     OUTPUT_THROUGHPUT,
 )
 from servesweep.models import LevelResult
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import CapacityWorkload, LoadWorkload, WorkloadSpec
 
 __all__ = [
     "CAPACITY_LEVEL",
@@ -45,21 +45,21 @@ CAPACITY_LEVEL = "capacity"
 """The level label of a capacity workload's summary result."""
 
 
-def level_workload(workload: WorkloadSpec, load: float) -> WorkloadSpec:
-    """The workload measuring one load level of a capacity search."""
-    assert workload.capacity is not None
+def level_workload(workload: CapacityWorkload, load: float) -> LoadWorkload:
+    """The load workload measuring one load level of a capacity search (the
+    capacity workload's fields as they are, its section dropped)."""
     if workload.capacity.vary == "concurrency":
         levels: dict[str, Any] = {"concurrency": [round(load)], "rate": []}
     else:
         levels = {"concurrency": [], "rate": [load]}
-    return workload.model_copy(update={"capacity": None, "repeats": 1, **levels})
+    fields = {**dict(workload), "capacity": None, "repeats": 1, **levels}
+    return LoadWorkload.model_construct(set(workload.model_fields_set) | set(levels), **fields)
 
 
-def capacity_result(workload: WorkloadSpec, levels: Sequence[LevelResult]) -> LevelResult:
+def capacity_result(workload: CapacityWorkload, levels: Sequence[LevelResult]) -> LevelResult:
     """The summary result of a capacity search over the measured ``levels`` (in the
     order measured, each with its ``info["capacity"]``)."""
     spec = workload.capacity
-    assert spec is not None
     probes = [_probe(r) for r in levels]
     found = estimate(spec, probes)
     at_capacity = next((r for r, p in zip(levels, probes, strict=True) if found.probe is p), None)
@@ -119,9 +119,8 @@ def _probe(result: LevelResult) -> Probe:
     )
 
 
-def _scored(workload: WorkloadSpec, load: float, result: LevelResult) -> LevelResult:
+def _scored(workload: CapacityWorkload, load: float, result: LevelResult) -> LevelResult:
     spec = workload.capacity
-    assert spec is not None
     score, attainment = slo_score(result.samples, spec.slo, spec.quantile)
     facts = {
         "load": load,
@@ -137,7 +136,7 @@ def error_checked(workload: WorkloadSpec, results: Sequence[LevelResult]) -> lis
     search measures loads beyond what the server sustains on purpose, so only the
     levels that met the SLO count, and the lowest load measured (errors there mean the
     server fails at any load); for any other workload, every result."""
-    if workload.capacity is None:
+    if not isinstance(workload, CapacityWorkload):
         return list(results)
     levels = [r for r in results if r.level != CAPACITY_LEVEL and "capacity" in r.info]
     if not levels:
@@ -154,20 +153,18 @@ class CapacityPlan:
     the capacity found."""
 
     def __init__(
-        self, workload: WorkloadSpec, on_progress: Callable[[str], None] | None = None
+        self, workload: CapacityWorkload, on_progress: Callable[[str], None] | None = None
     ) -> None:
-        if workload.capacity is None:
-            raise ValueError(f"workload {workload.name} has no capacity section")
         self.workload = workload
         self.spec = workload.capacity
         self.on_progress = on_progress
         self.measured: list[LevelResult] = []
         self._probes: list[Probe] = []
-        self._pending: tuple[WorkloadSpec, float] | None = None
+        self._pending: tuple[LoadWorkload, float] | None = None
 
     def next_level(
-        self, previous: WorkloadSpec | None, result: LevelResult | None
-    ) -> WorkloadSpec | None:
+        self, previous: LoadWorkload | None, result: LevelResult | None
+    ) -> LoadWorkload | None:
         """The next level to measure (a load workload of one level), or None when the
         capacity is known; ``previous`` is the level returned last and ``result`` its
         measurement (both None at the start)."""

@@ -41,7 +41,7 @@ from servesweep.level_intervals import level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, level_label
 from servesweep.servers.gpu.base import GpuProbe
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import CapacityWorkload, EvalWorkload, LoadWorkload, WorkloadSpec
 
 __all__ = ["LoadOptions", "run_workload", "run_workload_sync"]
 
@@ -87,12 +87,12 @@ async def run_workload(
 
     Raises :class:`BenchError` (``DatasetError``) when the workload cannot run at all;
     failed requests are data in the result."""
-    if workload.eval is not None:
+    if isinstance(workload, EvalWorkload):
         from servesweep.bench.evals import run_eval_workload
 
         result: LevelResult = await run_eval_workload(target, workload, base_dir=options.base_dir)
         return [result]
-    if workload.capacity is not None:
+    if isinstance(workload, CapacityWorkload):
         return await _run_capacity(target, CapacityPlan(workload, options.on_progress), options)
     probe, gpus, on_progress = options.probe, options.gpus, options.on_progress
     after_level, pool = options.after_level, options.pool
@@ -197,7 +197,7 @@ def _progress_line(r: LevelResult) -> str:
 
 async def _prompts(
     target: Target,
-    workload: WorkloadSpec,
+    workload: LoadWorkload,
     session: aiohttp.ClientSession,
     headers: dict[str, str],
     base_dir: str | None,
@@ -251,7 +251,7 @@ class _Runner:
     def __init__(
         self,
         target: Target,
-        workload: WorkloadSpec,
+        workload: LoadWorkload,
         session: aiohttp.ClientSession,
         headers: dict[str, str],
         url: str,

@@ -20,7 +20,8 @@ from servesweep.bench.load import LoadOptions, run_workload
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, ConfigError
 from servesweep.models import LevelResult
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import WorkloadSpec, workload_spec
+from servesweep.spec.schema_search import UNION_TAGS
 
 __all__ = [
     "ACCEPTANCE_SOURCES",
@@ -87,10 +88,10 @@ def bench_workload(**fields: Any) -> WorkloadSpec:
     if spec.get("rate"):
         spec.pop("concurrency", None)
     try:
-        return WorkloadSpec(**spec)
+        return workload_spec(**spec)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in UNION_TAGS)
         raise ConfigError(str(first.get("msg", exc)), key=where or None) from exc
 
 

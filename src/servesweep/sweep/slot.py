@@ -47,7 +47,14 @@ from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.ownership import Ownership
-from servesweep.spec.schema import ServerSpec, SweepSpec, WorkloadSpec
+from servesweep.spec.schema import (
+    CapacityWorkload,
+    EvalWorkload,
+    LoadWorkload,
+    ServerSpec,
+    SweepSpec,
+    WorkloadSpec,
+)
 from servesweep.store.records import TelemetryPoint
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
@@ -465,7 +472,7 @@ class SlotWorker:
     def _warm_generators(self) -> None:
         """Start the load-generator processes while the server loads (in a thread of
         its own, which inherits this thread's cores), so the benchmark does not wait."""
-        first = next((w for w in self.workloads if not w.is_eval), None)
+        first = next((w for w in self.workloads if not isinstance(w, EvalWorkload)), None)
         if first is None or (first.workers <= 1 and self.context.slots <= 1):
             return
 
@@ -732,10 +739,12 @@ class SlotWorker:
         spec = self.context.spec
         if order.relaunch:
             # the confirm phase measures every workload a launch can measure again
-            workloads = [w for w in self.workloads if w.capacity is None]
+            workloads: list[WorkloadSpec] = [
+                w for w in self.workloads if not isinstance(w, CapacityWorkload)
+            ]
         else:
             workloads = [w for w in self.workloads if spec.launches_of(w) > launch]
-        loads = [w for w in workloads if not w.is_eval and w.capacity is None]
+        loads = [w for w in workloads if isinstance(w, LoadWorkload)]
         if loads and loads[0].warmup == "auto":
             # the launch's first load workload warms the fresh server until it settles
             warm = loads[0].model_copy(update={"warmup": "launch"})
@@ -807,7 +816,7 @@ class SlotWorker:
 
 def _levels(workload: WorkloadSpec) -> int:
     """How many level results a workload gives (for telling whether any come after)."""
-    if workload.is_eval or workload.capacity is not None:
+    if not isinstance(workload, LoadWorkload):
         return 1
     return (len(workload.concurrency) + len(workload.rate)) * workload.repeats
 
@@ -817,7 +826,7 @@ def _on_node(instance: InstanceRecord, placement: Placement) -> InstanceRecord:
 
 
 def _check_errors(workload: WorkloadSpec, results: Sequence[LevelResult]) -> None:
-    if workload.is_eval:
+    if isinstance(workload, EvalWorkload):
         return
     # a capacity search goes beyond the load the server sustains on purpose: only the
     # levels it judged are held to the error limit
