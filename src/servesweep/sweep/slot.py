@@ -404,10 +404,11 @@ class SlotWorker:
     def _enter(self, trial: int, phase: Phase) -> None:
         self._check_cancel()
         now = time.time()
+        previous = None
         if self._phase is not None:
-            self._phase_seconds[self._phase[0].value] = now - self._phase[1]
+            previous = self._phase_seconds[self._phase[0].value] = now - self._phase[1]
         self._phase = (phase, now)
-        self.emit(PhaseEntered(trial=trial, phase=phase, at=now))
+        self.emit(PhaseEntered(trial=trial, phase=phase, at=now, previous_seconds=previous))
 
     def trial_key(self, trial: int) -> str:
         return f"{self.context.spec.name}-{trial}"
@@ -627,14 +628,16 @@ class SlotWorker:
             if points:
                 self.emit(TelemetrySampled(trial=order.trial, points=points))
         self._check_cancel()
+        at = time.time()
         self.emit(
             TrialFinished(
                 trial=order.trial,
                 outcome=outcome,
                 failure_class=failure_class,
                 evidence=evidence,
-                at=time.time(),
+                at=at,
                 relaunch=bool(order.relaunch),
+                last_phase_seconds=None if self._phase is None else at - self._phase[1],
             )
         )
 
