@@ -27,9 +27,9 @@ from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.specdecode import parse_counters
 from servesweep.bench.standalone import BenchServer, bench_workload, format_results, run_standalone
 from servesweep.bench.target import Target
+from servesweep.fakegpu.__main__ import main as fakegpu_main
 from servesweep.models import LevelResult
 from servesweep.servers.gpu import open_probe
-from servesweep.sim.fakegpu.__main__ import main as fakegpu_main
 from servesweep.sim.testing import SimRun, running_sim
 from servesweep.spec.schema import workload_spec
 

@@ -12,9 +12,9 @@ from tests.integration.sweep_helpers import kill_tagged, run_cli, write_sweep
 from servesweep import metrics_catalog as mc
 from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
+from servesweep.fakegpu import FakeGpuDir
 from servesweep.models import Phase
 from servesweep.servers.gpu import open_probe
-from servesweep.sim.fakegpu import FakeGpuDir
 from servesweep.sim.testing import running_sim
 from servesweep.spec.schema import workload_spec
 from servesweep.store import open_store

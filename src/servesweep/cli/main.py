@@ -842,7 +842,7 @@ def sim(ctx: click.Context) -> None:
 @click.pass_context
 def fake_gpus_cmd(ctx: click.Context) -> None:
     """Create, show or hold fake GPUs (see `servesweep fake-gpus --help`)."""
-    from servesweep.sim.fakegpu.__main__ import main as fake_main
+    from servesweep.fakegpu.__main__ import main as fake_main
 
     raise _Exit(fake_main(list(ctx.args), prog="servesweep fake-gpus"))
 
