@@ -234,9 +234,9 @@ async def _bare_httpx(url: str, conc: int, seconds: float, n: int | None) -> dic
 def _servesweep_open(base: str, rate: float, seconds: float) -> dict[str, Any]:
     from servesweep.bench.load import run_workload_sync
     from servesweep.bench.target import Target
-    from servesweep.spec.schema import WorkloadSpec
+    from servesweep.spec.schema import workload_spec
 
-    spec = WorkloadSpec(
+    spec = workload_spec(
         name="capacity", rate=[rate], arrival="poisson", duration=seconds, max_tokens=16
     )
     target = Target(base_url=base, model="m", metrics_path=None)
@@ -256,9 +256,9 @@ def _servesweep_open(base: str, rate: float, seconds: float) -> dict[str, Any]:
 def _servesweep(
     base: str, conc: int, seconds: float, n: int | None, workers: int
 ) -> dict[str, Any]:
-    from servesweep.bench.load import run_workload_sync
+    from servesweep.bench.load import LoadOptions, run_workload_sync
     from servesweep.bench.target import Target
-    from servesweep.spec.schema import WorkloadSpec
+    from servesweep.spec.schema import workload_spec
 
     spec: dict[str, Any] = {"name": "capacity", "concurrency": [conc], "max_tokens": 16}
     if n is not None:
@@ -266,7 +266,7 @@ def _servesweep(
     else:
         spec["duration"] = seconds
     target = Target(base_url=base, model="m", metrics_path=None)
-    (res,) = run_workload_sync(target, WorkloadSpec(**spec), workers=workers)
+    (res,) = run_workload_sync(target, workload_spec(**spec), LoadOptions(workers=workers))
     m = res.metrics
     t0 = int(res.info["t0_monotonic_ns"])
     chunks = sum(len(s.chunk_tokens) for s in res.samples if s.ok)

@@ -62,10 +62,10 @@ def _serve(port: int) -> None:
 def _workload(port: int, concurrency: int, n: int) -> None:
     from servesweep.bench.load import run_workload_sync
     from servesweep.bench.target import Target
-    from servesweep.spec.schema import WorkloadSpec
+    from servesweep.spec.schema import workload_spec
 
     target = Target(base_url=f"http://127.0.0.1:{port}", model="m", metrics_path=None)
-    spec = WorkloadSpec(name="w", concurrency=[concurrency], requests=n, max_tokens=16)
+    spec = workload_spec(name="w", concurrency=[concurrency], requests=n, max_tokens=16)
     (result,) = run_workload_sync(target, spec)
     if result.metrics["completed"] != n:
         raise SystemExit(f"requests failed: {result.info.get('error_examples')}")

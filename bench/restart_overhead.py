@@ -292,7 +292,7 @@ def main() -> int:
                 [
                     sys.executable,
                     "-m",
-                    "servesweep.sim.fakegpu",
+                    "servesweep.fakegpu",
                     "init",
                     str(fake),
                     "--count",

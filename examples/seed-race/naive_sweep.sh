@@ -24,7 +24,7 @@ DRAIN=${DRAIN:-1.0}
 
 mkdir -p "$WORK"
 # One fake 1 GiB GPU: one instance (700 MiB) fits, two do not.
-"$PYTHON" -m servesweep.sim.fakegpu init "$WORK/gpus" --count 1 --memory 1GiB >/dev/null
+"$PYTHON" -m servesweep.fakegpu init "$WORK/gpus" --count 1 --memory 1GiB >/dev/null
 
 reconfig() {  # budget topk window
     if [ -f "$WORK/server.pid" ]; then

@@ -289,7 +289,7 @@ def store_grid_sweep(path: Path) -> Path:
             store.begin_attempt(rec.id, t, f"runs/{rec.id}/server.log", node="gpu-box", slot=0,
                                 gpus=(0, 1))  # fmt: skip
             for i, phase in enumerate((Phase.STOP, Phase.RELEASE, Phase.START, Phase.LOAD)):
-                store.enter_phase(rec.id, phase, t + i)
+                store.enter_phase(rec.id, phase, t + i, 1.0 if i else None)
             store.add_telemetry(
                 [TelemetryPoint(rec.id, t + dt, g, int(mib * 2**20), node="gpu-box")
                  for dt, mib in ((0.5, 500), (3.5, 60_000), (20.0, 61_000)) for g in (0, 1)]
@@ -301,8 +301,8 @@ def store_grid_sweep(path: Path) -> Path:
                                       matched_line="torch.OutOfMemoryError: CUDA out of memory"),
                 )  # fmt: skip
                 continue
-            store.enter_phase(rec.id, Phase.READY, t + 10)
-            store.enter_phase(rec.id, Phase.BENCH, t + 11)
+            store.enter_phase(rec.id, Phase.READY, t + 10, 7.0)
+            store.enter_phase(rec.id, Phase.BENCH, t + 11, 1.0)
             for repeat, wobble in ((0, -1.0), (1, 1.0)):
                 for level, tp, ttft in (
                     ("c1", 100.0 + 10 * budget * topk, 50.0 + budget),

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servesweep.sim.fakegpu import FakeGpuDir
+from servesweep.fakegpu import FakeGpuDir
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

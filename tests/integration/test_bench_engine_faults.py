@@ -28,7 +28,7 @@ from servesweep.bench.plan import END_GRACE_MIN_S
 from servesweep.bench.target import Target
 from servesweep.models import LevelResult
 from servesweep.sim.testing import running_sim
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import workload_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def bench(port: int, timeout_s: float = 60.0, **spec: Any) -> list[LevelResult]:
     target = Target(
         base_url=f"http://127.0.0.1:{port}", model="stub", metrics_path=None, timeout_s=timeout_s
     )
-    return run_workload_sync(target, WorkloadSpec(name="w", **spec))
+    return run_workload_sync(target, workload_spec(name="w", **spec))
 
 
 def failed_texts(r: LevelResult) -> list[str]:
@@ -164,7 +164,7 @@ def test_a_server_that_dies_mid_level_leaves_what_was_measured(tmp_path: Path) -
     with running_sim(["--load-time", "0", "--step-ms", "2", "--crash-after", "3"], tmp_path) as run:
         run.wait_ready()
         target = Target(base_url=f"http://127.0.0.1:{run.port}", model="sim-model", timeout_s=60)
-        spec = WorkloadSpec(name="w", concurrency=[1, 2], requests=8, max_tokens=8)
+        spec = workload_spec(name="w", concurrency=[1, 2], requests=8, max_tokens=8)
         results = run_workload_sync(target, spec)
         assert run.wait_exit(timeout=30) != 0
     first, second = results  # no level is lost

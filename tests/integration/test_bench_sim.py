@@ -23,15 +23,15 @@ from helpers.sim_truth import (
     generations,
     median,
 )
-from servesweep.bench.load import run_workload_sync
+from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.specdecode import parse_counters
-from servesweep.bench.standalone import format_results, run_standalone
+from servesweep.bench.standalone import BenchServer, bench_workload, format_results, run_standalone
 from servesweep.bench.target import Target
+from servesweep.fakegpu.__main__ import main as fakegpu_main
 from servesweep.models import LevelResult
 from servesweep.servers.gpu import open_probe
-from servesweep.sim.fakegpu.__main__ import main as fakegpu_main
 from servesweep.sim.testing import SimRun, running_sim
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import workload_spec
 
 COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
@@ -59,7 +59,7 @@ def target(run: SimRun, **kw: Any) -> Target:
 
 
 def bench(run: SimRun, **spec: Any) -> LevelResult:
-    results = run_workload_sync(target(run), WorkloadSpec(name="w", **spec))
+    results = run_workload_sync(target(run), workload_spec(name="w", **spec))
     assert len(results) == 1
     return results[0]
 
@@ -281,13 +281,13 @@ def test_workers_split_and_merge(tmp_path: Path) -> None:
     with sim(tmp_path, "--ttft-ms", "5", "--step-ms", "5", "--batch-slowdown", "0") as run:
         (r,) = run_workload_sync(
             target(run),
-            WorkloadSpec(name="w", concurrency=[4], requests=20, max_tokens=8, ignore_eos=True),
-            workers=2,
+            workload_spec(name="w", concurrency=[4], requests=20, max_tokens=8, ignore_eos=True),
+            LoadOptions(workers=2),
         )
         (o,) = run_workload_sync(
             target(run),
-            WorkloadSpec(name="w", rate=[50.0], arrival="constant", requests=40, max_tokens=4),
-            workers=2,
+            workload_spec(name="w", rate=[50.0], arrival="constant", requests=40, max_tokens=4),
+            LoadOptions(workers=2),
         )
         truth = generations(run)
     assert sorted(s.index for s in r.samples) == list(range(20))
@@ -343,9 +343,10 @@ def test_gpu_telemetry_through_the_fake_gpus(tmp_path: Path) -> None:
             run.wait_ready()
             (r,) = run_workload_sync(
                 target(run),
-                WorkloadSpec(name="w", concurrency=[2], requests=4, max_tokens=20, ignore_eos=True),
-                probe=probe,
-                gpus=[0, 1],
+                workload_spec(
+                    name="w", concurrency=[2], requests=4, max_tokens=20, ignore_eos=True
+                ),
+                LoadOptions(probe=probe, gpus=[0, 1]),
             )
     finally:
         probe.close()
@@ -357,7 +358,8 @@ def test_gpu_telemetry_through_the_fake_gpus(tmp_path: Path) -> None:
 def test_standalone_bench_finds_the_model(tmp_path: Path) -> None:
     with sim(tmp_path, "--ttft-ms", "2", "--step-ms", "2") as run:
         results = run_standalone(
-            f"http://127.0.0.1:{run.port}/v1", concurrency=[1, 2], requests=4, max_tokens=8
+            BenchServer(f"http://127.0.0.1:{run.port}/v1"),
+            bench_workload(concurrency=[1, 2], requests=4, max_tokens=8),
         )
     assert [r.level for r in results] == ["c1", "c2"]
     assert all(r.metrics["completed"] == 4 for r in results)

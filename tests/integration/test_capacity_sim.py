@@ -15,7 +15,7 @@ from servesweep.bench.capacity import CAPACITY_LEVEL
 from servesweep.bench.load import run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.sim.testing import running_sim
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import workload_spec
 
 STEP_MS = 20.0
 SLOWDOWN = 0.5
@@ -30,8 +30,8 @@ def true_capacity() -> int:
 def test_capacity_of_the_simulated_engine_within_5_percent(tmp_path: Path) -> None:
     args = ["--load-time", "0", "--ttft-ms", "20", "--step-ms", str(STEP_MS)]
     args += ["--batch-slowdown", str(SLOWDOWN), "--max-num-seqs", "64"]
-    workload = WorkloadSpec.model_validate(
-        {
+    workload = workload_spec(
+        **{
             "name": "chat",
             "requests": 40,
             "max_tokens": 12,

@@ -45,7 +45,7 @@ def test_wait_gpus_names_the_holder_then_returns_when_released(tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "servesweep.sim.fakegpu",
+            "servesweep.fakegpu",
             "hold",
             str(gpus),
             "--gpus",
@@ -111,7 +111,7 @@ def test_doctor_reports_gpus_holders_and_port(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "servesweep.sim.fakegpu",
+            "servesweep.fakegpu",
             "hold",
             str(gpus),
             "--gpus",

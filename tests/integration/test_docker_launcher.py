@@ -187,7 +187,7 @@ def test_lifecycle_with_the_release_gate_on_fake_gpus(box: Box, tmp_path: Path) 
     ``--pid host`` lets the engine record host PIDs in the fake GPU directory."""
     gpus = tmp_path / "gpus"
     subprocess.run(
-        [sys.executable, "-m", "servesweep.sim.fakegpu", "init", str(gpus), "--memory", "8GiB"],
+        [sys.executable, "-m", "servesweep.fakegpu", "init", str(gpus), "--memory", "8GiB"],
         check=True,
         capture_output=True,
         timeout=60,

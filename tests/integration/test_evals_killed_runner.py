@@ -34,12 +34,12 @@ CHILD = """
 import asyncio, sys
 from servesweep.bench.evals import run_eval_workload
 from servesweep.bench.target import Target
-from servesweep.spec.schema import EvalSpec, WorkloadSpec
+from servesweep.spec.schema import EvalSpec, workload_spec
 
 port, suite, sandbox = sys.argv[1:4]
 spec = EvalSpec(suite=suite, timeout=300, sandbox=sandbox)
 target = Target(base_url=f"http://127.0.0.1:{port}", model="sim-model", timeout_s=60)
-asyncio.run(run_eval_workload(target, WorkloadSpec(name="deaf", eval=spec)))
+asyncio.run(run_eval_workload(target, workload_spec(name="deaf", eval=spec)))
 """
 
 

@@ -19,7 +19,7 @@ from servesweep.bench.target import Target
 from servesweep.errors import DatasetError
 from servesweep.sim.oracle import oracle_correct
 from servesweep.sim.testing import SimRun, free_port, running_sim
-from servesweep.spec.schema import EvalSpec, WorkloadSpec
+from servesweep.spec.schema import EvalSpec, workload_spec
 
 SEED = 3
 RATE = 0.6
@@ -57,7 +57,7 @@ def _expected(suite: str, samples: int, limit: int | None = None) -> dict[str, i
 
 
 def test_coding_pass_rate_equals_the_oracle(sim: SimRun, bwrap: None) -> None:
-    workload = WorkloadSpec(
+    workload = workload_spec(
         name="coding", eval=EvalSpec(suite="builtin:coding", samples=2, parallel=4)
     )
     started = time.monotonic()
@@ -89,7 +89,7 @@ def test_task_seconds_are_their_own_in_a_queued_workload(sim: SimRun, bwrap: Non
     """One request and one check at a time: each task's seconds are its own request
     and sandbox run, not the time it waited behind the others (which would add up to
     about n²/2 runs)."""
-    workload = WorkloadSpec(
+    workload = workload_spec(
         name="queued", eval=EvalSpec(suite="builtin:coding", limit=8, parallel=1)
     )
     started = time.monotonic()
@@ -102,7 +102,7 @@ def test_task_seconds_are_their_own_in_a_queued_workload(sim: SimRun, bwrap: Non
 
 
 def test_text_pass_rate_equals_the_oracle(sim: SimRun) -> None:
-    workload = WorkloadSpec(name="facts", eval=EvalSpec(suite="builtin:text", samples=3))
+    workload = workload_spec(name="facts", eval=EvalSpec(suite="builtin:text", samples=3))
     result = asyncio.run(run_eval_workload(_target(sim), workload))
     expected = _expected("builtin:text", 3)
     assert {k: v["passed"] for k, v in result.info["per_task"].items()} == expected
@@ -116,7 +116,7 @@ def test_the_host_filesystem_opt_in_is_recorded_and_warned(sim: SimRun) -> None:
     if os.geteuid() != 0:
         pytest.skip("the none backend runs generated code as a fresh uid only as root")
     spec = EvalSpec(suite="builtin:coding", limit=2, sandbox="host-filesystem")
-    result = asyncio.run(run_eval_workload(_target(sim), WorkloadSpec(name="c", eval=spec)))
+    result = asyncio.run(run_eval_workload(_target(sim), workload_spec(name="c", eval=spec)))
     assert result.metrics["total"] == 2
     assert result.info["sandbox"] == "none"
     assert result.info["sandbox_setting"] == "host-filesystem"
@@ -124,7 +124,7 @@ def test_the_host_filesystem_opt_in_is_recorded_and_warned(sim: SimRun) -> None:
 
 
 def test_limit_and_the_completions_endpoint(sim: SimRun, bwrap: None) -> None:
-    workload = WorkloadSpec(
+    workload = workload_spec(
         name="coding5",
         endpoint="completions",
         eval=EvalSpec(suite="builtin:coding", limit=5, parallel=2),
@@ -146,7 +146,7 @@ def test_a_user_suite_file(sim: SimRun, tmp_path: Path, bwrap: None) -> None:
         "test": "def check(candidate):\n    assert candidate(2) == 6\n",
     }
     path.write_text(json.dumps(row) + "\n")
-    workload = WorkloadSpec(name="mine", eval=EvalSpec(suite="mine.jsonl"))
+    workload = workload_spec(name="mine", eval=EvalSpec(suite="mine.jsonl"))
     result = asyncio.run(run_eval_workload(_target(sim), workload, base_dir=str(tmp_path)))
     assert result.metrics == {
         "pass_rate": 0.0,
@@ -159,7 +159,7 @@ def test_a_user_suite_file(sim: SimRun, tmp_path: Path, bwrap: None) -> None:
 
 def test_server_down_is_data_not_a_crash(bwrap: None) -> None:
     target = Target(base_url=f"http://127.0.0.1:{free_port()}", model="m", timeout_s=5)
-    workload = WorkloadSpec(name="coding", eval=EvalSpec(suite="builtin:coding", limit=3))
+    workload = workload_spec(name="coding", eval=EvalSpec(suite="builtin:coding", limit=3))
     result = asyncio.run(run_eval_workload(target, workload))
     assert result.metrics["errors"] == 3 and result.metrics["pass_rate"] == 0.0
     assert {r.status for r in result.eval_results} == {"error"}
@@ -170,6 +170,6 @@ def test_bad_suite_file_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"task_id": "a", "prompt": "p", "kind": "exact", "answer": "x"}\n{oops\n')
     target = Target(base_url="http://127.0.0.1:9", model="m")
-    workload = WorkloadSpec(name="bad", eval=EvalSpec(suite=str(path)))
+    workload = workload_spec(name="bad", eval=EvalSpec(suite=str(path)))
     with pytest.raises(DatasetError, match=r"bad\.jsonl:2: not a JSON object"):
         asyncio.run(run_eval_workload(target, workload))

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from servesweep.errors import NoGpuDriverError
+from servesweep.fakegpu import FakeGpuDir
 from servesweep.servers.gpu import conformance as suite
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.gpu.nvml import NvmlProbe
-from servesweep.sim.fakegpu import FakeGpuDir
 
 HoldFactory = Callable[[int, int], contextlib.AbstractContextManager[suite.MemoryHolder]]
 MiB = 2**20

@@ -33,7 +33,7 @@ from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import NoGpuProbe
 from servesweep.servers.launchers.subprocess import SubprocessLauncher
 from servesweep.servers.readiness import ReadyInfo, wait_ready
-from servesweep.spec.schema import ServerSpec, WorkloadSpec
+from servesweep.spec.schema import ServerSpec, workload_spec
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +151,7 @@ def test_doctor_measures_valid_framings_and_reports_invalid_ones(framings: Frami
 
 def _bench(f: Framings, name: str) -> dict[str, object]:
     target = Target(base_url=f"http://127.0.0.1:{f.ports[name]}", model=MODEL, timeout_s=10)
-    workload = WorkloadSpec(
+    workload = workload_spec(
         name="w", endpoint="completions", concurrency=[1], requests=2, max_tokens=3
     )
     (level,) = run_workload_sync(target, workload)

@@ -170,7 +170,7 @@ def test_foreign_holder_is_gpu_busy_naming_it(
 ) -> None:
     fake, probe = gpus
     holder = tracker.spawn(
-        [sys.executable, "-m", "servesweep.sim.fakegpu", "hold", str(fake), "--mem", "3GiB"],
+        [sys.executable, "-m", "servesweep.fakegpu", "hold", str(fake), "--mem", "3GiB"],
         tmp_path / "hold.log",
     )
     assert wait_for(lambda: bool(probe.snapshot([0])[0].holders))
@@ -213,7 +213,7 @@ def test_leftover_instance_of_an_earlier_run_is_killed_under_kill_own(
             [
                 sys.executable,
                 "-m",
-                "servesweep.sim.fakegpu",
+                "servesweep.fakegpu",
                 "hold",
                 str(fake),
                 "--mem",
@@ -239,7 +239,7 @@ def test_oom_at_load_on_the_sim_is_start_crash_oom(
 ) -> None:
     fake, probe = gpus
     tracker.spawn(
-        [sys.executable, "-m", "servesweep.sim.fakegpu", "hold", str(fake), "--mem", "6GiB"],
+        [sys.executable, "-m", "servesweep.fakegpu", "hold", str(fake), "--mem", "6GiB"],
         tmp_path / "hold.log",
     )
     assert wait_for(lambda: bool(probe.snapshot([0])[0].holders))

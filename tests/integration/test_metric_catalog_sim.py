@@ -10,13 +10,13 @@ from pathlib import Path
 from tests.integration.sweep_helpers import kill_tagged, run_cli, write_sweep
 
 from servesweep import metrics_catalog as mc
-from servesweep.bench.load import run_workload_sync
+from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
+from servesweep.fakegpu import FakeGpuDir
 from servesweep.models import Phase
 from servesweep.servers.gpu import open_probe
-from servesweep.sim.fakegpu import FakeGpuDir
 from servesweep.sim.testing import running_sim
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import workload_spec
 from servesweep.store import open_store
 
 COUNTERS = {
@@ -41,12 +41,12 @@ def test_a_level_produces_every_level_metric_of_the_catalog(tmp_path: Path) -> N
                 spec_decode_counters=COUNTERS,
                 timeout_s=60,
             )
-            workload = WorkloadSpec(
+            workload = workload_spec(
                 name="w", concurrency=[2], requests=8, max_tokens=24, ignore_eos=True
             )
-            closed = run_workload_sync(target, workload, probe=probe, gpus=[0])
-            workload = WorkloadSpec(name="w", rate=[50.0], requests=8, max_tokens=8)
-            opened = run_workload_sync(target, workload, probe=probe, gpus=[0])
+            closed = run_workload_sync(target, workload, LoadOptions(probe=probe, gpus=[0]))
+            workload = workload_spec(name="w", rate=[50.0], requests=8, max_tokens=8)
+            opened = run_workload_sync(target, workload, LoadOptions(probe=probe, gpus=[0]))
     finally:
         probe.close()
     produced = {name for result in (*closed, *opened) for name in result.metrics}

@@ -41,7 +41,7 @@ def _run_trial(
 ) -> None:
     store.begin_attempt(tid, t, f"runs/{tid}/server.log")
     for i, phase in enumerate((Phase.STOP, Phase.RELEASE, Phase.START, Phase.LOAD)):
-        store.enter_phase(tid, phase, t + i)
+        store.enter_phase(tid, phase, t + i, 1.0 if i else None)
     store.set_instance(
         tid,
         InstanceRecord(launcher="subprocess", pids=(4000 + tid,), gpus=(0, 1)),
@@ -61,8 +61,8 @@ def _run_trial(
             ),
         )
         return
-    store.enter_phase(tid, Phase.READY, t + 10)
-    store.enter_phase(tid, Phase.BENCH, t + 11)
+    store.enter_phase(tid, Phase.READY, t + 10, 7.0)
+    store.enter_phase(tid, Phase.BENCH, t + 11, 1.0)
     for level, (tp, ttft) in metrics.items():
         store.add_result(
             tid,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.fakegpu import FakeGpuDir
 from servesweep.servers.gpu import open_probe
-from servesweep.sim.fakegpu import FakeGpuDir
 from servesweep.sim.testing import SimRun, http_request, start_sim
 
 MiB = 2**20

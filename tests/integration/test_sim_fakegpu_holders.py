@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from servesweep.sim.fakegpu import FakeGpuDir
+from servesweep.fakegpu import FakeGpuDir
 
 MiB = 2**20
 
 
 def _hold(gpus: Path, mem: str, delay: float) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "servesweep.sim.fakegpu", "hold", str(gpus)]
+    argv = [sys.executable, "-m", "servesweep.fakegpu", "hold", str(gpus)]
     proc = subprocess.Popen(
         [*argv, "--gpus", "0", "--mem", mem, "--release-delay", str(delay)],
         stdout=subprocess.PIPE,
@@ -58,7 +58,7 @@ def test_hold_graceful_exit_and_oom_and_show(tmp_path: Path) -> None:
     FakeGpuDir.create(gpus, 1, 1000 * MiB)
     proc = _hold(gpus, "700MiB", 0.5)
     try:
-        cli = [sys.executable, "-m", "servesweep.sim.fakegpu"]
+        cli = [sys.executable, "-m", "servesweep.fakegpu"]
         second = subprocess.run(
             [*cli, "hold", str(gpus), "--mem", "400MiB"], capture_output=True, timeout=30
         )

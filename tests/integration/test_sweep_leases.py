@@ -167,7 +167,7 @@ def test_the_same_environment_failure_twice_in_a_row_stops_the_sweep(tmp_path: P
                 [
                     sys.executable,
                     "-m",
-                    "servesweep.sim.fakegpu",
+                    "servesweep.fakegpu",
                     "hold",
                     str(tmp_path / "gpus"),
                     "--gpus",

@@ -225,7 +225,7 @@ def test_killmode_process_warns_and_stop_kills_what_systemd_leaves(
     unit = unit_factory("ss-orphan.service", kill_mode="process")
     gpus = systemd_sandbox.scratch / f"gpus-{unit.port}"
     subprocess.run(
-        [sys.executable, "-m", "servesweep.sim.fakegpu", "init", str(gpus), "--memory", "4GiB"],
+        [sys.executable, "-m", "servesweep.fakegpu", "init", str(gpus), "--memory", "4GiB"],
         check=True,
         timeout=60,
     )

@@ -22,7 +22,7 @@ from tests.integration.sweep_helpers import (
     wait_for_event,
 )
 
-from servesweep.sim.fakegpu import FakeGpuDir
+from servesweep.fakegpu import FakeGpuDir
 from servesweep.sim.testing import free_port_block
 from servesweep.store import open_store
 

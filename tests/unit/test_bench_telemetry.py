@@ -15,7 +15,13 @@ from servesweep.bench.specdecode import (
     estimate_from_chunks,
     parse_counters,
 )
-from servesweep.bench.standalone import format_results, results_as_dicts, run_standalone
+from servesweep.bench.standalone import (
+    BenchServer,
+    bench_workload,
+    format_results,
+    results_as_dicts,
+    run_standalone,
+)
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.errors import ConfigError, GpuProbeError
 from servesweep.models import GpuState, LevelResult
@@ -166,9 +172,12 @@ def test_result_table_and_json() -> None:
 
 def test_standalone_option_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="not an http"):
-        run_standalone("localhost:8000", model="m")
+        run_standalone(BenchServer("localhost:8000", model="m"), bench_workload())
     monkeypatch.delenv("SERVESWEEP_TEST_KEY", raising=False)
     with pytest.raises(ConfigError, match="SERVESWEEP_TEST_KEY is not set"):
-        run_standalone("http://127.0.0.1:1", model="m", api_key_env="SERVESWEEP_TEST_KEY")
+        server = BenchServer("http://127.0.0.1:1", model="m", api_key_env="SERVESWEEP_TEST_KEY")
+        run_standalone(server, bench_workload())
     with pytest.raises(ConfigError, match="concurrency"):
-        run_standalone("http://127.0.0.1:1", model="m", concurrency=[0])
+        run_standalone(
+            BenchServer("http://127.0.0.1:1", model="m"), bench_workload(concurrency=[0])
+        )

@@ -10,13 +10,18 @@ from collections.abc import Callable
 
 import pytest
 
-from servesweep.bench.capacity import CAPACITY_LEVEL, capacity_result, error_checked
+from servesweep.bench.capacity import (
+    CAPACITY_LEVEL,
+    CapacityPlan,
+    capacity_result,
+    error_checked,
+)
 from servesweep.bench.capacity_search import Probe, estimate, next_load, slo_score
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import CAPACITY_METRICS
 from servesweep.models import LevelResult, RequestSample
 from servesweep.spec import SweepSpec, parse_metric_ref, validate_ref
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import WorkloadSpec, workload_spec
 from servesweep.spec.schema_search import CapacitySpec
 
 Curve = Callable[[float], float]
@@ -133,8 +138,8 @@ def test_slo_score_is_the_quantile_of_the_worst_ratio_per_request() -> None:
 
 
 def workload() -> WorkloadSpec:
-    return WorkloadSpec.model_validate(
-        {
+    return workload_spec(
+        **{
             "name": "chat",
             "capacity": {"slo": {"ttft_ms": 500}, "vary": "rate", "low": 1, "high": 16},
         }
@@ -166,11 +171,36 @@ def test_capacity_result_names_the_capacity_and_the_levels_tried() -> None:
     assert summary.warnings and "stopped after 8 levels" in summary.warnings[0]
 
 
+def test_the_plan_hands_out_levels_until_the_capacity_is_known() -> None:
+    lines: list[str] = []
+    plan = CapacityPlan(workload(), lines.append)
+    curve = step(6.0)  # the SLO (500 ms TTFT) holds up to 6 req/s
+    level, measured = plan.next_level(None, None), 0
+    while level is not None:
+        assert level.capacity is None and level.concurrency == [] and len(level.rate) == 1
+        ttft = 0.5 * curve(level.rate[0])
+        samples = [
+            RequestSample(i, True, sent_at=0.0, first_token_at=ttft, finished_at=ttft)
+            for i in range(4)
+        ]
+        result = LevelResult("chat", f"r{level.rate[0]:g}", 0, {}, samples=samples)
+        with pytest.raises(ValueError, match="result of the level it returned last"):
+            plan.next_level(None, result)
+        level, measured = plan.next_level(level, result), measured + 1
+    *levels, summary = plan.results
+    assert len(levels) == measured == summary.metrics["capacity_levels"]
+    assert 6.0 / 1.05 <= summary.metrics["capacity"] <= 6.0
+    assert [r.info["capacity"]["meets_slo"] for r in levels] == [
+        r.info["capacity"]["load"] <= 6.0 for r in levels
+    ]
+    assert len(lines) == measured + 1 and lines[-1].startswith("chat capacity: ")
+
+
 def test_only_levels_within_the_slo_and_the_lowest_may_fail_with_errors() -> None:
     levels = [tried(4, 0.5), tried(16, 9.0, 0.6), tried(8, 0.97)]
     checked = error_checked(workload(), [*levels, capacity_result(workload(), levels)])
     assert [r.level for r in checked] == ["r4", "r8"]
-    plain = WorkloadSpec(name="plain", concurrency=[1, 8])
+    plain = workload_spec(name="plain", concurrency=[1, 8])
     assert error_checked(plain, levels) == levels
 
 

@@ -10,8 +10,8 @@ import click
 import pytest
 
 from servesweep.cli.main import cli, main
+from servesweep.fakegpu.__main__ import build_parser as fake_gpus_parser
 from servesweep.sim.config import build_parser as sim_parser
-from servesweep.sim.fakegpu.__main__ import build_parser as fake_gpus_parser
 
 
 def _commands(group: click.Group, prefix: str) -> Iterator[tuple[str, click.Command]]:

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from servesweep.errors import ConfigError, GpuProbeError, NoGpuDriverError
+from servesweep.fakegpu import FakeGpuDir
+from servesweep.fakegpu.probe import FakeGpuProbe
 from servesweep.servers.gpu import NoGpuProbe, open_probe
 from servesweep.servers.gpu.base import GpuProbe
-from servesweep.servers.gpu.fake import FakeGpuProbe
 from servesweep.servers.gpu.nvml import NvmlProbe
-from servesweep.sim.fakegpu import FakeGpuDir
 
 MiB = 2**20
 

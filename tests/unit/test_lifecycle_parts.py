@@ -16,7 +16,7 @@ from servesweep.servers import http_probe, ports, procs
 from servesweep.servers.launchers.command import render
 from servesweep.servers.ownership import OwnerKind, Ownership, owner_env
 from servesweep.servers.readiness import HttpAnswer, count_tokens, first_model
-from servesweep.servers.release import wait_released
+from servesweep.servers.release import ReleasePolicy, wait_released
 
 GiB = 2**30
 DEAD = 2**22 + 12345  # above pid_max's default: never a live process
@@ -132,11 +132,8 @@ def test_release_waits_for_the_old_holder_then_settles() -> None:
         probe,
         [0],
         {0: 0},
+        ReleasePolicy(GiB, 0.05, 5, "wait"),
         old_pids={DEAD},
-        tolerance=GiB,
-        settle=0.05,
-        timeout=5,
-        foreign_policy="wait",
     )
     assert probe.calls >= 10 and result.polls == probe.calls
     assert result.seconds >= result.released_s and result.seconds - result.released_s >= 0.05
@@ -150,11 +147,8 @@ def test_release_times_out_as_gpu_busy_naming_holders() -> None:
             probe,
             [0],
             {0: 0},
+            ReleasePolicy(GiB, 0.0, 0.2, "wait"),
             old_pids={DEAD},
-            tolerance=GiB,
-            settle=0.0,
-            timeout=0.2,
-            foreign_policy="wait",
         )
     ev = caught.value.evidence
     assert caught.value.failure_class is FailureClass.GPU_BUSY
@@ -171,11 +165,8 @@ def test_release_fails_at_once_on_a_live_foreign_holder_under_fail() -> None:
             probe,
             [0],
             {0: 0},
+            ReleasePolicy(GiB, 0.0, 30, "fail"),
             old_pids=set(),
-            tolerance=GiB,
-            settle=0.0,
-            timeout=30,
-            foreign_policy="fail",
         )
     assert caught.value.evidence.reason == "foreign_holder"
     assert probe.calls == 1
@@ -189,11 +180,8 @@ def test_release_within_baseline_tolerates_resident_processes() -> None:
         probe,
         [0],
         {0: GiB // 2},
+        ReleasePolicy(GiB, 0.0, 1, "fail"),
         old_pids=set(),
-        tolerance=GiB,
-        settle=0.0,
-        timeout=1,
-        foreign_policy="fail",
     )
     assert result.polls == 1
 

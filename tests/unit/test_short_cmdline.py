@@ -8,7 +8,7 @@ import pytest
 
 from servesweep.errors import TrialFailed
 from servesweep.models import GpuHolder, GpuState, ProcessInfo, short_cmdline
-from servesweep.servers.release import wait_released
+from servesweep.servers.release import ReleasePolicy, wait_released
 
 HOLDER = (
     "/home/runner/work/servesweep/servesweep/.venv/bin/python3 "
@@ -80,11 +80,8 @@ def test_gpu_busy_and_process_descriptions_name_the_script() -> None:
             probe,
             [0],
             {0: 0},
+            ReleasePolicy(2**30, 0.0, 0.05, "wait"),
             old_pids={dead},
-            tolerance=2**30,
-            settle=0.0,
-            timeout=0.05,
-            foreign_policy="wait",
         )
     assert "server/holder.py" in caught.value.evidence.message
     assert "server/holder.py" in ProcessInfo(pid=7, state="S", cmdline=HOLDER).describe()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.fakegpu import FakeGpuDir, FakeGpuError, FakeOutOfMemory
 from servesweep.fakegpu.procinfo import own_start_time
-from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError, FakeOutOfMemory
 from servesweep.sim.testing import read_truth
 
 MiB = 2**20

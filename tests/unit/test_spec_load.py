@@ -225,7 +225,10 @@ def test_public_api_is_pinned() -> None:
             "LEVEL_METRICS",
             "TRIAL_METRICS",
             "CapacitySpec",
+            "CapacityWorkload",
             "Constraint",
+            "EvalWorkload",
+            "LoadWorkload",
             "LoadedSweep",
             "MetricRef",
             "Objective",
@@ -261,6 +264,7 @@ def test_public_api_is_pinned() -> None:
             "validate_constraints",
             "validate_ref",
             "workload_levels",
+            "workload_spec",
         ]
     )
     for name in spec_pkg.__all__:

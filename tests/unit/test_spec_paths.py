@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
@@ -111,11 +111,19 @@ def _string_fields(model: type[BaseModel], prefix: str) -> list[str]:
             tp = next(a for a in get_args(tp) if a is not type(None))
         if get_origin(tp) is list:
             tp, key = get_args(tp)[0], f"{key}.N"
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            out += _string_fields(tp, f"{key}.")
-        elif tp is str:
+        for member in _models_of(tp):  # a union of models (workload kinds): every member
+            out += [f for f in _string_fields(member, f"{key}.") if f not in out]
+        if tp is str:
             out.append(key)
     return out
+
+
+def _models_of(tp: Any) -> list[type[BaseModel]]:
+    if get_origin(tp) is Annotated:
+        return _models_of(get_args(tp)[0])
+    if get_origin(tp) in (Union, types.UnionType):
+        return [m for a in get_args(tp) for m in _models_of(a)]
+    return [tp] if isinstance(tp, type) and issubclass(tp, BaseModel) else []
 
 
 def test_every_field_that_names_a_path_is_resolved() -> None:

@@ -48,8 +48,8 @@ def test_phases_outcome_and_evidence_survive_reopen(tmp_path: Path) -> None:
     (trial,) = store.sync_trials(sweep.id, _configs(4))
     store.begin_attempt(trial.id, 100.0, "runs/1/server.log")
     store.enter_phase(trial.id, Phase.STOP, 100.0)
-    store.enter_phase(trial.id, Phase.RELEASE, 101.5)
-    store.enter_phase(trial.id, Phase.START, 104.0)
+    store.enter_phase(trial.id, Phase.RELEASE, 101.5, 1.5)  # the slot measured 1.5 s of stop
+    store.enter_phase(trial.id, Phase.START, 104.0, 2.5)
     evidence = Evidence(
         message="memory not released",
         gpu_holders=(GpuHolder(pid=7, used_bytes=2**30, name="python"),),
@@ -273,3 +273,22 @@ def test_intervals_round_trip(tmp_path: Path) -> None:
     store.add_result(trial.id, result)
     (back,) = store.results(trial.id)
     assert back.intervals == {"output_throughput": (195.0, 205.5)} and back.confidence == 0.95
+
+
+def test_the_store_keeps_the_phase_durations_the_slot_measured(tmp_path: Path) -> None:
+    """One clock: the slot times phases; the store adds up what it is told (a phase
+    entered again in another launch) and times only a phase no slot ended."""
+    store = open_store(tmp_path / "s.db")
+    sweep = store.create_sweep("demo", "demo.yaml", "name: demo", "h1", "0.1.0")
+    a, b = store.sync_trials(sweep.id, _configs(4, 8))
+    store.begin_attempt(a.id, 100.0, None)
+    store.enter_phase(a.id, Phase.START, 100.0)
+    store.enter_phase(a.id, Phase.BENCH, 110.0, 2.0)  # stamps 10 s apart; the slot measured 2
+    store.enter_phase(a.id, Phase.START, 120.0, 3.0)
+    store.enter_phase(a.id, Phase.BENCH, 130.0, 4.0)
+    store.finish_trial(a.id, Outcome.OK, 140.0, last_phase_seconds=5.0)
+    assert store.trial(a.id).phase_seconds == {"start": 6.0, "bench": 8.0}
+    store.begin_attempt(b.id, 100.0, None)
+    store.enter_phase(b.id, Phase.LOAD, 100.0)
+    store.finish_trial(b.id, Outcome.INTERRUPTED, 107.0)  # the sweep stopped: no slot said
+    assert store.trial(b.id).phase_seconds == {"load": 7.0}

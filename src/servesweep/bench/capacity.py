@@ -1,8 +1,9 @@
-"""Run a capacity workload: measure load levels chosen by
-:func:`~servesweep.bench.capacity_search.next_load` until the highest load meeting the
-SLO is known, through the ordinary load generator (:mod:`servesweep.bench.load`).
+"""A capacity workload as a plan of levels (:class:`CapacityPlan`): load levels chosen
+by :func:`~servesweep.bench.capacity_search.next_load` until the highest load meeting
+the SLO is known, each measured by the ordinary load generator
+(:mod:`servesweep.bench.load`, which runs the plan; this module does not import it).
 
-It returns one :class:`~servesweep.models.LevelResult` per level it measured (labelled
+The plan's results are one :class:`~servesweep.models.LevelResult` per level it measured (labelled
 ``c12`` or ``r3.75`` like any level; ``info["capacity"]`` holds its load, SLO score
 and attainment) and a last one, level
 :data:`CAPACITY_LEVEL`, whose metrics are the capacity metrics of the catalog
@@ -21,7 +22,6 @@ from dataclasses import replace
 from typing import Any
 
 from servesweep.bench.capacity_search import Probe, estimate, next_load, slo_score
-from servesweep.bench.target import Target
 from servesweep.metrics_catalog import (
     CAPACITY,
     CAPACITY_ATTAINMENT,
@@ -31,36 +31,35 @@ from servesweep.metrics_catalog import (
     OUTPUT_THROUGHPUT,
 )
 from servesweep.models import LevelResult
-from servesweep.servers.gpu.base import GpuProbe
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import CapacityWorkload, LoadWorkload, WorkloadSpec
 
 __all__ = [
     "CAPACITY_LEVEL",
+    "CapacityPlan",
     "capacity_result",
     "error_checked",
     "level_workload",
-    "run_capacity",
 ]
 
 CAPACITY_LEVEL = "capacity"
 """The level label of a capacity workload's summary result."""
 
 
-def level_workload(workload: WorkloadSpec, load: float) -> WorkloadSpec:
-    """The workload measuring one load level of a capacity search."""
-    assert workload.capacity is not None
+def level_workload(workload: CapacityWorkload, load: float) -> LoadWorkload:
+    """The load workload measuring one load level of a capacity search (the
+    capacity workload's fields as they are, its section dropped)."""
     if workload.capacity.vary == "concurrency":
         levels: dict[str, Any] = {"concurrency": [round(load)], "rate": []}
     else:
         levels = {"concurrency": [], "rate": [load]}
-    return workload.model_copy(update={"capacity": None, "repeats": 1, **levels})
+    fields = {**dict(workload), "capacity": None, "repeats": 1, **levels}
+    return LoadWorkload.model_construct(set(workload.model_fields_set) | set(levels), **fields)
 
 
-def capacity_result(workload: WorkloadSpec, levels: Sequence[LevelResult]) -> LevelResult:
+def capacity_result(workload: CapacityWorkload, levels: Sequence[LevelResult]) -> LevelResult:
     """The summary result of a capacity search over the measured ``levels`` (in the
     order measured, each with its ``info["capacity"]``)."""
     spec = workload.capacity
-    assert spec is not None
     probes = [_probe(r) for r in levels]
     found = estimate(spec, probes)
     at_capacity = next((r for r, p in zip(levels, probes, strict=True) if found.probe is p), None)
@@ -120,9 +119,8 @@ def _probe(result: LevelResult) -> Probe:
     )
 
 
-def _scored(workload: WorkloadSpec, load: float, result: LevelResult) -> LevelResult:
+def _scored(workload: CapacityWorkload, load: float, result: LevelResult) -> LevelResult:
     spec = workload.capacity
-    assert spec is not None
     score, attainment = slo_score(result.samples, spec.slo, spec.quantile)
     facts = {
         "load": load,
@@ -138,7 +136,7 @@ def error_checked(workload: WorkloadSpec, results: Sequence[LevelResult]) -> lis
     search measures loads beyond what the server sustains on purpose, so only the
     levels that met the SLO count, and the lowest load measured (errors there mean the
     server fails at any load); for any other workload, every result."""
-    if workload.capacity is None:
+    if not isinstance(workload, CapacityWorkload):
         return list(results)
     levels = [r for r in results if r.level != CAPACITY_LEVEL and "capacity" in r.info]
     if not levels:
@@ -147,40 +145,62 @@ def error_checked(workload: WorkloadSpec, results: Sequence[LevelResult]) -> lis
     return [r for r in levels if r is lowest or r.info["capacity"].get("meets_slo")]
 
 
-async def run_capacity(
-    target: Target,
-    workload: WorkloadSpec,
-    *,
-    probe: GpuProbe | None = None,
-    gpus: Sequence[int] = (),
-    on_progress: Callable[[str], None] | None = None,
-    workers: int | None = None,
-    base_dir: str | None = None,
-) -> list[LevelResult]:
-    """Measure levels until the capacity is known; the level results, then the summary."""
-    from servesweep.bench.load import run_workload
+class CapacityPlan:
+    """The levels of one capacity workload, chosen one at a time: the load generator
+    measures each level :meth:`next_level` returns and hands its result back, until
+    it returns None; :attr:`results` are then the levels measured and the summary
+    (:func:`capacity_result`). ``on_progress`` hears one line per level and one for
+    the capacity found."""
 
-    spec = workload.capacity
-    if spec is None:
-        raise ValueError(f"workload {workload.name} has no capacity section")
-    measured: list[LevelResult] = []
-    probes: list[Probe] = []
-    while (load := next_load(spec, probes)) is not None:
-        level = level_workload(workload, load)
-        results = await run_workload(
-            target, level, probe=probe, gpus=gpus, workers=workers, base_dir=base_dir
-        )
-        scored = _scored(workload, load, results[0])
-        measured.append(scored)
-        probes.append(_probe(scored))
-        if on_progress is not None:
-            verdict = "meets" if probes[-1].ok else "misses"
-            on_progress(
-                f"{workload.name} capacity: {scored.level} {verdict} the SLO "
-                f"({probes[-1].attainment:.1%} of requests within it)"
+    def __init__(
+        self, workload: CapacityWorkload, on_progress: Callable[[str], None] | None = None
+    ) -> None:
+        self.workload = workload
+        self.spec = workload.capacity
+        self.on_progress = on_progress
+        self.measured: list[LevelResult] = []
+        self._probes: list[Probe] = []
+        self._pending: tuple[LoadWorkload, float] | None = None
+
+    def next_level(
+        self, previous: LoadWorkload | None, result: LevelResult | None
+    ) -> LoadWorkload | None:
+        """The next level to measure (a load workload of one level), or None when the
+        capacity is known; ``previous`` is the level returned last and ``result`` its
+        measurement (both None at the start)."""
+        if self._pending is not None:
+            level, measured_at = self._pending
+            if previous is not level or result is None:
+                raise ValueError("next_level needs the result of the level it returned last")
+            self._record(measured_at, result)
+        self._pending = None
+        load = next_load(self.spec, self._probes)
+        if load is None:
+            self._finish()
+            return None
+        self._pending = (level_workload(self.workload, load), load)
+        return self._pending[0]
+
+    @property
+    def results(self) -> list[LevelResult]:
+        """The levels measured, then the summary."""
+        return [*self.measured, capacity_result(self.workload, self.measured)]
+
+    def _record(self, load: float, result: LevelResult) -> None:
+        scored = _scored(self.workload, load, result)
+        self.measured.append(scored)
+        self._probes.append(_probe(scored))
+        if self.on_progress is not None:
+            verdict = "meets" if self._probes[-1].ok else "misses"
+            self.on_progress(
+                f"{self.workload.name} capacity: {scored.level} {verdict} the SLO "
+                f"({self._probes[-1].attainment:.1%} of requests within it)"
             )
-    summary = capacity_result(workload, measured)
-    if on_progress is not None:
-        unit = "req/s" if spec.vary == "rate" else "concurrent requests"
-        on_progress(f"{workload.name} capacity: {summary.metrics[CAPACITY.name]:g} {unit}")
-    return [*measured, summary]
+
+    def _finish(self) -> None:
+        if self.on_progress is not None:
+            summary = capacity_result(self.workload, self.measured)
+            unit = "req/s" if self.spec.vary == "rate" else "concurrent requests"
+            self.on_progress(
+                f"{self.workload.name} capacity: {summary.metrics[CAPACITY.name]:g} {unit}"
+            )

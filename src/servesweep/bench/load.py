@@ -13,11 +13,13 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from time import monotonic_ns
 from typing import Any
 
 import aiohttp
 
+from servesweep.bench.capacity import CapacityPlan
 from servesweep.bench.client import build_headers, get_text, make_session, post_json
 from servesweep.bench.datasets import (
     Prompt,
@@ -39,9 +41,9 @@ from servesweep.level_intervals import level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, level_label
 from servesweep.servers.gpu.base import GpuProbe
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import CapacityWorkload, EvalWorkload, LoadWorkload, WorkloadSpec
 
-__all__ = ["run_workload", "run_workload_sync"]
+__all__ = ["LoadOptions", "run_workload", "run_workload_sync"]
 
 WARM_WINDOWS = 8
 """At most this many warm-up windows per launch (``warmup: auto``)."""
@@ -52,57 +54,56 @@ _START_LEAD_NS = 20_000_000
 _MAX_SYNTHETIC = 1000
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a workload is run, beside what it is (the spec) and where (the target).
+
+    ``probe``/``gpus``: GPU telemetry sampled during each level. ``on_progress``:
+    called with one line per level. ``workers``: generator processes (default:
+    ``workload.workers``). ``isolated``: run even a single generator in a process of
+    its own (not in the caller's, whose other threads would compete with it for the
+    interpreter). ``base_dir``: where relative dataset paths start. ``after_level``
+    is called with each level's result as it is measured; when it returns False, the
+    remaining levels are not run (the results so far are returned). ``pool``: started
+    generator processes to use (kept for the caller's next workloads) when there are
+    as many as this workload needs."""
+
+    probe: GpuProbe | None = None
+    gpus: Sequence[int] = ()
+    on_progress: Callable[[str], None] | None = None
+    workers: int | None = None
+    base_dir: str | None = None
+    after_level: Callable[[LevelResult], bool] | None = None
+    isolated: bool = False
+    pool: WorkerPool | None = None
+
+
 async def run_workload(
-    target: Target,
-    workload: WorkloadSpec,
-    *,
-    probe: GpuProbe | None = None,
-    gpus: Sequence[int] = (),
-    on_progress: Callable[[str], None] | None = None,
-    workers: int | None = None,
-    base_dir: str | None = None,
-    after_level: Callable[[LevelResult], bool] | None = None,
-    isolated: bool = False,
-    pool: WorkerPool | None = None,
+    target: Target, workload: WorkloadSpec, options: LoadOptions = LoadOptions()
 ) -> list[LevelResult]:
     """One :class:`LevelResult` per level x repeat (an eval workload: one result; a
-    capacity workload: the levels it chose, then its summary, see bench/capacity.py).
+    capacity workload: the levels it chose, then its summary, see bench/capacity.py),
+    run as ``options`` say (:class:`LoadOptions`).
 
-    ``workers``: generator processes (default: ``workload.workers`` when the spec
-    has that field, else 1). ``isolated``: run even a single generator in a process of
-    its own (not in the caller's, whose other threads would compete with it for the
-    interpreter). ``base_dir``: where relative dataset paths start. ``after_level`` is
-    called with each level's result as it is measured; when it returns False, the
-    remaining levels are not run (the results so far are returned). ``pool``: started
-    generator processes to use (kept for the caller's next workloads) when there are as
-    many as this workload needs.
     Raises :class:`BenchError` (``DatasetError``) when the workload cannot run at all;
     failed requests are data in the result."""
-    if workload.eval is not None:
+    if isinstance(workload, EvalWorkload):
         from servesweep.bench.evals import run_eval_workload
 
-        result: LevelResult = await run_eval_workload(target, workload, base_dir=base_dir)
+        result: LevelResult = await run_eval_workload(target, workload, base_dir=options.base_dir)
         return [result]
-    if workload.capacity is not None:
-        from servesweep.bench.capacity import run_capacity
-
-        return await run_capacity(
-            target,
-            workload,
-            probe=probe,
-            gpus=gpus,
-            on_progress=on_progress,
-            workers=workers,
-            base_dir=base_dir,
-        )
-    n_workers = max(1, workers or int(getattr(workload, "workers", 1) or 1))
+    if isinstance(workload, CapacityWorkload):
+        return await _run_capacity(target, CapacityPlan(workload, options.on_progress), options)
+    probe, gpus, on_progress = options.probe, options.gpus, options.on_progress
+    after_level, pool = options.after_level, options.pool
+    n_workers = max(1, options.workers or int(getattr(workload, "workers", 1) or 1))
     headers = build_headers(target.api_key)
     path = "/v1/chat/completions" if workload.endpoint == "chat" else "/v1/completions"
     levels: list[tuple[int | None, float | None]] = [(c, None) for c in workload.concurrency]
     levels += [(None, r) for r in workload.rate]
     results: list[LevelResult] = []
     async with make_session(target.timeout_s) as session:
-        prompts, data_info = await _prompts(target, workload, session, headers, base_dir)
+        prompts, data_info = await _prompts(target, workload, session, headers, options.base_dir)
         extras = [dict(target.request_extras), dict(workload.extra_body)]
         ignore_eos = workload.ignore_eos and target.supports_ignore_eos
         bodies = [
@@ -123,7 +124,7 @@ async def run_workload(
         own = None
         if pool is None or pool.n != n_workers:
             pool = None
-            if n_workers > 1 or isolated:
+            if n_workers > 1 or options.isolated:
                 own = pool = WorkerPool(n_workers, target.timeout_s)
                 await own.__aenter__()
         try:
@@ -141,34 +142,26 @@ async def run_workload(
     return results
 
 
+async def _run_capacity(
+    target: Target, plan: CapacityPlan, options: LoadOptions
+) -> list[LevelResult]:
+    """Measure the levels ``plan`` chooses, one at a time, with the GPU telemetry,
+    generator processes and dataset directory of ``options``."""
+    each = LoadOptions(
+        probe=options.probe, gpus=options.gpus, workers=options.workers, base_dir=options.base_dir
+    )
+    level = plan.next_level(None, None)
+    while level is not None:
+        results = await run_workload(target, level, each)
+        level = plan.next_level(level, results[0])
+    return plan.results
+
+
 def run_workload_sync(
-    target: Target,
-    workload: WorkloadSpec,
-    *,
-    probe: GpuProbe | None = None,
-    gpus: Sequence[int] = (),
-    on_progress: Callable[[str], None] | None = None,
-    workers: int | None = None,
-    base_dir: str | None = None,
-    after_level: Callable[[LevelResult], bool] | None = None,
-    isolated: bool = False,
-    pool: WorkerPool | None = None,
+    target: Target, workload: WorkloadSpec, options: LoadOptions = LoadOptions()
 ) -> list[LevelResult]:
     """:func:`run_workload` for callers without an event loop."""
-    return asyncio.run(
-        run_workload(
-            target,
-            workload,
-            probe=probe,
-            gpus=gpus,
-            on_progress=on_progress,
-            workers=workers,
-            base_dir=base_dir,
-            after_level=after_level,
-            isolated=isolated,
-            pool=pool,
-        )
-    )
+    return asyncio.run(run_workload(target, workload, options))
 
 
 def acceptance_caveat(dataset: str, ignore_eos: bool) -> str | None:
@@ -204,7 +197,7 @@ def _progress_line(r: LevelResult) -> str:
 
 async def _prompts(
     target: Target,
-    workload: WorkloadSpec,
+    workload: LoadWorkload,
     session: aiohttp.ClientSession,
     headers: dict[str, str],
     base_dir: str | None,
@@ -237,11 +230,28 @@ async def _prompts(
     return prompts, {"dataset": "synthetic", "prompts": len(prompts), "calibration": info}
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """What one level's run left to be turned into its result: when it started (the
+    plan's ``t0`` in monotonic ns, wall-clock ``started_at``), the generators'
+    outputs, the GPU sampler, the spec-decode counters before and after (and the
+    first error reading them), and how many generator processes ran it."""
+
+    t0: int
+    started_at: float
+    outputs: list[PlanOutput]
+    sampler: GpuSampler | None
+    before: dict[str, float]
+    after: dict[str, float]
+    counter_error: str | None
+    n_workers: int
+
+
 class _Runner:
     def __init__(
         self,
         target: Target,
-        workload: WorkloadSpec,
+        workload: LoadWorkload,
         session: aiohttp.ClientSession,
         headers: dict[str, str],
         url: str,
@@ -417,34 +427,24 @@ class _Runner:
             if sampler is not None:
                 sampler.stop()
         after, counter_error_after = await self._counters()
-        return self._result(
-            conc,
-            rate,
-            repeat,
-            t0,
-            started_at,
-            outputs,
-            sampler,
-            before,
-            after,
-            counter_error or counter_error_after,
-            n_workers,
+        measured = _Measured(
+            t0=t0,
+            started_at=started_at,
+            outputs=outputs,
+            sampler=sampler,
+            before=before,
+            after=after,
+            counter_error=counter_error or counter_error_after,
+            n_workers=n_workers,
         )
+        return self._result(conc, rate, repeat, measured)
 
     def _result(
-        self,
-        conc: int | None,
-        rate: float | None,
-        repeat: int,
-        t0: int,
-        started_at: float,
-        outputs: list[PlanOutput],
-        sampler: GpuSampler | None,
-        before: dict[str, float],
-        after: dict[str, float],
-        counter_error: str | None,
-        n_workers: int,
+        self, conc: int | None, rate: float | None, repeat: int, measured: _Measured
     ) -> LevelResult:
+        t0, started_at, outputs = measured.t0, measured.started_at, measured.outputs
+        sampler, before, after = measured.sampler, measured.before, measured.after
+        counter_error, n_workers = measured.counter_error, measured.n_workers
         raws = [r for o in outputs for r in o.raws]
         lags = [x for o in outputs for x in o.loop_lags_ns]
         steady = None

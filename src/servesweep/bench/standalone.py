@@ -7,7 +7,8 @@ import asyncio
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pydantic
@@ -15,14 +16,21 @@ from rich import box
 from rich.table import Table
 
 from servesweep.bench.client import build_headers, get_text, make_session
-from servesweep.bench.load import run_workload
+from servesweep.bench.load import LoadOptions, run_workload
 from servesweep.bench.target import Target
 from servesweep.errors import BenchError, ConfigError
 from servesweep.models import LevelResult
-from servesweep.servers.gpu.base import GpuProbe
-from servesweep.spec.schema import WorkloadSpec
+from servesweep.spec.schema import WorkloadSpec, workload_spec
+from servesweep.spec.schema_search import UNION_TAGS
 
-__all__ = ["ACCEPTANCE_SOURCES", "format_results", "results_as_dicts", "run_standalone"]
+__all__ = [
+    "ACCEPTANCE_SOURCES",
+    "BenchServer",
+    "bench_workload",
+    "format_results",
+    "results_as_dicts",
+    "run_standalone",
+]
 
 VLLM_SPEC_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
@@ -31,129 +39,88 @@ VLLM_SPEC_COUNTERS = {
 }
 
 
-def run_standalone(
-    url: str,
-    *,
-    model: str | None = None,
-    concurrency: Sequence[int] = (1,),
-    requests: int | None = 32,
-    rate: Sequence[float] = (),
-    dataset: str = "builtin:chat",
-    max_tokens: int = 256,
-    endpoint: str = "chat",
-    api_key_env: str | None = None,
-    duration: float | None = None,
-    input_tokens: int | None = None,
-    arrival: str = "poisson",
-    burstiness: float = 1.0,
-    warmup: int = 0,
-    ignore_eos: bool = False,
-    temperature: float = 0.0,
-    stream: bool = True,
-    seed: int = 0,
-    slo: Mapping[str, float] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
-    workers: int = 1,
-    timeout_s: float = 600.0,
-    tokenize_path: str | None = "/tokenize",
-    metrics_path: str | None = "/metrics",
-    spec_decode_counters: Mapping[str, str] | None = None,
-    probe: GpuProbe | None = None,
-    gpus: Sequence[int] = (),
-    on_progress: Callable[[str], None] | None = None,
-) -> list[LevelResult]:
-    """Run one workload against ``url`` (``http://host:port``, ``/v1`` optional).
+@dataclass(frozen=True)
+class BenchServer:
+    """The already-running server ``servesweep bench`` measures.
 
-    With ``rate`` the levels are open-loop rates and ``concurrency`` is ignored.
-    ``model`` None: the first model ``/v1/models`` lists. ``api_key_env``: the name
-    of the environment variable holding the API key (the key is never printed).
-    Raises :class:`ConfigError` for bad options, :class:`BenchError` when the
-    server cannot be asked at all."""
-    base = url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")]
-    if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"not an http(s) URL: {url!r}", key="--url")
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise ConfigError(f"environment variable {api_key_env} is not set", key="--api-key-env")
-    spec: dict[str, Any] = {
-        "name": "bench",
-        "endpoint": endpoint,
-        "dataset": dataset,
-        "input_tokens": input_tokens,
-        "arrival": arrival,
-        "burstiness": burstiness,
-        "requests": requests,
-        "duration": duration,
-        "warmup": warmup,
-        "max_tokens": max_tokens,
-        "ignore_eos": ignore_eos,
-        "temperature": temperature,
-        "stream": stream,
-        "seed": seed,
-        "slo": dict(slo or {}),
-        "extra_body": dict(extra_body or {}),
-    }
-    if rate:
-        spec["rate"] = list(rate)
-    else:
-        spec["concurrency"] = list(concurrency)
+    ``url``: ``http://host:port`` (``/v1`` optional). ``model`` None: the first model
+    ``/v1/models`` lists. ``api_key_env``: the name of the environment variable
+    holding the API key (the key is never printed). ``timeout_s``: per request.
+    ``spec_decode_counters`` None: vLLM's. Raises :class:`ConfigError` for a URL
+    that is not http(s)."""
+
+    url: str
+    model: str | None = None
+    api_key_env: str | None = None
+    timeout_s: float = 600.0
+    tokenize_path: str | None = "/tokenize"
+    metrics_path: str | None = "/metrics"
+    spec_decode_counters: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.base.startswith(("http://", "https://")):
+            raise ConfigError(f"not an http(s) URL: {self.url!r}", key="--url")
+
+    @property
+    def base(self) -> str:
+        """The URL without a trailing ``/`` or ``/v1``."""
+        base = self.url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
+    def api_key(self) -> str | None:
+        """The API key from ``api_key_env`` (None without one); :class:`ConfigError`
+        when that variable is not set."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"environment variable {self.api_key_env} is not set", key="--api-key-env"
+            )
+        return key
+
+
+def bench_workload(**fields: Any) -> WorkloadSpec:
+    """The workload of ``servesweep bench``: a :class:`WorkloadSpec` named ``bench``
+    without warm-up unless ``fields`` say otherwise; ``rate`` levels replace the
+    ``concurrency`` ones. Raises :class:`ConfigError` naming the bad field."""
+    spec: dict[str, Any] = {"name": "bench", "warmup": 0, **fields}
+    if spec.get("rate"):
+        spec.pop("concurrency", None)
     try:
-        workload = WorkloadSpec(**spec)
+        return workload_spec(**spec)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in UNION_TAGS)
         raise ConfigError(str(first.get("msg", exc)), key=where or None) from exc
-    return asyncio.run(
-        _run(
-            base,
-            model,
-            api_key,
-            workload,
-            workers=workers,
-            timeout_s=timeout_s,
-            tokenize_path=tokenize_path,
-            metrics_path=metrics_path,
-            counters=VLLM_SPEC_COUNTERS if spec_decode_counters is None else spec_decode_counters,
-            probe=probe,
-            gpus=gpus,
-            on_progress=on_progress,
-        )
-    )
+
+
+def run_standalone(
+    server: BenchServer, workload: WorkloadSpec, options: LoadOptions | None = None
+) -> list[LevelResult]:
+    """Run one workload (see :func:`bench_workload`) against ``server``, as
+    ``options`` say. Raises :class:`ConfigError` for bad options,
+    :class:`BenchError` when the server cannot be asked at all."""
+    return asyncio.run(_run(server, server.api_key(), workload, options or LoadOptions()))
 
 
 async def _run(
-    base: str,
-    model: str | None,
-    api_key: str | None,
-    workload: WorkloadSpec,
-    *,
-    workers: int,
-    timeout_s: float,
-    tokenize_path: str | None,
-    metrics_path: str | None,
-    counters: Mapping[str, str],
-    probe: GpuProbe | None,
-    gpus: Sequence[int],
-    on_progress: Callable[[str], None] | None,
+    server: BenchServer, api_key: str | None, workload: WorkloadSpec, options: LoadOptions
 ) -> list[LevelResult]:
+    model = server.model
     if model is None:
-        model = await _first_model(base, api_key)
+        model = await _first_model(server.base, api_key)
+    counters = server.spec_decode_counters
     target = Target(
-        base_url=base,
+        base_url=server.base,
         model=model,
         api_key=api_key,
-        tokenize_path=tokenize_path,
-        metrics_path=metrics_path,
-        spec_decode_counters=dict(counters),
-        timeout_s=timeout_s,
+        tokenize_path=server.tokenize_path,
+        metrics_path=server.metrics_path,
+        spec_decode_counters=dict(VLLM_SPEC_COUNTERS if counters is None else counters),
+        timeout_s=server.timeout_s,
     )
-    return await run_workload(
-        target, workload, probe=probe, gpus=gpus, on_progress=on_progress, workers=workers
-    )
+    return await run_workload(target, workload, options)
 
 
 async def _first_model(base: str, api_key: str | None) -> str:

@@ -759,7 +759,14 @@ def bench(
     as_json: bool,
 ) -> None:
     """Benchmark an already-running server, without a sweep file."""
-    from servesweep.bench.standalone import format_results, results_as_dicts, run_standalone
+    from servesweep.bench.load import LoadOptions
+    from servesweep.bench.standalone import (
+        BenchServer,
+        bench_workload,
+        format_results,
+        results_as_dicts,
+        run_standalone,
+    )
     from servesweep.spec.schema import parse_duration
 
     def numbers(text: str, kind: type[float] | type[int], flag: str) -> list[Any]:
@@ -786,23 +793,21 @@ def bench(
         raise ConfigError(str(exc), key="--request-timeout") from None
     if timeout_s <= 0:
         raise ConfigError("must be more than 0 s", key="--request-timeout")
-    _install_signal_handlers()
-    results = run_standalone(
-        url,
-        model=model,
+    server = BenchServer(url, model=model, api_key_env=api_key_env, timeout_s=timeout_s)
+    server.api_key()  # a missing key is named before the workload's problems
+    workload = bench_workload(
         concurrency=levels,
-        requests=requests,
         rate=rates,
-        dataset=dataset,
-        max_tokens=max_tokens,
-        endpoint=endpoint,
-        api_key_env=api_key_env,
+        requests=requests,
         duration=seconds,
         warmup=warmup,
+        dataset=dataset,
         input_tokens=input_tokens,
-        workers=workers,
-        timeout_s=timeout_s,
+        max_tokens=max_tokens,
+        endpoint=endpoint,
     )
+    _install_signal_handlers()
+    results = run_standalone(server, workload, LoadOptions(workers=workers))
     if as_json:
         click.echo(json.dumps(results_as_dicts(results), indent=2, default=str))
     else:  # warnings and errors are the table's notes, each once
@@ -837,7 +842,7 @@ def sim(ctx: click.Context) -> None:
 @click.pass_context
 def fake_gpus_cmd(ctx: click.Context) -> None:
     """Create, show or hold fake GPUs (see `servesweep fake-gpus --help`)."""
-    from servesweep.sim.fakegpu.__main__ import main as fake_main
+    from servesweep.fakegpu.__main__ import main as fake_main
 
     raise _Exit(fake_main(list(ctx.args), prog="servesweep fake-gpus"))
 

@@ -1,11 +1,14 @@
-"""The fake GPUs' on-disk protocol (docs/fake-gpus.md): N GPUs with a capacity,
-holders by PID, memory that comes back a release delay after a holder's exit.
+"""Fake GPUs, all in this package (docs/fake-gpus.md): the on-disk protocol (N GPUs
+with a capacity, holders by PID, memory that comes back a release delay after a
+holder's exit), the probe that reads it like NVML, and the command line.
 
-Two sides share it: the simulated engine allocates and holds memory
-(:mod:`servesweep.sim`), the fake GPU probe reads it like NVML
-(:mod:`servesweep.servers.gpu.fake`). It sits at the bottom of the layers, beside
-``models``: it imports nothing else from servesweep, so neither side depends on the
-other. The command line (``servesweep fake-gpus``) lives with the simulator.
+Two sides share the protocol: the simulated engine allocates and holds memory
+(:mod:`servesweep.sim`), the fake GPU probe reads it (:mod:`servesweep.fakegpu.probe`,
+what ``servers.gpu`` opens for the ``fake`` backend). The package sits at the bottom
+of the layers, beside ``models``: the protocol (these names, ``store``, ``procinfo``,
+``units``) imports nothing else from servesweep, so the simulator depends on nothing
+above; ``probe`` uses ``models`` and ``errors`` only, and the command line
+(``servesweep fake-gpus``, ``python -m servesweep.fakegpu``) ``helpstyle``.
 """
 
 from __future__ import annotations

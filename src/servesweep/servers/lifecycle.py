@@ -23,6 +23,7 @@ from servesweep.servers.launchers.base import Launcher, LaunchRequest, StopResul
 from servesweep.servers.ownership import OwnerKind, Ownership, owner_env
 from servesweep.servers.readiness import ProgressCallback, ReadyInfo, wait_ready
 from servesweep.servers.release import (
+    ReleasePolicy,
     ReleaseResult,
     prepare_gpus,
     stop_instance,
@@ -89,15 +90,10 @@ class ServerLifecycle:
         (also kept in ``self.baseline``)."""
         if not self._uses_gpus(gpus):
             return {}
-        rel = self.spec.release
         prepared = prepare_gpus(
             self.probe,
             gpus,
-            tolerance=rel.tolerance,
-            settle=rel.settle,
-            timeout=self.spec.timeouts.release,
-            foreign_policy=rel.foreign_holders,
-            ownership=self.ownership,
+            self._release_policy(),
             stored=stored,
             departing=departing,
             expected=expected,
@@ -122,19 +118,17 @@ class ServerLifecycle:
         """Wait until the old instance's GPU memory is back; ``gpu_busy`` naming holders."""
         if not self._uses_gpus(gpus):
             return ReleaseResult(seconds=0.0, polls=0)
-        rel = self.spec.release
         return wait_released(
             self.probe,
             gpus,
             self.baseline,
+            self._release_policy(),
             old_pids=set(old_pids),
-            tolerance=rel.tolerance,
-            settle=rel.settle,
-            timeout=self.spec.timeouts.release,
-            foreign_policy=rel.foreign_holders,
-            ownership=self.ownership,
             cancelled=cancelled,
         )
+
+    def _release_policy(self) -> ReleasePolicy:
+        return ReleasePolicy.of(self.spec.release, self.spec.timeouts, self.ownership)
 
     def owner_env(self) -> dict[str, str]:
         """The environment that marks an instance as this slot's (see ``ownership``)."""

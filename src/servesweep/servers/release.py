@@ -30,6 +30,7 @@ replaced by a higher measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,11 +50,12 @@ from servesweep.servers import procs
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers.base import Launcher, StopResult
 from servesweep.servers.ownership import OwnerKind, Ownership
-from servesweep.spec.schema import Timeouts
+from servesweep.spec.schema import ReleaseSpec, Timeouts
 
 __all__ = [
     "FOREIGN_POLICIES",
     "Prepared",
+    "ReleasePolicy",
     "ReleaseResult",
     "check_foreign_holders",
     "describe_holder",
@@ -67,6 +69,39 @@ FOREIGN_POLICIES = ("wait", "fail", "kill-own")
 _FIRST_POLL = 0.005
 _MAX_POLL = 0.05
 _PROBE_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class ReleasePolicy:
+    """How the release gate judges a GPU released: used memory within ``tolerance``
+    bytes of the baseline for ``settle`` seconds, within ``timeout`` seconds;
+    ``foreign_policy`` (one of :data:`FOREIGN_POLICIES`) for holders that are not
+    this sweep's; ``ownership`` tells servesweep's own holders apart (None: none are)."""
+
+    tolerance: int
+    settle: float
+    timeout: float
+    foreign_policy: str = "wait"
+    ownership: Ownership | None = None
+
+    def __post_init__(self) -> None:
+        if self.foreign_policy not in FOREIGN_POLICIES:
+            raise ValueError(
+                f"foreign_policy must be one of {FOREIGN_POLICIES}: {self.foreign_policy!r}"
+            )
+
+    @classmethod
+    def of(
+        cls, release: ReleaseSpec, timeouts: Timeouts, ownership: Ownership | None = None
+    ) -> ReleasePolicy:
+        """The policy a server's ``release`` and ``timeouts.release`` settings make."""
+        return cls(
+            tolerance=release.tolerance,
+            settle=release.settle,
+            timeout=timeouts.release,
+            foreign_policy=release.foreign_holders,
+            ownership=ownership,
+        )
 
 
 @dataclass(frozen=True)
@@ -229,21 +264,17 @@ def wait_released(
     probe: GpuProbe,
     gpus: Sequence[int],
     baseline: dict[int, int],
+    policy: ReleasePolicy,
     *,
     old_pids: set[int],
-    tolerance: int,
-    settle: float,
-    timeout: float,
-    foreign_policy: str,
-    ownership: Ownership | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> ReleaseResult:
     """Wait until the old instance's GPU memory is back (see the module docstring).
 
     ``cancelled``: polled between reads; when it returns True the wait stops with
     ``Interrupted`` (the sweep is being stopped)."""
-    if foreign_policy not in FOREIGN_POLICIES:
-        raise ValueError(f"foreign_policy must be one of {FOREIGN_POLICIES}: {foreign_policy!r}")
+    tolerance, settle, timeout = policy.tolerance, policy.settle, policy.timeout
+    foreign_policy, ownership = policy.foreign_policy, policy.ownership
     gpu_list = list(gpus)
     t0 = time.monotonic()
     delay = _FIRST_POLL
@@ -331,12 +362,8 @@ def _gpu_text(gpus: Sequence[int]) -> str:
 def prepare_gpus(
     probe: GpuProbe,
     gpus: Sequence[int],
+    policy: ReleasePolicy,
     *,
-    tolerance: int,
-    settle: float,
-    timeout: float,
-    foreign_policy: str,
-    ownership: Ownership | None = None,
     stored: Mapping[int, int] | None = None,
     departing: Iterable[int] = (),
     expected: Mapping[int, int] | None = None,
@@ -359,8 +386,8 @@ def prepare_gpus(
     lowers it; without one, it is measured once no departing or exited process is
     listed and the readings are stable for ``settle`` seconds.
     """
-    if foreign_policy not in FOREIGN_POLICIES:
-        raise ValueError(f"foreign_policy must be one of {FOREIGN_POLICIES}: {foreign_policy!r}")
+    tolerance, timeout = policy.tolerance, policy.timeout
+    foreign_policy, ownership = policy.foreign_policy, policy.ownership
     gpu_list = list(gpus)
     t0 = time.monotonic()
     holders = check_foreign_holders(probe, gpu_list)
@@ -398,15 +425,13 @@ def prepare_gpus(
         probe,
         gpu_list,
         target,
+        dataclasses.replace(
+            policy, timeout=max(0.0, timeout - (time.monotonic() - t0)), foreign_policy="wait"
+        ),
         old_pids=leaving,
-        tolerance=tolerance,
-        settle=settle,
-        timeout=max(0.0, timeout - (time.monotonic() - t0)),
-        foreign_policy="wait",
-        ownership=ownership,
     )
     measured = _stable_reading(
-        probe, gpu_list, tolerance, settle, timeout - (time.monotonic() - t0)
+        probe, gpu_list, tolerance, policy.settle, timeout - (time.monotonic() - t0)
     )
     if stored:
         baseline = {g: min(target[g], measured.get(g, target[g])) for g in gpu_list}

@@ -1,7 +1,7 @@
 """servesweep's simulated inference engine and fake GPUs (docs/sim.md, docs/fake-gpus.md).
 
 ``main(argv)`` runs the engine (``python -m servesweep.sim``); the fake GPUs live in
-:mod:`servesweep.sim.fakegpu`, the correctness oracle in :mod:`servesweep.sim.oracle`.
+:mod:`servesweep.fakegpu`, the correctness oracle in :mod:`servesweep.sim.oracle`.
 """
 
 from __future__ import annotations

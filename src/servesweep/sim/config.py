@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servesweep.fakegpu.units import parse_size
-from servesweep.sim.helpstyle import click_style
+from servesweep.helpstyle import click_style
 
 __all__ = ["SimConfig", "build_parser", "parse_args"]
 

@@ -19,10 +19,10 @@ from typing import TextIO
 
 from aiohttp import web
 
+from servesweep.fakegpu import FakeGpuDir, FakeGpuError, FakeOutOfMemory, Holder, append_truth
 from servesweep.fakegpu.units import format_bytes
 from servesweep.sim.config import SimConfig
 from servesweep.sim.engine import Engine
-from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError, FakeOutOfMemory, Holder, append_truth
 from servesweep.sim.oracle import Oracle
 from servesweep.sim.server import SimServer, State
 

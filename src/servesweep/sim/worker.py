@@ -13,7 +13,7 @@ import sys
 import threading
 from types import FrameType
 
-from servesweep.sim.fakegpu import FakeGpuDir, FakeGpuError, FakeOutOfMemory
+from servesweep.fakegpu import FakeGpuDir, FakeGpuError, FakeOutOfMemory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,9 @@ from servesweep.spec.plan import (
 )
 from servesweep.spec.schema import (
     CapacitySpec,
+    CapacityWorkload,
+    EvalWorkload,
+    LoadWorkload,
     Objective,
     ParamRange,
     ParamsSpec,
@@ -45,6 +48,7 @@ from servesweep.spec.schema import (
     WorkloadSpec,
     parse_duration,
     parse_size,
+    workload_spec,
 )
 from servesweep.spec.space import SearchSpace, build_space
 from servesweep.spec.when import WhenExpr, compile_when
@@ -55,7 +59,10 @@ __all__ = [
     "LEVEL_METRICS",
     "TRIAL_METRICS",
     "CapacitySpec",
+    "CapacityWorkload",
     "Constraint",
+    "EvalWorkload",
+    "LoadWorkload",
     "LoadedSweep",
     "MetricRef",
     "Objective",
@@ -91,4 +98,5 @@ __all__ = [
     "validate_constraints",
     "validate_ref",
     "workload_levels",
+    "workload_spec",
 ]

@@ -37,7 +37,14 @@ from servesweep.metrics_catalog import (
     TRIAL_METRICS,
 )
 from servesweep.models import level_label, parse_level
-from servesweep.spec.schema import Objective, SweepSpec, WorkloadSpec
+from servesweep.spec.schema import (
+    CapacityWorkload,
+    EvalWorkload,
+    LoadWorkload,
+    Objective,
+    SweepSpec,
+    WorkloadSpec,
+)
 
 __all__ = [
     "CAPACITY_METRICS",
@@ -176,7 +183,7 @@ def parse_constraint(text: str) -> Constraint:
 def workload_levels(workload: WorkloadSpec) -> tuple[str, ...]:
     """The level labels of a workload in run order (``()`` for an eval or a capacity
     search, whose levels are chosen while it runs)."""
-    if workload.is_eval or workload.is_capacity:
+    if not isinstance(workload, LoadWorkload):
         return ()
     if workload.rate:
         return tuple(dict.fromkeys(level_label(rate=r) for r in workload.rate))
@@ -223,9 +230,9 @@ def validate_ref(ref: MetricRef, spec: SweepSpec) -> MetricRef:
             f"{ref.text!r}: {ref.metric!r} is a trial metric, measured once per trial; "
             f"write {ref.metric!r} alone"
         )
-    if workload.is_capacity:
+    if isinstance(workload, CapacityWorkload):
         return _validate_capacity_ref(ref, workload)
-    if workload.is_eval:
+    if isinstance(workload, EvalWorkload):
         if ref.metric not in EVAL_METRICS:
             hint = _suggest(ref.metric, EVAL_METRICS)
             raise ConfigError(
@@ -303,7 +310,7 @@ def objective_direction(spec: SweepSpec) -> Literal["max", "min"]:
 
 def _default_objective(spec: SweepSpec) -> MetricRef:
     for workload in spec.workloads:
-        if workload.is_capacity:
+        if isinstance(workload, CapacityWorkload):
             return MetricRef.of(workload.name, None, CAPACITY.name)
         levels = workload_levels(workload)
         if levels:
@@ -317,7 +324,8 @@ def _first_workload_for(metric: str, spec: SweepSpec) -> str:
     want_eval = metric in EVAL_METRICS and metric not in LEVEL_METRICS
     want_capacity = metric in CAPACITY_METRICS
     for workload in spec.workloads:
-        if workload.is_eval == want_eval and workload.is_capacity == want_capacity:
+        is_eval, is_capacity = (isinstance(workload, k) for k in (EvalWorkload, CapacityWorkload))
+        if is_eval == want_eval and is_capacity == want_capacity:
             return workload.name
     return spec.workloads[0].name
 
@@ -409,10 +417,11 @@ def _resolve_one(spec: SweepSpec, objective: Objective, prefix: str) -> MetricRe
             f"unknown workload {name!r}{hint} (workloads: {', '.join(workloads)})",
             key=f"{prefix}.workload",
         )
-    if workload.is_eval or workload.is_capacity:
+    if not isinstance(workload, LoadWorkload):
         if level is not None:
-            kind = "eval" if workload.is_eval else "capacity"
-            raise ConfigError(f"{kind} workload {name!r} has no load levels", key=level_key)
+            raise ConfigError(
+                f"{workload.kind} workload {name!r} has no load levels", key=level_key
+            )
         full = MetricRef(name, None, ref.metric, objective.metric)
     else:
         levels = workload_levels(workload)

@@ -33,7 +33,7 @@ from pydantic_core import ErrorDetails
 
 from servesweep.errors import ConfigError
 from servesweep.spec.check import check_spec
-from servesweep.spec.schema import SweepSpec, WorkloadSpec
+from servesweep.spec.schema import EvalWorkload, SweepSpec, WorkloadSpec
 from servesweep.spec.schema_search import UNION_TAGS
 from servesweep.spec.source import read_yaml
 
@@ -222,7 +222,7 @@ def _resolve_workload(workload: WorkloadSpec, base: Path) -> WorkloadSpec:
     update: dict[str, Any] = {}
     if _names_a_file(workload.dataset):
         update["dataset"] = resolve_path(workload.dataset, base)
-    if workload.eval is not None and _names_a_file(workload.eval.suite):
+    if isinstance(workload, EvalWorkload) and _names_a_file(workload.eval.suite):
         suite = resolve_path(workload.eval.suite, base)
         update["eval"] = workload.eval.model_copy(update={"suite": suite})
     return workload.model_copy(update=update) if update else workload

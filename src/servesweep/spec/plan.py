@@ -20,7 +20,13 @@ from typing import Any
 from servesweep.models import ServerConfig
 from servesweep.spec.constraints import resolve_objectives, workload_levels
 from servesweep.spec.expand import expand_configs, param_key, param_names, same_value
-from servesweep.spec.schema import ConfirmSpec, SweepSpec, WorkloadSpec
+from servesweep.spec.schema import (
+    CapacityWorkload,
+    ConfirmSpec,
+    EvalWorkload,
+    SweepSpec,
+    WorkloadSpec,
+)
 from servesweep.spec.schema_search import SearchBudget
 from servesweep.spec.space import build_space, describe_dimensions
 
@@ -69,7 +75,7 @@ class PlanWorkload:
 
     @property
     def is_eval(self) -> bool:
-        return self.spec.is_eval
+        return isinstance(self.spec, EvalWorkload)
 
 
 @dataclass(frozen=True)
@@ -233,7 +239,7 @@ def _describe_changes(trial: PlanTrial, previous: PlanTrial | None) -> str:
 
 def _describe_workload(workload: PlanWorkload) -> str:
     spec = workload.spec
-    if spec.capacity is not None:
+    if isinstance(spec, CapacityWorkload):
         cap = spec.capacity
         slo = ", ".join(f"{k} {v:g}" for k, v in cap.slo.items())
         size = f"{spec.requests} requests" if spec.requests else format_duration(spec.duration or 0)
@@ -242,7 +248,7 @@ def _describe_workload(workload: PlanWorkload) -> str:
             f"{cap.quantile:.0%} of requests meet {slo} (within {cap.tolerance:.0%}, at most "
             f"{cap.max_levels} levels of {size})"
         )
-    if spec.eval is not None:
+    if isinstance(spec, EvalWorkload):
         limit = f", first {spec.eval.limit} tasks" if spec.eval.limit else ""
         return f"eval {spec.eval.suite}, {spec.eval.samples} sample(s) per task{limit}"
     size = f"{spec.requests} requests" if spec.requests else format_duration(spec.duration or 0)

@@ -10,9 +10,17 @@ accept ``30``, ``"30s"``, ``"5m"``, ``"1h30m"``, ``"250ms"``; sizes accept ``102
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from servesweep.spec.schema_search import CapacitySpec, ParamRange, SearchSpec
 from servesweep.spec.values import (
@@ -28,6 +36,7 @@ from servesweep.spec.values import FrozenModel as _Frozen
 __all__ = [
     "SLO_KEYS",
     "CapacitySpec",
+    "CapacityWorkload",
     "CommandSpec",
     "ConfirmBudget",
     "ConfirmSpec",
@@ -35,8 +44,10 @@ __all__ = [
     "DockerSpec",
     "Duration",
     "EvalSpec",
+    "EvalWorkload",
     "ExecutorSpec",
     "FakeGpusSpec",
+    "LoadWorkload",
     "Objective",
     "ParamRange",
     "ParamsSpec",
@@ -50,6 +61,7 @@ __all__ = [
     "WorkloadSpec",
     "parse_duration",
     "parse_size",
+    "workload_spec",
 ]
 
 ParamValue = str | int | float | bool | None | list[Any] | dict[str, Any]
@@ -283,8 +295,11 @@ class EvalSpec(_Frozen):
         return data
 
 
-class WorkloadSpec(_Frozen):
-    """One client-side benchmark; workloads never need a server restart."""
+class _Workload(_Frozen):
+    """What every kind of workload has; workloads never need a server restart."""
+
+    kind: ClassVar[str]
+    """``load``, ``eval`` or ``capacity``: which member of :data:`WorkloadSpec`."""
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
     endpoint: Literal["chat", "completions"] = "chat"
@@ -327,8 +342,10 @@ class WorkloadSpec(_Frozen):
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     """More failed requests than this fraction: ``bench_errors``."""
     eval: EvalSpec | None = None
+    """A correctness suite instead of load levels (an :class:`EvalWorkload`)."""
     capacity: CapacitySpec | None = None
-    """Search the highest load meeting an SLO instead of running fixed levels."""
+    """Search the highest load meeting an SLO instead of running fixed levels (a
+    :class:`CapacityWorkload`)."""
 
     @field_validator("slo")
     @classmethod
@@ -348,44 +365,89 @@ class WorkloadSpec(_Frozen):
         """The fixed warm-up before each level (0 with ``auto``)."""
         return self.warmup if isinstance(self.warmup, int) else 0
 
+
+class LoadWorkload(_Workload):
+    """Fixed load levels (``concurrency`` or ``rate``), each measured ``repeats`` times."""
+
+    kind: ClassVar[Literal["load"]] = "load"
+
     @model_validator(mode="after")
-    def _load_shape(self) -> WorkloadSpec:
-        if self.capacity is not None:
-            if self.eval is not None:
-                raise ValueError("a workload is either an 'eval' or a 'capacity' search, not both")
-            for field in ("concurrency", "rate"):
-                if getattr(self, field):
-                    raise ValueError(
-                        f"a capacity workload chooses its own load levels between "
-                        f"capacity.low and capacity.high: drop '{field}'"
-                    )
-            if self.repeats != 1:
-                raise ValueError("a capacity workload measures each level once: drop 'repeats'")
-            if self.launches not in (None, 1):
-                raise ValueError("a capacity workload is searched in one launch: drop 'launches'")
-            if self.requests is None and self.duration is None:
-                object.__setattr__(self, "requests", 32)
-            return self
-        if self.eval is None:
-            if self.concurrency and self.rate:
-                raise ValueError("give either 'concurrency' or 'rate', not both")
-            if not self.concurrency and not self.rate:
-                object.__setattr__(self, "concurrency", [1])
-            if any(c < 1 for c in self.concurrency):
-                raise ValueError("concurrency levels must be >= 1")
-            if any(r <= 0 for r in self.rate):
-                raise ValueError("request rates must be > 0")
-            if self.requests is None and self.duration is None:
-                object.__setattr__(self, "requests", 32)
+    def _load_shape(self) -> LoadWorkload:
+        if self.concurrency and self.rate:
+            raise ValueError("give either 'concurrency' or 'rate', not both")
+        if not self.concurrency and not self.rate:
+            object.__setattr__(self, "concurrency", [1])
+        if any(c < 1 for c in self.concurrency):
+            raise ValueError("concurrency levels must be >= 1")
+        if any(r <= 0 for r in self.rate):
+            raise ValueError("request rates must be > 0")
+        if self.requests is None and self.duration is None:
+            object.__setattr__(self, "requests", 32)
         return self
 
-    @property
-    def is_eval(self) -> bool:
-        return self.eval is not None
 
-    @property
-    def is_capacity(self) -> bool:
-        return self.capacity is not None
+class EvalWorkload(_Workload):
+    """A correctness suite (``eval``), run as one result."""
+
+    kind: ClassVar[Literal["eval"]] = "eval"
+    eval: EvalSpec
+
+
+class CapacityWorkload(_Workload):
+    """A search for the highest load meeting an SLO (``capacity``): its levels are
+    chosen as it runs (see ``bench.capacity.CapacityPlan``)."""
+
+    kind: ClassVar[Literal["capacity"]] = "capacity"
+    capacity: CapacitySpec
+
+    @model_validator(mode="after")
+    def _capacity_shape(self) -> CapacityWorkload:
+        if self.eval is not None:
+            raise ValueError("a workload is either an 'eval' or a 'capacity' search, not both")
+        for field in ("concurrency", "rate"):
+            if getattr(self, field):
+                raise ValueError(
+                    f"a capacity workload chooses its own load levels between "
+                    f"capacity.low and capacity.high: drop '{field}'"
+                )
+        if self.repeats != 1:
+            raise ValueError("a capacity workload measures each level once: drop 'repeats'")
+        if self.launches not in (None, 1):
+            raise ValueError("a capacity workload is searched in one launch: drop 'launches'")
+        if self.requests is None and self.duration is None:
+            object.__setattr__(self, "requests", 32)
+        return self
+
+
+def _workload_kind(value: Any) -> str:
+    """The union tag of a workload: ``capacity`` when it has a capacity section, else
+    ``eval`` when it has an eval section, else ``load``."""
+    if isinstance(value, _Workload):
+        return f"~{value.kind}"
+    if isinstance(value, dict):
+        if value.get("capacity") is not None:
+            return "~capacity"
+        if value.get("eval") is not None:
+            return "~eval"
+    return "~load"
+
+
+WorkloadSpec = Annotated[
+    Annotated[LoadWorkload, Tag("~load")]
+    | Annotated[EvalWorkload, Tag("~eval")]
+    | Annotated[CapacityWorkload, Tag("~capacity")],
+    Discriminator(_workload_kind),
+]
+"""One client-side benchmark, of one kind: :class:`LoadWorkload`,
+:class:`EvalWorkload` or :class:`CapacityWorkload` (chosen by the section it has)."""
+
+_WORKLOAD_ADAPTER: TypeAdapter[WorkloadSpec] = TypeAdapter(WorkloadSpec)
+
+
+def workload_spec(**fields: Any) -> WorkloadSpec:
+    """A workload from its fields, of the kind they make (as a sweep file's
+    ``workloads`` entry); raises ``pydantic.ValidationError``."""
+    return _WORKLOAD_ADAPTER.validate_python(fields)
 
 
 class Objective(_Frozen):
@@ -572,7 +634,7 @@ class SweepSpec(_Frozen):
 
     def launches_of(self, workload: WorkloadSpec) -> int:
         """How many launches measure ``workload`` (a capacity search: one)."""
-        if workload.capacity is not None:
+        if isinstance(workload, CapacityWorkload):
             return 1
         return workload.launches if workload.launches is not None else self.launches
 

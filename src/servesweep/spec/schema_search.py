@@ -8,8 +8,8 @@
 - :class:`CapacitySpec`: a workload that searches the highest load meeting an SLO.
 
 Union tags (:data:`UNION_TAGS`) name the members of the file's either/or values (a list
-or a range, one objective or a list); the loader drops them from error locations so
-errors name the keys as written.
+or a range, one objective or a list, a workload's kind); the loader drops them from error
+locations so errors name the keys as written.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DEFAULT_STARTUP = {"tpe": 6, "nsga2": 8}
 """Random configurations before the model takes over when ``startup_trials`` is not
 given (tpe: measured in bench/search_efficiency.py; nsga2: its first generation)."""
 
-UNION_TAGS = frozenset({"~values", "~range", "~one", "~list"})
+UNION_TAGS = frozenset({"~values", "~range", "~one", "~list", "~load", "~eval", "~capacity"})
 """Tags of the sweep file's tagged unions; not keys of the file."""
 
 _INT_TOLERANCE = 1e-9

@@ -317,15 +317,19 @@ class Store:
                 (at, log_path, node, node_id, slot, _dumps(list(gpus)), trial_id),
             )
 
-    def enter_phase(self, trial_id: int, phase: Phase, at: float) -> None:
-        """Record that a trial entered ``phase`` (and the duration of the phase before)."""
+    def enter_phase(
+        self, trial_id: int, phase: Phase, at: float, previous_seconds: float | None = None
+    ) -> None:
+        """Record that a trial entered ``phase`` at ``at``, and how long the phase it
+        left lasted, ``previous_seconds``, as its slot measured it (None: it left none).
+        The store keeps the slot's figure; it does not time phases itself."""
         trial = self.trial(trial_id)
         started = dict(trial.phase_started)
         seconds = dict(trial.phase_seconds)
-        if trial.phase is not None and trial.phase.value in started:
+        if trial.phase is not None and previous_seconds is not None:
             # a phase entered again (a configuration measured in several launches) adds up
             seconds[trial.phase.value] = seconds.get(trial.phase.value, 0.0) + max(
-                0.0, at - started[trial.phase.value]
+                0.0, previous_seconds
             )
         started[phase.value] = at
         with self._tx() as db:
@@ -385,13 +389,13 @@ class Store:
         *,
         failure_class: FailureClass | None = None,
         evidence: Evidence | None = None,
+        last_phase_seconds: float | None = None,
     ) -> None:
+        """A trial ended at ``at``; ``last_phase_seconds``: how long its last phase
+        lasted, as its slot measured it (None: the trial was ended without its slot, a
+        stopped sweep or a lost node, and the phase lasted until ``at``)."""
         trial = self.trial(trial_id)
-        seconds = dict(trial.phase_seconds)
-        if trial.phase is not None and trial.phase.value in trial.phase_started:
-            seconds[trial.phase.value] = seconds.get(trial.phase.value, 0.0) + max(
-                0.0, at - trial.phase_started[trial.phase.value]
-            )
+        seconds = _last_phase_added(trial, at, last_phase_seconds)
         if outcome is Outcome.OK:
             last_phase: str | None = Phase.DONE.value
         else:
@@ -411,16 +415,15 @@ class Store:
                 ),
             )
 
-    def finish_relaunch(self, trial_id: int, seconds: float, at: float) -> None:
+    def finish_relaunch(
+        self, trial_id: int, seconds: float, at: float, last_phase_seconds: float | None = None
+    ) -> None:
         """More launches of a finished trial (the confirm phase) ended: their phases add
-        up, its outcome stays, and its end moves by their ``seconds`` (so wall time x
-        GPUs, its GPU-hours, counts them and not the time between)."""
+        up (the last one ``last_phase_seconds`` long, as in :meth:`finish_trial`), its
+        outcome stays, and its end moves by their ``seconds`` (so wall time x GPUs, its
+        GPU-hours, counts them and not the time between)."""
         trial = self.trial(trial_id)
-        phases = dict(trial.phase_seconds)
-        if trial.phase is not None and trial.phase.value in trial.phase_started:
-            phases[trial.phase.value] = phases.get(trial.phase.value, 0.0) + max(
-                0.0, at - trial.phase_started[trial.phase.value]
-            )
+        phases = _last_phase_added(trial, at, last_phase_seconds)
         end = (trial.finished_at or at) + max(0.0, seconds)
         with self._tx() as db:
             db.execute(
@@ -677,3 +680,15 @@ def _column(row: sqlite3.Row, name: str, default: Any) -> Any:
     """A row's column, or ``default`` where an older database (opened read-only, so
     not upgraded) has no such column."""
     return row[name] if name in row.keys() else default  # noqa: SIM118
+
+
+def _last_phase_added(trial: TrialRecord, at: float, measured: float | None) -> dict[str, float]:
+    """The trial's phase durations with its last phase's added: ``measured`` by its
+    slot, or (None) the time from its start to ``at``, where no slot ended it."""
+    seconds = dict(trial.phase_seconds)
+    if trial.phase is None or trial.phase.value not in trial.phase_started:
+        return seconds
+    if measured is None:
+        measured = at - trial.phase_started[trial.phase.value]
+    seconds[trial.phase.value] = seconds.get(trial.phase.value, 0.0) + max(0.0, measured)
+    return seconds

@@ -108,7 +108,7 @@ class StoreWriter:
                 gpus=event.gpus,
             )
         elif isinstance(event, PhaseEntered):
-            store.enter_phase(event.trial, event.phase, event.at)
+            store.enter_phase(event.trial, event.phase, event.at, event.previous_seconds)
         elif isinstance(event, PhaseSeconds):
             store.set_phase_seconds(event.trial, event.phase, event.seconds)
         elif isinstance(event, InstanceStarted):
@@ -130,7 +130,7 @@ class StoreWriter:
             at = event.at or time.time()
             if event.relaunch:
                 started = self._relaunched.pop(event.trial, at)
-                store.finish_relaunch(event.trial, at - started, at)
+                store.finish_relaunch(event.trial, at - started, at, event.last_phase_seconds)
             else:
                 store.finish_trial(
                     event.trial,
@@ -138,6 +138,7 @@ class StoreWriter:
                     at,
                     failure_class=event.failure_class,
                     evidence=event.evidence,
+                    last_phase_seconds=event.last_phase_seconds,
                 )
             done = store.trial(event.trial)
             event = replace(event, phase_seconds=dict(done.phase_seconds))

@@ -154,10 +154,15 @@ class TrialStarted(Event):
 
 @dataclass(frozen=True)
 class PhaseEntered(Event):
+    """A trial entered ``phase`` at ``at``; ``previous_seconds``: how long the phase it
+    left lasted, measured by the slot (the one clock of phase durations; None: the
+    trial was in no phase before)."""
+
     kind: ClassVar[str] = "phase"
     trial: int = 0
     phase: Phase = Phase.STOP
     at: float = 0.0
+    previous_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,9 @@ class TelemetrySampled(Event):
 
 @dataclass(frozen=True)
 class TrialFinished(Event):
-    """The trial's final outcome; ``phase_seconds`` is filled by the driver from the store."""
+    """The trial's final outcome; ``last_phase_seconds``: how long its last phase
+    lasted, measured by the slot (None: ended without its slot); ``phase_seconds`` is
+    filled by the driver from the store."""
 
     kind: ClassVar[str] = "trial_finished"
     trial: int = 0
@@ -257,6 +264,7 @@ class TrialFinished(Event):
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     relaunch: bool = False
     """The end of a confirm relaunch: the trial's own outcome stays as it was."""
+    last_phase_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -254,10 +254,11 @@ def _load_on_node(
 ) -> tuple[list[LevelResult], str] | RemoteFailure:
     """The load generator on another node (``executor.bench_from: driver``): the
     results, and the node they were measured from."""
-    from servesweep.bench.load import run_workload_sync
+    from servesweep.bench.load import LoadOptions, run_workload_sync
 
     try:
-        results = run_workload_sync(target, workload, workers=workload.workers, base_dir=base_dir)
+        options = LoadOptions(workers=workload.workers, base_dir=base_dir)
+        results = run_workload_sync(target, workload, options)
     except BenchError as exc:
         return RemoteFailure.of(exc)
     return results, ray.get_runtime_context().get_node_id()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.bench.capacity import error_checked
-from servesweep.bench.load import run_workload_sync
+from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.bench.workers import WorkerPool
 from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
@@ -47,7 +47,14 @@ from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.ownership import Ownership
-from servesweep.spec.schema import ServerSpec, SweepSpec, WorkloadSpec
+from servesweep.spec.schema import (
+    CapacityWorkload,
+    EvalWorkload,
+    LoadWorkload,
+    ServerSpec,
+    SweepSpec,
+    WorkloadSpec,
+)
 from servesweep.store.records import TelemetryPoint
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
@@ -397,10 +404,11 @@ class SlotWorker:
     def _enter(self, trial: int, phase: Phase) -> None:
         self._check_cancel()
         now = time.time()
+        previous = None
         if self._phase is not None:
-            self._phase_seconds[self._phase[0].value] = now - self._phase[1]
+            previous = self._phase_seconds[self._phase[0].value] = now - self._phase[1]
         self._phase = (phase, now)
-        self.emit(PhaseEntered(trial=trial, phase=phase, at=now))
+        self.emit(PhaseEntered(trial=trial, phase=phase, at=now, previous_seconds=previous))
 
     def trial_key(self, trial: int) -> str:
         return f"{self.context.spec.name}-{trial}"
@@ -437,9 +445,7 @@ class SlotWorker:
     ) -> list[LevelResult]:
         """The load generator on this machine (the slot's generator processes),
         sampling the slot's GPUs as it runs."""
-        return run_workload_sync(
-            target,
-            workload,
+        options = LoadOptions(
             probe=self.probe,
             gpus=list(self.server.gpus),
             on_progress=progress,
@@ -448,6 +454,7 @@ class SlotWorker:
             after_level=after_level,
             pool=self._generators(workload, target.timeout_s),
         )
+        return run_workload_sync(target, workload, options)
 
     def interrupt(self) -> None:
         """From any thread: make the running work end with ``Interrupted`` and stop the
@@ -466,7 +473,7 @@ class SlotWorker:
     def _warm_generators(self) -> None:
         """Start the load-generator processes while the server loads (in a thread of
         its own, which inherits this thread's cores), so the benchmark does not wait."""
-        first = next((w for w in self.workloads if not w.is_eval), None)
+        first = next((w for w in self.workloads if not isinstance(w, EvalWorkload)), None)
         if first is None or (first.workers <= 1 and self.context.slots <= 1):
             return
 
@@ -621,14 +628,16 @@ class SlotWorker:
             if points:
                 self.emit(TelemetrySampled(trial=order.trial, points=points))
         self._check_cancel()
+        at = time.time()
         self.emit(
             TrialFinished(
                 trial=order.trial,
                 outcome=outcome,
                 failure_class=failure_class,
                 evidence=evidence,
-                at=time.time(),
+                at=at,
                 relaunch=bool(order.relaunch),
+                last_phase_seconds=None if self._phase is None else at - self._phase[1],
             )
         )
 
@@ -733,10 +742,12 @@ class SlotWorker:
         spec = self.context.spec
         if order.relaunch:
             # the confirm phase measures every workload a launch can measure again
-            workloads = [w for w in self.workloads if w.capacity is None]
+            workloads: list[WorkloadSpec] = [
+                w for w in self.workloads if not isinstance(w, CapacityWorkload)
+            ]
         else:
             workloads = [w for w in self.workloads if spec.launches_of(w) > launch]
-        loads = [w for w in workloads if not w.is_eval and w.capacity is None]
+        loads = [w for w in workloads if isinstance(w, LoadWorkload)]
         if loads and loads[0].warmup == "auto":
             # the launch's first load workload warms the fresh server until it settles
             warm = loads[0].model_copy(update={"warmup": "launch"})
@@ -808,7 +819,7 @@ class SlotWorker:
 
 def _levels(workload: WorkloadSpec) -> int:
     """How many level results a workload gives (for telling whether any come after)."""
-    if workload.is_eval or workload.capacity is not None:
+    if not isinstance(workload, LoadWorkload):
         return 1
     return (len(workload.concurrency) + len(workload.rate)) * workload.repeats
 
@@ -818,7 +829,7 @@ def _on_node(instance: InstanceRecord, placement: Placement) -> InstanceRecord:
 
 
 def _check_errors(workload: WorkloadSpec, results: Sequence[LevelResult]) -> None:
-    if workload.is_eval:
+    if isinstance(workload, EvalWorkload):
         return
     # a capacity search goes beyond the load the server sustains on purpose: only the
     # levels it judged are held to the error limit

@@ -9,8 +9,8 @@ from typing import Any
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import short_cmdline
 from servesweep.servers.gpu import open_probe
-from servesweep.servers.release import wait_released
-from servesweep.spec.schema import WorkloadSpec, parse_duration, parse_size
+from servesweep.servers.release import ReleasePolicy, wait_released
+from servesweep.spec.schema import EvalWorkload, WorkloadSpec, parse_duration, parse_size
 
 __all__ = ["doctor", "format_doctor", "parse_gpu_list", "wait_gpus"]
 
@@ -66,11 +66,12 @@ def wait_gpus(
             probe,
             indexes,
             {g: 0 for g in indexes},
+            ReleasePolicy(
+                tolerance=int(_parse("size", tolerance, "--tolerance")),
+                settle=_parse("duration", settle, "--settle"),
+                timeout=_parse("duration", timeout, "--timeout"),
+            ),
             old_pids=set(),
-            tolerance=int(_parse("size", tolerance, "--tolerance")),
-            settle=_parse("duration", settle, "--settle"),
-            timeout=_parse("duration", timeout, "--timeout"),
-            foreign_policy="wait",
         )
     except TrialFailed as failure:
         return False, f"GPUs {gpus} not free: {failure.evidence.message}" + "".join(
@@ -124,7 +125,7 @@ def _eval_sandboxes(workloads: list[WorkloadSpec]) -> tuple[dict[str, Any], list
 
     settings: dict[str, list[str]] = {}
     for workload in workloads:
-        if workload.eval is not None:
+        if isinstance(workload, EvalWorkload):
             settings.setdefault(workload.eval.sandbox, []).append(workload.name)
     found: dict[str, Any] = {}
     problems = []

@@ -75,7 +75,7 @@ def spawn_sleeper(setsid: bool, ignore_term: bool, args: argparse.Namespace) -> 
 def hold_gpu(fake_dir: str | None, mem: int, delay: float, name: str) -> None:
     if not fake_dir or mem <= 0:
         return
-    from servesweep.sim.fakegpu import FakeGpuDir
+    from servesweep.fakegpu import FakeGpuDir
 
     holder = FakeGpuDir(fake_dir).allocate({0: mem}, release_delay_s=delay, name=name)
     holder.start_heartbeat()

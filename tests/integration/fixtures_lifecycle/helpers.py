@@ -61,7 +61,7 @@ def init_fake_gpus(path: Path, count: int = 1, memory: str = "8GiB") -> None:
         [
             sys.executable,
             "-m",
-            "servesweep.sim.fakegpu",
+            "servesweep.fakegpu",
             "init",
             str(path),
             "--count",

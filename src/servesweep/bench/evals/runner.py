@@ -16,11 +16,10 @@ from servesweep.bench.evals.extract import extract_program, strip_reasoning
 from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.bench.evals.suites import CodingTask, Task, TextTask, load_suite
 from servesweep.bench.target import Target
-from servesweep.errors import BenchError
 from servesweep.intervals import DEFAULT_CONFIDENCE
 from servesweep.level_intervals import eval_intervals
 from servesweep.models import EvalTaskResult, LevelResult
-from servesweep.spec.schema import EvalSpec, WorkloadSpec
+from servesweep.spec.schema import EvalSpec, EvalWorkload
 
 __all__ = ["CODING_INSTRUCTION", "build_request", "run_eval_workload"]
 
@@ -32,7 +31,7 @@ _MAX_BODY = 400
 
 
 def build_request(
-    task: Task, workload: WorkloadSpec, spec: EvalSpec, target: Target
+    task: Task, workload: EvalWorkload, spec: EvalSpec, target: Target
 ) -> tuple[str, dict[str, Any]]:
     """``(path, JSON body)`` of the request asking ``task``."""
     body: dict[str, Any] = {
@@ -95,7 +94,7 @@ async def _one(
     session: aiohttp.ClientSession,
     sandbox: Sandbox,
     target: Target,
-    workload: WorkloadSpec,
+    workload: EvalWorkload,
     spec: EvalSpec,
     asking: asyncio.Semaphore,
 ) -> EvalTaskResult:
@@ -125,7 +124,7 @@ async def _one(
 
 async def run_eval_workload(
     target: Target,
-    workload: WorkloadSpec,
+    workload: EvalWorkload,
     *,
     sandbox: Sandbox | None = None,
     base_dir: str | None = None,
@@ -135,8 +134,6 @@ async def run_eval_workload(
     data (status ``error``); raises :class:`DatasetError` for a bad suite and
     :class:`SandboxError` when generated code cannot be run safely here."""
     spec = workload.eval
-    if spec is None:
-        raise BenchError(f"workload {workload.name!r} has no 'eval' section")
     suite = load_suite(spec.suite, base_dir)
     tasks = suite.tasks[: spec.limit] if spec.limit else suite.tasks
     own = sandbox is None

@@ -73,10 +73,10 @@ def _open(backend: str, fake: str | None) -> tuple[GpuProbe, str]:
             raise ConfigError(
                 f"the fake GPU backend needs a directory: set {FAKE_GPUS_ENV} or "
                 "fake_gpu_dir (create one with `servesweep sim`'s "
-                "`python -m servesweep.sim.fakegpu init DIR --count N --memory SIZE`)",
+                "`python -m servesweep.fakegpu init DIR --count N --memory SIZE`)",
                 key="fake_gpu_dir",
             )
-        from servesweep.servers.gpu.fake import FakeGpuProbe
+        from servesweep.fakegpu.probe import FakeGpuProbe
 
         return FakeGpuProbe(fake), ""
     from servesweep.servers.gpu.nvml import NvmlProbe

@@ -85,8 +85,8 @@ def _holding_process(argv: list[str], env: dict[str, str] | None = None) -> Iter
 def fake_holder(
     fake_dir: str, gpu: int, used_bytes: int, release_delay_s: float = 0.0
 ) -> Iterator[MemoryHolder]:
-    """A ``python -m servesweep.sim.fakegpu hold`` process, SIGKILLed on exit."""
-    argv = [sys.executable, "-m", "servesweep.sim.fakegpu", "hold", fake_dir]
+    """A ``python -m servesweep.fakegpu hold`` process, SIGKILLed on exit."""
+    argv = [sys.executable, "-m", "servesweep.fakegpu", "hold", fake_dir]
     argv += ["--gpus", str(gpu), "--mem", str(used_bytes)]
     argv += ["--release-delay", str(release_delay_s)]
     with _holding_process(argv) as pid:

@@ -1,4 +1,4 @@
-"""``servesweep fake-gpus init|show|hold`` (also ``python -m servesweep.sim.fakegpu``):
+"""``servesweep fake-gpus init|show|hold`` (also ``python -m servesweep.fakegpu``):
 manage fake GPUs by hand."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import FrameType
 
 from servesweep.fakegpu.store import FakeGpuDir, FakeGpuError, FakeOutOfMemory
 from servesweep.fakegpu.units import format_bytes, parse_size
-from servesweep.sim.helpstyle import click_style
+from servesweep.helpstyle import click_style
 
 
 def _size(text: str) -> int:
@@ -28,7 +28,7 @@ def _gpu_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"invalid GPU list {text!r}: use e.g. 0,1") from exc
 
 
-PROG = "python -m servesweep.sim.fakegpu"
+PROG = "python -m servesweep.fakegpu"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
