@@ -6,24 +6,35 @@ go straight into the driver's queue (``QueueChannel``). ``interrupt`` is called 
 the driver's thread: it stops the slot's instance at once and makes the running
 command end.
 
-The slot's thread (and the load-generator processes it starts) can be pinned to CPU
-cores of their own, so that the load generators of concurrent trials do not compete
-for the same cores.
+The slot's thread (and the load-generator processes it starts) is pinned to CPU
+cores of its own when every slot can have some, so that the load generators of
+concurrent trials do not compete for the same cores (``LocalExecutor``).
+
+:class:`LocalSite` is this machine as a run's site (``sweep.executors``): its GPUs
+checked before anything is created, its ports and GPUs leased, its GPUs described.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from servesweep.errors import Interrupted, ServesweepError
-from servesweep.servers.gpu import open_probe
+from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.gpu.topology import link_distances
-from servesweep.sweep.channel import QueueChannel
+from servesweep.spec.load import LoadedSweep
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.slots import gpu_need, slot_ports
+from servesweep.sweep.channel import QueueChannel, TrialChannel
 from servesweep.sweep.events import Event, SlotIdle
-from servesweep.sweep.node import Leftover, NodePrepared, prepare_node
+from servesweep.sweep.leases import run_leases
+from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
 from servesweep.sweep.slot import (
     CurrentInstance,
     GeneratorPools,
@@ -36,7 +47,7 @@ from servesweep.sweep.slot import (
     this_node,
 )
 
-__all__ = ["LocalExecutor", "LocalSlot"]
+__all__ = ["LocalExecutor", "LocalSite", "LocalSlot", "fake_gpu_dir", "prepare_here"]
 
 Command = Callable[[SlotWorker], None]
 
@@ -186,6 +197,30 @@ class LocalExecutor:
         finally:
             probe.close()
 
+    def check(self) -> None:
+        """A program on the port would fail every trial: say so before anything starts
+        (with the subprocess launcher: other launchers may find their own service
+        there, and stop it)."""
+        spec = self.context.spec
+        if spec.server.launcher != "subprocess":
+            return
+        ports = slot_ports(spec, self.context.slots)
+        check_slot_ports(self.context, spec.server.host, ports, first=True)
+
+    def warnings(self) -> list[str]:
+        """Concurrent slots whose load generators cannot each have cores of their own."""
+        slots = self.context.slots
+        if slots < 2 or not hasattr(os, "sched_getaffinity") or self._cpus(0):
+            return []
+        cores = len(os.sched_getaffinity(0))
+        return [
+            f"{slots} slots share {cores} CPU core(s): the load generators of concurrent "
+            "trials compete for them (each needs a core of its own, plus one for "
+            "servesweep); a level measured while the CPU was short says so in its warnings "
+            "(event-loop lag) — use fewer --slots or a machine with more cores when they "
+            "appear"
+        ]
+
     def prepare(
         self,
         node: NodeInfo,
@@ -194,13 +229,8 @@ class LocalExecutor:
         stored: Mapping[int, int] | None,
         service_slots: Sequence[int],
     ) -> NodePrepared:
-        return prepare_node(
-            self.context,
-            pool,
-            leftovers,
-            stored,
-            QueueChannel(self.events),
-            service_slots=service_slots,
+        return prepare_here(
+            self.context, pool, leftovers, stored, QueueChannel(self.events), service_slots
         )
 
     def open(
@@ -209,7 +239,6 @@ class LocalExecutor:
         *,
         current: CurrentInstance | None,
         baseline: Mapping[int, int],
-        cpus: Sequence[int],
     ) -> LocalSlot:
         return LocalSlot(
             self.context,
@@ -217,9 +246,117 @@ class LocalExecutor:
             self.events,
             current=current,
             baseline=baseline,
-            cpus=cpus,
+            cpus=self._cpus(placement.slot),
             generators=self.generators,
         )
 
+    def _cpus(self, slot: int) -> tuple[int, ...]:
+        """Cores for slot ``slot``'s load generator when every slot can have its own
+        (one core is left to the driver); none (no pinning) otherwise."""
+        slots = self.context.slots
+        if slots < 2 or not hasattr(os, "sched_getaffinity"):
+            return ()
+        cores = sorted(os.sched_getaffinity(0))
+        share = (len(cores) - 1) // slots
+        if share < 1:
+            return ()
+        start = 1 + slot * share
+        return tuple(cores[start : start + share])
+
     def close(self) -> None:
         self.generators.close()
+
+
+def prepare_here(
+    context: SweepContext,
+    pool: Placement,
+    leftovers: Sequence[Leftover],
+    stored: Mapping[int, int] | None,
+    channel: TrialChannel,
+    service_slots: Sequence[int],
+) -> NodePrepared:
+    """Make the machine this runs on ready (``node.prepare_node``), once the ports of
+    its slots beyond the first are known to be free (ConfigError otherwise; slot 0's
+    is checked at each start)."""
+    ports = slot_ports(context.spec, len(service_slots))
+    check_slot_ports(context, context.spec.server.host, ports)
+    return prepare_node(context, pool, leftovers, stored, channel, service_slots=service_slots)
+
+
+class LocalSite:
+    """This machine as a run's site (``sweep.executors.Site``)."""
+
+    def __init__(self, loaded: LoadedSweep) -> None:
+        self._loaded = loaded
+
+    def check(self) -> list[str]:
+        spec = self._loaded.spec
+        gpu_need(spec)  # a bad gpus_per_trial is a usage error before anything starts
+        # GPUs named that no backend can see: an error before anything is created
+        open_probe(
+            spec.server.gpu_backend, fake_gpu_dir(self._loaded), gpus=spec.server.gpus
+        ).close()
+        return []
+
+    def scheduled(self, spec: SweepSpec) -> SweepSpec:
+        return spec
+
+    @contextmanager
+    def leases(
+        self,
+        spec: SweepSpec,
+        store_path: Path,
+        *,
+        slots: int,
+        wait: bool,
+        notify: Callable[[str], None],
+    ) -> Iterator[None]:
+        fake_dir = fake_gpu_dir(self._loaded)
+        with run_leases(
+            spec, store_path, slots=slots, fake_gpu_dir=fake_dir, wait=wait, notify=notify
+        ):
+            yield
+
+    def environment(self, context: SweepContext) -> dict[str, Any]:
+        """This machine's GPUs, as their backend describes them."""
+        env: dict[str, Any] = {}
+        probe = open_probe(context.spec.server.gpu_backend, context.fake_gpu_dir)
+        try:
+            env["gpu_backend"] = probe.name
+            env.update({f"gpu.{k}": v for k, v in probe.describe().items()})
+        except Exception as exc:
+            env["gpu.error"] = str(exc)
+        finally:
+            probe.close()
+        return env
+
+    def executor(self, context: SweepContext, events: queue.Queue[Event]) -> LocalExecutor:
+        return LocalExecutor(context, events)
+
+    def close(self) -> None:
+        return None
+
+
+def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
+    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing:
+    the sweep file's ``fake_gpu_dir`` (relative to the sweep file), else
+    ``SERVESWEEP_FAKE_GPUS`` (relative to the current directory)."""
+    server = loaded.spec.server
+    if server.fake_gpu_dir:
+        path = loaded.resolve(server.fake_gpu_dir)
+    elif os.environ.get(FAKE_GPUS_ENV):
+        path = Path(os.environ[FAKE_GPUS_ENV]).expanduser().absolute()
+    else:
+        return None
+    if server.fake_gpus is not None and not path.exists():
+        from servesweep.fakegpu import FakeGpuDir, FakeGpuError
+
+        try:
+            FakeGpuDir.create(
+                path, server.fake_gpus.count, server.fake_gpus.memory, name=server.fake_gpus.name
+            )
+        except (OSError, FakeGpuError) as exc:
+            raise loaded.error(
+                f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
+            ) from exc
+    return str(path.resolve())

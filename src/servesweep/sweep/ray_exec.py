@@ -4,10 +4,13 @@ uses (``sweep.ray_slot``).
 
 * :func:`connect` joins the cluster and describes its nodes — a one-line error for
   an unreachable address, a Ray that is too old, nodes that run another servesweep;
+* :class:`RaySite` is the cluster as a run's site (``sweep.executors``): the plan
+  checked against its nodes, the run's leases held on each node, the cluster
+  described for the sweep's record;
 * :class:`RayExecutor` is the driver's ``Executor`` there: ``nodes`` are the alive
   nodes with GPUs (keyed by Ray's node id: two may share a hostname), ``prepare``
-  runs ``prepare_node`` as a task pinned to the node (leftovers of this results
-  database adopted or stopped there, the slots' ports checked, the GPU baseline
+  runs ``local.prepare_here`` as a task pinned to the node (the slots' ports checked,
+  leftovers of this results database adopted or stopped there, the GPU baseline
   taken on its idle GPUs), ``open`` starts a slot's actor there.
 
 How a node sees the sweep (``sweep.cluster.node_context``): its own fake GPUs when
@@ -26,8 +29,10 @@ import os
 import queue
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import ray
@@ -39,12 +44,15 @@ from servesweep.errors import ConfigError, ResourceBusy, ServesweepError
 from servesweep.models import InstanceRecord
 from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.servers.leases import Busy, Holder, Lease, Resource, resources_for
+from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import slot_ports
 from servesweep.sweep.cluster import (
     BufferChannel,
     RemoteFailure,
+    check_cluster,
     check_ray_version,
+    cluster_spec,
     gpu_ids,
     gpu_nodes,
     node_context,
@@ -53,8 +61,9 @@ from servesweep.sweep.cluster import (
     short_error,
 )
 from servesweep.sweep.events import Event, NodeLost
-from servesweep.sweep.leases import busy_message, waiting_message
-from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
+from servesweep.sweep.leases import busy_message, owner_of, waiting_message
+from servesweep.sweep.local import prepare_here
+from servesweep.sweep.node import Leftover, NodePrepared
 from servesweep.sweep.ray_actor import LoadFrom, SlotActor, on_node
 from servesweep.sweep.ray_slot import RaySlot
 from servesweep.sweep.slot import (
@@ -66,7 +75,7 @@ from servesweep.sweep.slot import (
     stop_timeout,
 )
 
-__all__ = ["RayConnection", "RayExecutor", "connect", "hold_node_leases", "leave"]
+__all__ = ["RayConnection", "RayExecutor", "RaySite", "connect", "hold_node_leases", "leave"]
 
 _CONNECT_TIMEOUT_S = 10.0
 _CALL_TIMEOUT_S = 120.0
@@ -317,11 +326,7 @@ def _prepare(
 ) -> tuple[NodePrepared | None, list[Event], RemoteFailure | None]:
     channel = BufferChannel()
     try:
-        ports = slot_ports(context.spec, len(service_slots))
-        check_slot_ports(context, context.spec.server.host, ports)
-        prepared = prepare_node(
-            context, pool, leftovers, stored, channel, service_slots=service_slots
-        )
+        prepared = prepare_here(context, pool, leftovers, stored, channel, service_slots)
     except BaseException as exc:
         return None, channel.take(0), RemoteFailure.of(exc)
     return prepared, channel.take(0), None
@@ -380,6 +385,14 @@ class RayExecutor:
         """Unknown: Ray chooses which of a node's GPUs a slot gets."""
         return None
 
+    def check(self) -> None:
+        """Nothing before the run: each node's ports are checked as it is prepared."""
+        return None
+
+    def warnings(self) -> list[str]:
+        """None: the load generators run on the nodes (or their own driver's node)."""
+        return []
+
     def prepare(
         self,
         node: NodeInfo,
@@ -388,7 +401,7 @@ class RayExecutor:
         stored: Mapping[int, int] | None,
         service_slots: Sequence[int],
     ) -> NodePrepared:
-        """``prepare_node`` on ``node`` itself; its events join the driver's queue."""
+        """``prepare_here`` on ``node`` itself; its events join the driver's queue."""
         task = _prepare.options(scheduling_strategy=on_node(node.node_id))
         try:
             prepared, events, failure = ray.get(
@@ -421,11 +434,10 @@ class RayExecutor:
         *,
         current: CurrentInstance | None,
         baseline: Mapping[int, int],
-        cpus: Sequence[int],
     ) -> RaySlot:
         """A slot's actor on its node, asking Ray for as many GPUs as the scheduler
         placed it on (Ray chooses which: the slot reports them); the node's whole
-        baseline goes with it. ``cpus`` (this machine's cores) do not apply there."""
+        baseline goes with it."""
         node = self._nodes[placement.node_id]
         load = None
         if self.bench_from == "driver":
@@ -473,4 +485,55 @@ class RayExecutor:
             slot.close(timeout=_CLOSE_S)  # (a slot still waiting for its GPUs is ended)
             slot.kill()
         self._slots.clear()
+        leave()
+
+
+# -- the cluster as a run's site ----------------------------------------------------------
+
+
+class RaySite:
+    """A joined Ray cluster as a run's site (``sweep.executors.Site``)."""
+
+    def __init__(self, loaded: LoadedSweep, connection: RayConnection) -> None:
+        self._loaded = loaded
+        self.connection = connection
+
+    def check(self) -> list[str]:
+        connection = self.connection
+        return check_cluster(self._loaded.spec, connection.nodes, connection.address)
+
+    def scheduled(self, spec: SweepSpec) -> SweepSpec:
+        """The GPU pool is the nodes' (see ``cluster.cluster_spec``)."""
+        return cluster_spec(spec, self.connection.nodes)
+
+    @contextmanager
+    def leases(
+        self,
+        spec: SweepSpec,
+        store_path: Path,
+        *,
+        slots: int,
+        wait: bool,
+        notify: Callable[[str], None],
+    ) -> Iterator[None]:
+        owner = owner_of(spec, store_path)
+        ports = slot_ports(spec, slots)
+        release = hold_node_leases(self.connection, spec, ports, owner, wait=wait, notify=notify)
+        try:
+            yield
+        finally:
+            release()
+
+    def environment(self, context: SweepContext) -> dict[str, Any]:
+        """The cluster and its nodes (their GPUs are each slot's to report)."""
+        bench_from = context.spec.executor.bench_from
+        return {"ray": {**self.connection.describe(), "bench_from": bench_from}}
+
+    def executor(self, context: SweepContext, events: queue.Queue[Event]) -> RayExecutor:
+        return RayExecutor(
+            self.connection, context, events, bench_from=context.spec.executor.bench_from
+        )
+
+    def close(self) -> None:
+        """Leave the cluster (harmless when the executor already did)."""
         leave()
