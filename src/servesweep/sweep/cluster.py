@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import traceback
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need, params_label
 from servesweep.sweep.events import Event
 from servesweep.sweep.slot import NodeInfo, SweepContext
+from servesweep.sweep.slot_handle import error_text
 
 __all__ = [
     "MIN_RAY_VERSION",
@@ -206,7 +206,7 @@ class RemoteFailure:
                 return cls(str(exc), kind)
         if isinstance(exc, ServesweepError):
             return cls(str(exc))
-        return cls("".join(traceback.format_exception(exc)).strip(), "internal")
+        return cls(error_text(exc), "internal")
 
     def error(self, where: str = "") -> Exception:
         """The exception to raise here; ``where`` (a node) prefixes the message. A bug

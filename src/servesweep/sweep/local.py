@@ -1,7 +1,8 @@
 """Slots on this machine: one thread per slot, each running a :class:`SlotWorker`.
 
 A :class:`LocalSlot` takes commands (run a trial, tear down, finish) one at a time in
-its own thread and tells the driver when it is idle again (``SlotIdle``). Its events
+its own thread and tells the driver when it is idle again (``SlotIdle``), as every
+slot handle does (``sweep.slot_handle``). Its events
 go straight into the driver's queue (``QueueChannel``). ``interrupt`` is called from
 the driver's thread: it stops the slot's instance at once and makes the running
 command end.
@@ -19,20 +20,18 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from servesweep.errors import Interrupted, ServesweepError
 from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.gpu.topology import link_distances
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import gpu_need, slot_ports
 from servesweep.sweep.channel import QueueChannel, TrialChannel
-from servesweep.sweep.events import Event, SlotIdle
+from servesweep.sweep.events import Event
 from servesweep.sweep.leases import run_leases
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
 from servesweep.sweep.slot import (
@@ -42,18 +41,17 @@ from servesweep.sweep.slot import (
     Placement,
     SlotWorker,
     SweepContext,
-    TrialOrder,
     pin_current_thread,
     this_node,
 )
+from servesweep.sweep.slot_handle import CommandInbox, carry_out, error_text, slot_idle
 
 __all__ = ["LocalExecutor", "LocalSite", "LocalSlot", "fake_gpu_dir", "prepare_here"]
 
-Command = Callable[[SlotWorker], None]
 
-
-class LocalSlot:
-    """One slot of this machine, run by a thread (see the module doc)."""
+class LocalSlot(CommandInbox):
+    """One slot of this machine, run by a thread (see the module doc); its commands
+    (``run``, ``teardown``, ``finish``) wait in its inbox."""
 
     def __init__(
         self,
@@ -66,12 +64,12 @@ class LocalSlot:
         cpus: Sequence[int] = (),
         generators: GeneratorPools | None = None,
     ) -> None:
+        super().__init__()
         self.placement = placement
         self._generators = generators
         self.error: BaseException | None = None
         """The exception that ended a command (not a trial failure: those are events)."""
         self._events = events
-        self._inbox: queue.Queue[Command | None] = queue.Queue()
         self._worker: SlotWorker | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(
@@ -82,16 +80,7 @@ class LocalSlot:
         )
         self._thread.start()
 
-    # -- commands (each ends with a SlotIdle event) -----------------------------------
-
-    def run(self, order: TrialOrder) -> None:
-        self._inbox.put(lambda worker: worker.run(order))
-
-    def teardown(self) -> None:
-        self._inbox.put(lambda worker: worker.teardown())
-
-    def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
-        self._inbox.put(lambda worker: worker.finish(keep_running, restart_units))
+    # -- besides the commands (each ends with a SlotIdle event) ------------------------
 
     def interrupt(self) -> None:
         """From the driver's thread: stop the instance now, end the running command."""
@@ -107,7 +96,7 @@ class LocalSlot:
     def close(self, timeout: float = 30.0) -> bool:
         """End the thread after its current command; True when it ended in time
         (``timeout`` 0: do not wait)."""
-        self._inbox.put(None)
+        self.end()
         if timeout > 0:
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -140,35 +129,20 @@ class LocalSlot:
         worker = self._worker
         try:
             while True:
-                command = self._inbox.get()
+                command = self.next()
                 if command is None:
                     return
-                error = None
-                try:
-                    command(worker)
-                except Interrupted:
-                    pass
-                except ServesweepError as exc:
-                    self.error, error = exc, str(exc)
-                except BaseException as exc:
-                    self.error = exc
-                    error = "".join(traceback.format_exception(exc)).strip()
-                self._idle(error)
+                failure = carry_out(worker, command)
+                if failure is not None:
+                    self.error = failure
+                self._idle(None if failure is None else error_text(failure))
         finally:
             worker.close()
 
     def _idle(self, error: str | None) -> None:
         worker = self._worker
-        self._events.put(
-            SlotIdle(
-                node=self.placement.node,
-                node_id=self.placement.node_id,
-                slot=self.placement.slot,
-                gpus=self.placement.gpus,
-                holding=worker is not None and worker.current is not None,
-                error=error,
-            )
-        )
+        holding = worker is not None and worker.current is not None
+        self._events.put(slot_idle(self.placement, holding=holding, error=error))
 
 
 class LocalExecutor:
