@@ -55,6 +55,7 @@ __all__ = [
     "new_run_id",
     "open_sweep",
     "run_sweep",
+    "server_api_key",
     "store_path_for",
     "sweep_context",
     "sweep_lock",
@@ -175,7 +176,10 @@ def _environment(server: ServerSpec) -> dict[str, Any]:
     }
 
 
-def _api_key(spec: SweepSpec) -> str | None:
+def server_api_key(spec: SweepSpec) -> str | None:
+    """The server's API key (``server.api_key_env``), read once where the run starts:
+    it travels with the sweep (``SweepContext.api_key``) to the readiness gate and the
+    benchmark of every slot, wherever it runs. ConfigError when the variable is unset."""
     name = spec.server.api_key_env
     if not name:
         return None
@@ -201,7 +205,7 @@ def run_sweep(
     options = options or RunOptions()
     observer = observer or NullObserver()
     loaded = with_port(load_sweep(path), options.port)
-    api_key = _api_key(loaded.spec)
+    api_key = server_api_key(loaded.spec)
     site = open_site(loaded, options.ray)
     try:
         return _run_on(site, loaded, options, observer, api_key)
