@@ -14,22 +14,26 @@ one it has (as an HTTP client never knows its transport):
 * ``environment`` — what the run ran on, for the sweep's record;
 * ``executor`` — the driver's :class:`~servesweep.sweep.driver.Executor` for the run;
 * ``close`` — leave (a cluster), also when the run ends before its executor does.
+
+:func:`fake_gpu_dir` is the fake GPUs the sweep file names for the machine that runs
+it (a cluster's nodes may name their own).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servesweep.errors import ConfigError
+from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.sweep.cluster import check_ray_version
 from servesweep.sweep.driver import Executor
 from servesweep.sweep.events import Event
-from servesweep.sweep.local import LocalSite
 from servesweep.sweep.slot import SweepContext
 
 if TYPE_CHECKING:
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
 
     from servesweep.sweep.ray_exec import RayConnection
 
-__all__ = ["Site", "join_cluster", "open_site"]
+__all__ = ["Site", "fake_gpu_dir", "join_cluster", "open_site"]
 
 
 class Site(Protocol):
@@ -80,6 +84,8 @@ def open_site(loaded: LoadedSweep, ray_option: str | None) -> Site:
     ``executor`` names, joined; else this machine."""
     cluster = join_cluster(loaded, ray_option)
     if cluster is None:
+        from servesweep.sweep.local import LocalSite
+
         return LocalSite(loaded)
     from servesweep.sweep.ray_exec import RaySite
 
@@ -106,3 +112,28 @@ def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection |
     from servesweep.sweep import ray_exec
 
     return ray_exec.connect(ray_option or executor.address)
+
+
+def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
+    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing:
+    the sweep file's ``fake_gpu_dir`` (relative to the sweep file), else
+    ``SERVESWEEP_FAKE_GPUS`` (relative to the current directory)."""
+    server = loaded.spec.server
+    if server.fake_gpu_dir:
+        path = loaded.resolve(server.fake_gpu_dir)
+    elif os.environ.get(FAKE_GPUS_ENV):
+        path = Path(os.environ[FAKE_GPUS_ENV]).expanduser().absolute()
+    else:
+        return None
+    if server.fake_gpus is not None and not path.exists():
+        from servesweep.fakegpu import FakeGpuDir, FakeGpuError
+
+        try:
+            FakeGpuDir.create(
+                path, server.fake_gpus.count, server.fake_gpus.memory, name=server.fake_gpus.name
+            )
+        except (OSError, FakeGpuError) as exc:
+            raise loaded.error(
+                f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
+            ) from exc
+    return str(path.resolve())

@@ -25,13 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
+from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.topology import link_distances
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import gpu_need, slot_ports
 from servesweep.sweep.channel import QueueChannel, TrialChannel
 from servesweep.sweep.events import Event
+from servesweep.sweep.executors import fake_gpu_dir
 from servesweep.sweep.leases import run_leases
 from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
 from servesweep.sweep.slot import (
@@ -46,7 +47,7 @@ from servesweep.sweep.slot import (
 )
 from servesweep.sweep.slot_handle import CommandInbox, carry_out, error_text, slot_idle
 
-__all__ = ["LocalExecutor", "LocalSite", "LocalSlot", "fake_gpu_dir", "prepare_here"]
+__all__ = ["LocalExecutor", "LocalSite", "LocalSlot", "prepare_here"]
 
 
 class LocalSlot(CommandInbox):
@@ -309,28 +310,3 @@ class LocalSite:
 
     def close(self) -> None:
         return None
-
-
-def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
-    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing:
-    the sweep file's ``fake_gpu_dir`` (relative to the sweep file), else
-    ``SERVESWEEP_FAKE_GPUS`` (relative to the current directory)."""
-    server = loaded.spec.server
-    if server.fake_gpu_dir:
-        path = loaded.resolve(server.fake_gpu_dir)
-    elif os.environ.get(FAKE_GPUS_ENV):
-        path = Path(os.environ[FAKE_GPUS_ENV]).expanduser().absolute()
-    else:
-        return None
-    if server.fake_gpus is not None and not path.exists():
-        from servesweep.fakegpu import FakeGpuDir, FakeGpuError
-
-        try:
-            FakeGpuDir.create(
-                path, server.fake_gpus.count, server.fake_gpus.memory, name=server.fake_gpus.name
-            )
-        except (OSError, FakeGpuError) as exc:
-            raise loaded.error(
-                f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
-            ) from exc
-    return str(path.resolve())

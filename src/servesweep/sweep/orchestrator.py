@@ -42,9 +42,8 @@ from servesweep.sweep.driver import (
     max_slots,
 )
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
-from servesweep.sweep.executors import Site, open_site
+from servesweep.sweep.executors import Site, fake_gpu_dir, open_site
 from servesweep.sweep.identity import changes
-from servesweep.sweep.local import fake_gpu_dir
 from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import SweepContext, this_node
 
