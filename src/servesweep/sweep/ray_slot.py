@@ -62,14 +62,20 @@ class SlotHost(Protocol):
 
 
 class ActorState(Enum):
-    """Where a slot's actor is, as its handle knows it.
+    """Where a slot's actor is, as its handle knows it. The transitions (``_NEXT``),
+    each taken at once under the handle's lock (``RaySlot._move``):
 
-    ``WAITING`` → ``READY``  once the actor started (Ray gave it its GPUs);
-    ``WAITING``/``READY`` → ``LOST``  when Ray cannot reach it (``NodeLost`` reported,
-    the actor ended); ``READY`` → ``INTERRUPTED``  on Ctrl-C (``interrupt``): no more
-    commands, ``restore`` comes next; ``WAITING``/``READY``/``INTERRUPTED``/``LOST`` →
-    ``ENDED``  when it is ended here (``kill``; Ctrl-C while it waits for its GPUs, or
-    once it is lost; a loss after Ctrl-C). ``ENDED`` is final.
+    * ``WAITING`` → ``READY``: the actor started (Ray gave it its GPUs);
+    * ``WAITING``/``READY`` → ``LOST``: Ray cannot reach it — ``NodeLost`` is reported,
+      the actor ended, and the trial it ran ends ``node_lost``;
+    * ``READY`` → ``INTERRUPTED``: Ctrl-C (``interrupt``) — no more commands,
+      ``restore`` comes next;
+    * ``WAITING``/``READY``/``INTERRUPTED`` → ``ENDED``: ended here (``kill``, or
+      Ctrl-C while it waits for its GPUs); from ``INTERRUPTED`` also when it is lost
+      after Ctrl-C (reported, but the trial is the stop's, not the loss's);
+    * ``LOST`` → ``ENDED``: Ctrl-C after the loss.
+
+    ``ENDED`` is final.
     """
 
     WAITING = "waiting"
