@@ -1,5 +1,5 @@
 """Where a run's slots run: this machine (``sweep.local``) or the nodes of a Ray cluster
-(``sweep.ray_exec``, imported only then).
+(``sweep.ray_site``, imported only then).
 
 :func:`open_site` chooses from ``--ray`` and the sweep file's ``executor``; the
 orchestrator then asks the :class:`Site` what it asks of any of them, and never which
@@ -87,7 +87,7 @@ def open_site(loaded: LoadedSweep, ray_option: str | None) -> Site:
         from servesweep.sweep.local import LocalSite
 
         return LocalSite(loaded)
-    from servesweep.sweep.ray_exec import RaySite
+    from servesweep.sweep.ray_site import RaySite
 
     return RaySite(loaded, cluster)
 
