@@ -119,6 +119,12 @@ class _Cluster:
     def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
         return None
 
+    def check(self) -> None:
+        return None
+
+    def warnings(self) -> list[str]:
+        return []
+
     def context_for(self, node: NodeInfo) -> SweepContext:
         raise AssertionError("no leftovers here")
 
@@ -138,7 +144,6 @@ class _Cluster:
         *,
         current: CurrentInstance | None,
         baseline: Mapping[int, int],
-        cpus: Sequence[int],
     ) -> _Slot:
         return self._slot(placement, self._events, self._doomed, self.log)
 

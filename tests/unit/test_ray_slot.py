@@ -197,3 +197,34 @@ def test_a_unit_the_node_cannot_give_back_is_an_error_not_silence(
         slot.restore(("llm.service",))
     assert fake_ray == [actor]
     slot.close(timeout=5)
+
+
+def test_a_loss_after_ctrl_c_is_reported_but_the_trial_is_the_stops(
+    fake_ray: list[Any],
+) -> None:
+    """Ctrl-C, then Ray loses the actor before its command ended: the loss is said, the
+    actor ended once, and the trial is left to the stop (not ended ``node_lost``)."""
+    actor = _Actor()
+    lost = threading.Event()
+
+    def stream() -> Iterator[Any]:
+        yield [SweepWarning(trial=7, message="loading")]
+        lost.wait(5)
+        raise ActorDiedError()
+
+    actor.stream = stream
+    events: queue.Queue[Event] = queue.Queue()
+    slot = ray_slot.RaySlot(_Host(), _NODE, _PLACEMENT, actor, events)  # type: ignore[arg-type]
+    slot.run(_ORDER)
+    _drain(events, lambda e: isinstance(e, SweepWarning))
+    assert slot.state is ray_slot.ActorState.READY
+    slot.interrupt()
+    assert slot.state is ray_slot.ActorState.INTERRUPTED
+    lost.set()
+    got = _drain(events, lambda e: isinstance(e, SlotIdle))
+    assert any(isinstance(e, NodeLost) and e.trial == 7 for e in got), got
+    assert not any(isinstance(e, TrialFinished) for e in got), got
+    assert slot.state is ray_slot.ActorState.ENDED
+    slot.restore()
+    assert fake_ray == [actor], "the actor is ended once"
+    assert slot.close(timeout=5)

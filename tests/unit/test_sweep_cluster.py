@@ -261,7 +261,7 @@ def test_the_executor_section_is_checked_with_file_and_line() -> None:
 def test_without_ray_installed_a_ray_sweep_is_one_line_of_advice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from servesweep.sweep.orchestrator import join_cluster
+    from servesweep.sweep.executors import join_cluster
 
     monkeypatch.setitem(sys.modules, "ray", None)
     for name in (
@@ -300,25 +300,13 @@ def test_status_knows_a_cluster_node_started_on_this_machine() -> None:
 
 
 def test_server_gpus_is_said_unused_on_a_cluster_even_when_it_matches_a_node() -> None:
-    from types import SimpleNamespace
-
-    from servesweep.sweep.events import SweepWarning
-    from servesweep.sweep.orchestrator import _on_cluster
-
-    class Warnings:
-        def __init__(self) -> None:
-            self.seen: list[str] = []
-
-        def event(self, event: object) -> None:
-            if isinstance(event, SweepWarning):
-                self.seen.append(event.message)
+    from servesweep.sweep.cluster import check_cluster
 
     # the quickstart's gpus: [0, 1], on a cluster whose largest node has GPUs 0 and 1
     context = _context(_spec("  gpus: [0, 1]\n  gpus_per_trial: 1"))
-    cluster = SimpleNamespace(nodes=[NodeInfo("a", (0, 1), "A"), NodeInfo("b", (0, 1), "B")])
-    observer = Warnings()
-    _on_cluster(context, cluster, observer)  # type: ignore[arg-type]
-    assert observer.seen == [
+    nodes = [NodeInfo("a", (0, 1), "A"), NodeInfo("b", (0, 1), "B")]
+    seen = check_cluster(context.spec, nodes, "10.0.0.1:6379")
+    assert seen == [
         "server.gpus [0, 1] is not used on a Ray cluster: each node's GPUs are those Ray "
         "offers there"
     ]

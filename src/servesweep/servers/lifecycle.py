@@ -47,6 +47,8 @@ class ServerLifecycle:
     everything else is never signalled (but under the ``kill-own`` policy). Every
     instance ``start`` launches carries this ownership in its environment. Without
     one, the lifecycle makes its own (a private run: what it starts is its own).
+    ``api_key`` is the key the readiness gate sends (read once, where the run started,
+    from ``server.api_key_env``: the machine the slot runs on may not have it).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class ServerLifecycle:
         *,
         ownership: Ownership | None = None,
         store_path: str = "",
+        api_key: str | None = None,
     ) -> None:
         self.spec = spec
         self.preset = preset
@@ -67,6 +70,7 @@ class ServerLifecycle:
             f"private-{secrets.token_hex(6)}", f"{os.getpid()}-{secrets.token_hex(3)}", 0
         )
         self.store_path = store_path
+        self.api_key = api_key
         self.baseline: dict[int, int] = {}
         self.foreign_holders: tuple[GpuHolder, ...] = ()
         self.cleaned: tuple[ProcessInfo, ...] = ()
@@ -214,9 +218,8 @@ class ServerLifecycle:
         self, instance: InstanceRecord, on_progress: ProgressCallback | None = None
     ) -> ReadyInfo:
         """Block until the new instance generates (see ``readiness``)."""
-        api_key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
         try:
-            return self._wait_ready(instance, on_progress, api_key)
+            return self._wait_ready(instance, on_progress)
         except TrialFailed as failure:
             if failure.failure_class is FailureClass.PORT_IN_USE:
                 # another program took the port while ours loaded: say whose it is
@@ -227,7 +230,6 @@ class ServerLifecycle:
         self,
         instance: InstanceRecord,
         on_progress: ProgressCallback | None,
-        api_key: str | None,
     ) -> ReadyInfo:
         return wait_ready(
             self.launcher,
@@ -237,7 +239,7 @@ class ServerLifecycle:
             port=instance.port or self.spec.port,
             model=self.spec.served_model_name,
             deadline_s=self.spec.timeouts.ready,
-            api_key=api_key,
+            api_key=self.api_key,
             on_progress=on_progress,
         )
 

@@ -29,6 +29,7 @@ from servesweep.sweep.node import Leftover, prepare_node
 from servesweep.sweep.orchestrator import (
     new_run_id,
     open_sweep,
+    server_api_key,
     store_path_for,
     sweep_context,
     sweep_lock,
@@ -113,13 +114,14 @@ def apply_config(
     loaded = load_sweep(sweep_file)
     spec = loaded.spec
     need = gpu_need(spec)
+    api_key = server_api_key(spec)  # the readiness gate sends it
     store_path = store_path_for(loaded, store)
     with sweep_lock(store_path), open_store(store_path) as db:
         sweep = open_sweep(loaded, db)
         chosen = _chosen_params(db, sweep.id, trial_id, params, best)
         config = ServerConfig.of(chosen)
         trial = db.ensure_trial(sweep.id, config)
-        context = sweep_context(loaded, db, store_path, sweep, new_run_id(), None)
+        context = sweep_context(loaded, db, store_path, sweep, new_run_id(), api_key)
         channel = _Direct(StoreWriter(db, sweep.id, observer))
         node = this_node()
         gpus = tuple(spec.server.gpus[: need.of(chosen)]) if spec.server.gpus else ()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import traceback
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,16 +21,19 @@ from servesweep.errors import (
     TrialFailed,
 )
 from servesweep.models import Evidence, FailureClass
+from servesweep.spec.expand import expand_configs
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need, params_label
 from servesweep.sweep.events import Event
 from servesweep.sweep.slot import NodeInfo, SweepContext
+from servesweep.sweep.slot_handle import error_text
 
 __all__ = [
     "MIN_RAY_VERSION",
     "BufferChannel",
     "ClusterNode",
     "RemoteFailure",
+    "check_cluster",
     "check_fit",
     "check_ray_version",
     "cluster_spec",
@@ -204,7 +206,7 @@ class RemoteFailure:
                 return cls(str(exc), kind)
         if isinstance(exc, ServesweepError):
             return cls(str(exc))
-        return cls("".join(traceback.format_exception(exc)).strip(), "internal")
+        return cls(error_text(exc), "internal")
 
     def error(self, where: str = "") -> Exception:
         """The exception to raise here; ``where`` (a node) prefixes the message. A bug
@@ -309,3 +311,20 @@ def check_fit(needs: Mapping[str, int], nodes: Sequence[NodeInfo], where: str) -
                 f"that many (largest: {largest.name} with {len(largest.gpus)})",
                 key="server.gpus_per_trial",
             )
+
+
+def check_cluster(spec: SweepSpec, nodes: Sequence[NodeInfo], where: str) -> list[str]:
+    """Before anything is created: ConfigError when a configuration of the plan fits on
+    no node (a sampling search's are checked as it proposes them) or ``gpus_per_trial``
+    is bad; the warnings to show (``server.gpus`` is not used on a cluster)."""
+    if not spec.search.samples:
+        configs = [c.params for c in expand_configs(spec)]
+        check_fit(trial_needs(spec, configs, nodes), nodes, where)
+    gpu_need(cluster_spec(spec, nodes))
+    if not spec.server.gpus:
+        return []
+    # said whenever the list is set, even when it happens to match a node's GPUs
+    return [
+        f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each node's GPUs "
+        "are those Ray offers there"
+    ]

@@ -27,7 +27,6 @@ second loss is its final outcome.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import time
 from collections.abc import Mapping, Sequence
@@ -39,7 +38,7 @@ from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import FailureClass, InstanceRecord, LevelResult, Outcome
 from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec
-from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port, slot_ports
+from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.channel import StoreWriter
 from servesweep.sweep.confirm import Done
@@ -58,7 +57,7 @@ from servesweep.sweep.events import (
 )
 from servesweep.sweep.health_notes import HealthNotes
 from servesweep.sweep.memory_gate import MemoryGate
-from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports
+from servesweep.sweep.node import Leftover, NodePrepared
 from servesweep.sweep.scheduler import (
     Assign,
     Decision,
@@ -105,9 +104,19 @@ class SlotHandle(Protocol):
 
 
 class Executor(Protocol):
-    """Where slots run: this machine (``sweep.local``) or a Ray cluster (``sweep.ray_exec``)."""
+    """Where slots run: this machine (``sweep.local``) or a Ray cluster (``sweep.ray_exec``);
+    built for a run by its site (``sweep.executors``). The driver never knows which."""
 
     def nodes(self) -> list[NodeInfo]: ...
+
+    def check(self) -> None:
+        """Before the run, when it has trials to run: ConfigError for what would fail
+        every one of them (a program on a slot's port)."""
+        ...
+
+    def warnings(self) -> list[str]:
+        """What to tell the user as the run starts (slots that share CPU cores)."""
+        ...
 
     def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None: ...
 
@@ -123,7 +132,10 @@ class Executor(Protocol):
         leftovers: Sequence[Leftover],
         stored: Mapping[int, int] | None,
         service_slots: Sequence[int],
-    ) -> NodePrepared: ...
+    ) -> NodePrepared:
+        """Make ``node`` ready: its slots' ports checked, leftovers adopted or stopped,
+        the GPU baseline taken (see ``sweep.node``)."""
+        ...
 
     def open(
         self,
@@ -131,7 +143,6 @@ class Executor(Protocol):
         *,
         current: CurrentInstance | None,
         baseline: Mapping[int, int],
-        cpus: Sequence[int],
     ) -> SlotHandle: ...
 
     def close(self) -> None: ...
@@ -266,7 +277,7 @@ class Driver:
                 at_most=not isinstance(source, GridSource),
             )
         )
-        self._warn_cpu_sharing()
+        self._say_executor_warnings()
         try:
             if todo_count or not source.exhausted():
                 self._queue_more()
@@ -302,7 +313,6 @@ class Driver:
             pool = Placement(info.name, 0, info.gpus, slot_port(self.spec, 0), info.node_id)
             mine = [t for t in live if t.instance is not None and _on(info, t.instance)]
             leftovers = [self._leftover(t, info) for t in mine]
-            self._check_ports(info)
             stored = _stored_baseline(self.sweep, key)
             prepared = self.executor.prepare(
                 info, pool, leftovers, stored, range(self._max_slots())
@@ -348,14 +358,6 @@ class Driver:
                 return k
         return None
 
-    def _check_ports(self, node: NodeInfo) -> None:
-        """The ports of the slots beyond the first are free here (a cluster's executor
-        checks them on each node, in ``prepare``)."""
-        if node.node_id:
-            return
-        ports = slot_ports(self.spec, self._max_slots())
-        check_slot_ports(self.context, self.spec.server.host, ports)
-
     def _open_adopted(self) -> None:
         for key, prepared in self.prepared.items():
             info = self.nodes[key]
@@ -371,7 +373,6 @@ class Driver:
                     placement,
                     current=CurrentInstance(left.trial, instance),
                     baseline=self._baseline(key, placement.gpus),
-                    cpus=self._cpus(slot),
                 )
                 self.writer.note(LeftoverAdopted(instance_of=left.trial, node=info.name))
                 self.state.slots[placement.key] = _Slot(
@@ -387,38 +388,10 @@ class Driver:
         values = self.baselines.get(node, {})
         return {g: values[g] for g in gpus if g in values}
 
-    def _warn_cpu_sharing(self) -> None:
-        """Say when concurrent slots' load generators cannot each have cores of their own."""
-        slots = self._max_slots()
-        if slots < 2 or not hasattr(os, "sched_getaffinity") or self._cpus(0):
-            return
-        if any(n.node_id for n in self.nodes.values()):
-            return  # on a cluster the load generators run on the nodes, not here
-        cores = len(os.sched_getaffinity(0))
-        self.writer.note(
-            SweepWarning(
-                message=(
-                    f"{slots} slots share {cores} CPU core(s): the load generators of "
-                    "concurrent trials compete for them (each needs a core of its own, plus "
-                    "one for servesweep); a level measured while the CPU was short says so "
-                    "in its warnings (event-loop lag) — use fewer --slots or a machine with "
-                    "more cores when they appear"
-                )
-            )
-        )
-
-    def _cpus(self, slot: int) -> tuple[int, ...]:
-        """Cores for slot ``slot``'s load generator when every slot can have its own
-        (one core is left to the driver); none (no pinning) otherwise."""
-        slots = self._max_slots()
-        if slots < 2 or not hasattr(os, "sched_getaffinity"):
-            return ()
-        cores = sorted(os.sched_getaffinity(0))
-        share = (len(cores) - 1) // slots
-        if share < 1:
-            return ()
-        start = 1 + slot * share
-        return tuple(cores[start : start + share])
+    def _say_executor_warnings(self) -> None:
+        """What the executor says as the run starts (slots that share CPU cores)."""
+        for line in self.executor.warnings():
+            self.writer.note(SweepWarning(message=line))
 
     # -- the queue ----------------------------------------------------------------------
 
@@ -526,7 +499,6 @@ class Driver:
                 placement,
                 current=None,
                 baseline=self._baseline(decision.node, gpus),
-                cpus=self._cpus(decision.slot),
             )
             state.slots[placement.key] = _Slot(handle, sched_gpus=decision.gpus)
             key = placement.key

@@ -1,8 +1,9 @@
 """The run's leases: its slots' ports and its GPU pool, on every machine it uses, held
 from before anything starts until the run ends (see ``servers.leases``).
 
-Here the run's own process holds them; on a Ray cluster a small actor on each node
-does (``sweep.ray_exec.hold_node_leases``), and Ray ends it with the run. A second
+Here (:func:`run_leases`) the run's own process holds them; on a Ray cluster a small
+actor on each node does (``sweep.ray_site.hold_node_leases``), and Ray ends it with
+the run. A second
 run that needs a leased port or GPU is refused with one line naming the holder
 (:class:`~servesweep.errors.ResourceBusy`), or, with ``--wait``, waits for it.
 """
@@ -14,15 +15,11 @@ import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from servesweep.errors import ResourceBusy, StoreError
 from servesweep.servers.leases import Busy, Holder, Lease, resources_for
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import slot_ports
-
-if TYPE_CHECKING:
-    from servesweep.sweep.ray_exec import RayConnection
 
 __all__ = ["busy_message", "run_leases", "waiting_message"]
 
@@ -64,22 +61,12 @@ def run_leases(
     fake_gpu_dir: str | None,
     wait: bool,
     notify: Callable[[str], None],
-    cluster: RayConnection | None = None,
 ) -> Iterator[None]:
-    """Hold the leases of this run (``slots`` slots per machine) while the block runs.
-    ResourceBusy when another run holds one and ``wait`` is False; ``notify`` gets the
-    one-line status while waiting."""
+    """Hold the leases of this run on this machine (``slots`` slots) while the block
+    runs. ResourceBusy when another run holds one and ``wait`` is False; ``notify``
+    gets the one-line status while waiting."""
     owner = owner_of(spec, store_path)
     ports = slot_ports(spec, slots)
-    if cluster is not None:
-        from servesweep.sweep.ray_exec import hold_node_leases
-
-        release = hold_node_leases(cluster, spec, ports, owner, wait=wait, notify=notify)
-        try:
-            yield
-        finally:
-            release()
-        return
     lease = Lease(owner)
     server = spec.server
     resources = resources_for(ports, server.gpus, server.gpu_backend, fake_gpu_dir, server.host)

@@ -1,29 +1,40 @@
 """Slots on this machine: one thread per slot, each running a :class:`SlotWorker`.
 
 A :class:`LocalSlot` takes commands (run a trial, tear down, finish) one at a time in
-its own thread and tells the driver when it is idle again (``SlotIdle``). Its events
+its own thread and tells the driver when it is idle again (``SlotIdle``), as every
+slot handle does (``sweep.slot_handle``). Its events
 go straight into the driver's queue (``QueueChannel``). ``interrupt`` is called from
 the driver's thread: it stops the slot's instance at once and makes the running
 command end.
 
-The slot's thread (and the load-generator processes it starts) can be pinned to CPU
-cores of their own, so that the load generators of concurrent trials do not compete
-for the same cores.
+The slot's thread (and the load-generator processes it starts) is pinned to CPU
+cores of its own when every slot can have some, so that the load generators of
+concurrent trials do not compete for the same cores (``LocalExecutor``).
+
+:class:`LocalSite` is this machine as a run's site (``sweep.executors``): its GPUs
+checked before anything is created, its ports and GPUs leased, its GPUs described.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
-from servesweep.errors import Interrupted, ServesweepError
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.topology import link_distances
-from servesweep.sweep.channel import QueueChannel
-from servesweep.sweep.events import Event, SlotIdle
-from servesweep.sweep.node import Leftover, NodePrepared, prepare_node
+from servesweep.spec.load import LoadedSweep
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.slots import gpu_need, slot_ports
+from servesweep.sweep.channel import QueueChannel, TrialChannel
+from servesweep.sweep.events import Event
+from servesweep.sweep.executors import fake_gpu_dir
+from servesweep.sweep.leases import run_leases
+from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
 from servesweep.sweep.slot import (
     CurrentInstance,
     GeneratorPools,
@@ -31,18 +42,17 @@ from servesweep.sweep.slot import (
     Placement,
     SlotWorker,
     SweepContext,
-    TrialOrder,
     pin_current_thread,
     this_node,
 )
+from servesweep.sweep.slot_handle import CommandInbox, carry_out, error_text, slot_idle
 
-__all__ = ["LocalExecutor", "LocalSlot"]
-
-Command = Callable[[SlotWorker], None]
+__all__ = ["LocalExecutor", "LocalSite", "LocalSlot", "prepare_here"]
 
 
-class LocalSlot:
-    """One slot of this machine, run by a thread (see the module doc)."""
+class LocalSlot(CommandInbox):
+    """One slot of this machine, run by a thread (see the module doc); its commands
+    (``run``, ``teardown``, ``finish``) wait in its inbox."""
 
     def __init__(
         self,
@@ -55,12 +65,12 @@ class LocalSlot:
         cpus: Sequence[int] = (),
         generators: GeneratorPools | None = None,
     ) -> None:
+        super().__init__()
         self.placement = placement
         self._generators = generators
         self.error: BaseException | None = None
         """The exception that ended a command (not a trial failure: those are events)."""
         self._events = events
-        self._inbox: queue.Queue[Command | None] = queue.Queue()
         self._worker: SlotWorker | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(
@@ -71,16 +81,7 @@ class LocalSlot:
         )
         self._thread.start()
 
-    # -- commands (each ends with a SlotIdle event) -----------------------------------
-
-    def run(self, order: TrialOrder) -> None:
-        self._inbox.put(lambda worker: worker.run(order))
-
-    def teardown(self) -> None:
-        self._inbox.put(lambda worker: worker.teardown())
-
-    def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
-        self._inbox.put(lambda worker: worker.finish(keep_running, restart_units))
+    # -- besides the commands (each ends with a SlotIdle event) ------------------------
 
     def interrupt(self) -> None:
         """From the driver's thread: stop the instance now, end the running command."""
@@ -96,7 +97,7 @@ class LocalSlot:
     def close(self, timeout: float = 30.0) -> bool:
         """End the thread after its current command; True when it ended in time
         (``timeout`` 0: do not wait)."""
-        self._inbox.put(None)
+        self.end()
         if timeout > 0:
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -129,35 +130,20 @@ class LocalSlot:
         worker = self._worker
         try:
             while True:
-                command = self._inbox.get()
+                command = self.next()
                 if command is None:
                     return
-                error = None
-                try:
-                    command(worker)
-                except Interrupted:
-                    pass
-                except ServesweepError as exc:
-                    self.error, error = exc, str(exc)
-                except BaseException as exc:
-                    self.error = exc
-                    error = "".join(traceback.format_exception(exc)).strip()
-                self._idle(error)
+                failure = carry_out(worker, command)
+                if failure is not None:
+                    self.error = failure
+                self._idle(None if failure is None else error_text(failure))
         finally:
             worker.close()
 
     def _idle(self, error: str | None) -> None:
         worker = self._worker
-        self._events.put(
-            SlotIdle(
-                node=self.placement.node,
-                node_id=self.placement.node_id,
-                slot=self.placement.slot,
-                gpus=self.placement.gpus,
-                holding=worker is not None and worker.current is not None,
-                error=error,
-            )
-        )
+        holding = worker is not None and worker.current is not None
+        self._events.put(slot_idle(self.placement, holding=holding, error=error))
 
 
 class LocalExecutor:
@@ -186,6 +172,30 @@ class LocalExecutor:
         finally:
             probe.close()
 
+    def check(self) -> None:
+        """A program on the port would fail every trial: say so before anything starts
+        (with the subprocess launcher: other launchers may find their own service
+        there, and stop it)."""
+        spec = self.context.spec
+        if spec.server.launcher != "subprocess":
+            return
+        ports = slot_ports(spec, self.context.slots)
+        check_slot_ports(self.context, spec.server.host, ports, first=True)
+
+    def warnings(self) -> list[str]:
+        """Concurrent slots whose load generators cannot each have cores of their own."""
+        slots = self.context.slots
+        if slots < 2 or not hasattr(os, "sched_getaffinity") or self._cpus(0):
+            return []
+        cores = len(os.sched_getaffinity(0))
+        return [
+            f"{slots} slots share {cores} CPU core(s): the load generators of concurrent "
+            "trials compete for them (each needs a core of its own, plus one for "
+            "servesweep); a level measured while the CPU was short says so in its warnings "
+            "(event-loop lag) — use fewer --slots or a machine with more cores when they "
+            "appear"
+        ]
+
     def prepare(
         self,
         node: NodeInfo,
@@ -194,13 +204,8 @@ class LocalExecutor:
         stored: Mapping[int, int] | None,
         service_slots: Sequence[int],
     ) -> NodePrepared:
-        return prepare_node(
-            self.context,
-            pool,
-            leftovers,
-            stored,
-            QueueChannel(self.events),
-            service_slots=service_slots,
+        return prepare_here(
+            self.context, pool, leftovers, stored, QueueChannel(self.events), service_slots
         )
 
     def open(
@@ -209,7 +214,6 @@ class LocalExecutor:
         *,
         current: CurrentInstance | None,
         baseline: Mapping[int, int],
-        cpus: Sequence[int],
     ) -> LocalSlot:
         return LocalSlot(
             self.context,
@@ -217,9 +221,92 @@ class LocalExecutor:
             self.events,
             current=current,
             baseline=baseline,
-            cpus=cpus,
+            cpus=self._cpus(placement.slot),
             generators=self.generators,
         )
 
+    def _cpus(self, slot: int) -> tuple[int, ...]:
+        """Cores for slot ``slot``'s load generator when every slot can have its own
+        (one core is left to the driver); none (no pinning) otherwise."""
+        slots = self.context.slots
+        if slots < 2 or not hasattr(os, "sched_getaffinity"):
+            return ()
+        cores = sorted(os.sched_getaffinity(0))
+        share = (len(cores) - 1) // slots
+        if share < 1:
+            return ()
+        start = 1 + slot * share
+        return tuple(cores[start : start + share])
+
     def close(self) -> None:
         self.generators.close()
+
+
+def prepare_here(
+    context: SweepContext,
+    pool: Placement,
+    leftovers: Sequence[Leftover],
+    stored: Mapping[int, int] | None,
+    channel: TrialChannel,
+    service_slots: Sequence[int],
+) -> NodePrepared:
+    """Make the machine this runs on ready (``node.prepare_node``), once the ports of
+    its slots beyond the first are known to be free (ConfigError otherwise; slot 0's
+    is checked at each start)."""
+    ports = slot_ports(context.spec, len(service_slots))
+    check_slot_ports(context, context.spec.server.host, ports)
+    return prepare_node(context, pool, leftovers, stored, channel, service_slots=service_slots)
+
+
+class LocalSite:
+    """This machine as a run's site (``sweep.executors.Site``)."""
+
+    def __init__(self, loaded: LoadedSweep) -> None:
+        self._loaded = loaded
+
+    def check(self) -> list[str]:
+        spec = self._loaded.spec
+        gpu_need(spec)  # a bad gpus_per_trial is a usage error before anything starts
+        # GPUs named that no backend can see: an error before anything is created
+        open_probe(
+            spec.server.gpu_backend, fake_gpu_dir(self._loaded), gpus=spec.server.gpus
+        ).close()
+        return []
+
+    def scheduled(self, spec: SweepSpec) -> SweepSpec:
+        return spec
+
+    @contextmanager
+    def leases(
+        self,
+        spec: SweepSpec,
+        store_path: Path,
+        *,
+        slots: int,
+        wait: bool,
+        notify: Callable[[str], None],
+    ) -> Iterator[None]:
+        fake_dir = fake_gpu_dir(self._loaded)
+        with run_leases(
+            spec, store_path, slots=slots, fake_gpu_dir=fake_dir, wait=wait, notify=notify
+        ):
+            yield
+
+    def environment(self, context: SweepContext) -> dict[str, Any]:
+        """This machine's GPUs, as their backend describes them."""
+        env: dict[str, Any] = {}
+        probe = open_probe(context.spec.server.gpu_backend, context.fake_gpu_dir)
+        try:
+            env["gpu_backend"] = probe.name
+            env.update({f"gpu.{k}": v for k, v in probe.describe().items()})
+        except Exception as exc:
+            env["gpu.error"] = str(exc)
+        finally:
+            probe.close()
+        return env
+
+    def executor(self, context: SweepContext, events: queue.Queue[Event]) -> LocalExecutor:
+        return LocalExecutor(context, events)
+
+    def close(self) -> None:
+        return None

@@ -5,9 +5,9 @@ idempotent: run it again on the same file and it continues where the last run
 stopped — finished trials are skipped, a trial left ``running`` by a crash is run
 again after its recorded instance has been stopped (or adopted when it already
 runs a pending trial's launch), so two servers never share the GPUs. The work is
-done by a :class:`~servesweep.sweep.driver.Driver` and its slots: threads of this
-process, or actors on the nodes of a Ray cluster (``--ray``, ``sweep.ray_exec``,
-imported only then).
+done by a :class:`~servesweep.sweep.driver.Driver` and its slots, on the run's site
+(``sweep.executors``): threads of this process, or actors on the nodes of a Ray
+cluster (``--ray``); nothing here knows which.
 """
 
 from __future__ import annotations
@@ -23,38 +23,29 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servesweep import __version__
 from servesweep.errors import ConfigError, StoreError
 from servesweep.models import Outcome
 from servesweep.servers.engines import engine_version
-from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
 from servesweep.servers.ownership import lock_path_for
 from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
-from servesweep.spec.slots import gpu_need, slot_ports
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.cluster import check_fit, check_ray_version, cluster_spec, trial_needs
 from servesweep.sweep.driver import (
     Driver,
-    Executor,
     GridSource,
     RunSettings,
     TrialSource,
     max_slots,
 )
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
+from servesweep.sweep.executors import Site, fake_gpu_dir, open_site
 from servesweep.sweep.identity import changes
-from servesweep.sweep.leases import run_leases
-from servesweep.sweep.local import LocalExecutor
-from servesweep.sweep.node import check_slot_ports
 from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import SweepContext, this_node
-
-if TYPE_CHECKING:
-    from servesweep.sweep.ray_exec import RayConnection
 
 __all__ = [
     "RunOptions",
@@ -63,6 +54,7 @@ __all__ = [
     "new_run_id",
     "open_sweep",
     "run_sweep",
+    "server_api_key",
     "store_path_for",
     "sweep_context",
     "sweep_lock",
@@ -169,34 +161,10 @@ def _refuse_changed(loaded: LoadedSweep, store: Store, sweep: SweepRecord) -> No
     )
 
 
-def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
-    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing:
-    the sweep file's ``fake_gpu_dir`` (relative to the sweep file), else
-    ``SERVESWEEP_FAKE_GPUS`` (relative to the current directory)."""
-    server = loaded.spec.server
-    if server.fake_gpu_dir:
-        path = loaded.resolve(server.fake_gpu_dir)
-    elif os.environ.get(FAKE_GPUS_ENV):
-        path = Path(os.environ[FAKE_GPUS_ENV]).expanduser().absolute()
-    else:
-        return None
-    if server.fake_gpus is not None and not path.exists():
-        from servesweep.fakegpu import FakeGpuDir, FakeGpuError
-
-        try:
-            FakeGpuDir.create(
-                path, server.fake_gpus.count, server.fake_gpus.memory, name=server.fake_gpus.name
-            )
-        except (OSError, FakeGpuError) as exc:
-            raise loaded.error(
-                f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
-            ) from exc
-    return str(path.resolve())
-
-
-def _environment(server: ServerSpec, fake_dir: str | None, *, gpus: bool = True) -> dict[str, Any]:
-    """What the sweep ran on (no secrets): versions, the machine, its GPUs (``gpus``)."""
-    env: dict[str, Any] = {
+def _environment(server: ServerSpec) -> dict[str, Any]:
+    """What the sweep ran with (no secrets): versions, the machine running it; its site
+    adds what the run's machines are."""
+    return {
         "servesweep": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -205,36 +173,12 @@ def _environment(server: ServerSpec, fake_dir: str | None, *, gpus: bool = True)
         "engine_version": engine_version(server),
         "launcher": server.launcher,
     }
-    if not gpus:
-        return env
-    probe = open_probe(server.gpu_backend, fake_dir)
-    try:
-        env["gpu_backend"] = probe.name
-        env.update({f"gpu.{k}": v for k, v in probe.describe().items()})
-    except Exception as exc:
-        env["gpu.error"] = str(exc)
-    finally:
-        probe.close()
-    return env
 
 
-def _on_cluster(context: SweepContext, cluster: RayConnection, observer: Observer) -> SweepContext:
-    """The run's context on a cluster: the GPU pool is the nodes' (see
-    ``cluster.cluster_spec``)."""
-    spec = context.spec
-    scheduled = cluster_spec(spec, cluster.nodes)
-    if spec.server.gpus:
-        # said whenever the list is set, even when it happens to match a node's GPUs
-        observer.event(
-            SweepWarning(
-                message=f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each "
-                "node's GPUs are those Ray offers there"
-            )
-        )
-    return replace(context, spec=scheduled)
-
-
-def _api_key(spec: SweepSpec) -> str | None:
+def server_api_key(spec: SweepSpec) -> str | None:
+    """The server's API key (``server.api_key_env``), read once where the run starts:
+    it travels with the sweep (``SweepContext.api_key``) to the readiness gate and the
+    benchmark of every slot, wherever it runs. ConfigError when the variable is unset."""
     name = spec.server.api_key_env
     if not name:
         return None
@@ -260,54 +204,38 @@ def run_sweep(
     options = options or RunOptions()
     observer = observer or NullObserver()
     loaded = with_port(load_sweep(path), options.port)
-    api_key = _api_key(loaded.spec)
-    cluster = join_cluster(loaded, options.ray)
+    api_key = server_api_key(loaded.spec)
+    site = open_site(loaded, options.ray)
     try:
-        return _run_joined(loaded, options, observer, api_key, cluster)
+        return _run_on(site, loaded, options, observer, api_key)
     finally:
-        if cluster is not None:  # also when the run ends before its executor does
-            from servesweep.sweep import ray_exec
-
-            ray_exec.leave()
+        site.close()  # also when the run ends before its executor does
 
 
-def _run_joined(
+def _run_on(
+    site: Site,
     loaded: LoadedSweep,
     options: RunOptions,
     observer: Observer,
     api_key: str | None,
-    cluster: RayConnection | None,
 ) -> SweepSummary:
-    if cluster is not None and not loaded.spec.search.samples:
-        # every configuration of the plan fits on some node (a sampling search's are
-        # checked as it proposes them)
-        configs = [c.params for c in expand_configs(loaded.spec)]
-        needs = trial_needs(loaded.spec, configs, cluster.nodes)
-        check_fit(needs, cluster.nodes, cluster.address)
-    # a bad gpus_per_trial is a usage error before anything starts
-    gpu_need(cluster_spec(loaded.spec, cluster.nodes) if cluster else loaded.spec)
-    if cluster is None:  # (a cluster's nodes are checked when they are prepared)
-        # GPUs named that no backend can see: an error before anything is created
-        open_probe(
-            loaded.spec.server.gpu_backend, fake_gpu_dir(loaded), gpus=loaded.spec.server.gpus
-        ).close()
+    for line in site.check():
+        observer.event(SweepWarning(message=line))
     store_path = store_path_for(loaded, options.store)
-    spec = cluster_spec(loaded.spec, cluster.nodes) if cluster else loaded.spec
+    spec = site.scheduled(loaded.spec)
     with (
         sweep_lock(store_path),
-        run_leases(
+        site.leases(
             spec,
             store_path,
             slots=max_slots(spec, options.slots),
-            fake_gpu_dir=None if cluster else fake_gpu_dir(loaded),
             wait=options.wait,
             notify=lambda line: observer.event(SweepWarning(message=line)),
-            cluster=cluster,
         ),
     ):
         store = open_store(store_path)
         try:
-            return _run(loaded, store, store_path, options, observer, api_key, cluster)
+            return _run(site, loaded, store, store_path, options, observer, api_key)
         finally:
             store.close()
 
@@ -327,28 +255,6 @@ def with_port(loaded: LoadedSweep, port: int | None) -> LoadedSweep:
         )
     spec = loaded.spec.model_copy(update={"server": server.model_copy(update={"port": port})})
     return replace(loaded, spec=spec)
-
-
-def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection | None:
-    """The Ray cluster to run on (``--ray`` or ``executor: {kind: ray}``), joined and
-    described; None to run here. Ray is imported only then; ConfigError when it is
-    missing, too old or unreachable."""
-    executor = loaded.spec.executor
-    if ray_option is None and executor.kind != "ray":
-        return None
-    try:
-        import ray
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] != "ray":
-            raise
-        message = "Ray is not installed: pip install 'servesweep[ray]'"
-        if ray_option is None:
-            raise loaded.error(message, "executor.kind") from None
-        raise ConfigError(message, key="--ray") from None
-    check_ray_version(str(getattr(ray, "__version__", "?")))  # before Ray's newer names
-    from servesweep.sweep import ray_exec
-
-    return ray_exec.connect(ray_option or executor.address)
 
 
 @contextmanager
@@ -431,27 +337,22 @@ def sweep_context(
 
 
 def _run(
+    site: Site,
     loaded: LoadedSweep,
     store: Store,
     store_path: Path,
     options: RunOptions,
     observer: Observer,
     api_key: str | None,
-    cluster: RayConnection | None = None,
 ) -> SweepSummary:
     spec = loaded.spec
     sweep = open_sweep(loaded, store, fresh=options.fresh, keep_results=options.keep_results)
     run = new_run_id()
     context = sweep_context(loaded, store, store_path, sweep, run, api_key)
-    if cluster is not None:
-        context = _on_cluster(context, cluster, observer)
-    context = replace(context, slots=max_slots(context.spec, options.slots))
+    scheduled = site.scheduled(spec)
+    context = replace(context, spec=scheduled, slots=max_slots(scheduled, options.slots))
     store.add_event(sweep.id, "run_started", {"run": run, "pid": os.getpid(), "node": this_node()})
-    if cluster is None:
-        environment = {**sweep.environment, **_environment(spec.server, context.fake_gpu_dir)}
-    else:
-        environment = {**sweep.environment, **_environment(spec.server, None, gpus=False)}
-        environment["ray"] = {**cluster.describe(), "bench_from": spec.executor.bench_from}
+    environment = {**sweep.environment, **_environment(spec.server), **site.environment(context)}
     store.set_environment(sweep.id, environment)
 
     trials = store.trials(sweep.id, in_plan_only=True)
@@ -471,20 +372,15 @@ def _run(
     trials = store.trials(sweep.id, in_plan_only=True)
     only = _only_ids(options.only, trials, spec.name)
     todo = [t for t in trials if not t.outcome.final and (not only or t.id in only)]
-    if cluster is None and spec.server.launcher == "subprocess" and (todo or spec.search.samples):
-        # a program on the port would fail every trial: say so before anything starts
-        # (other launchers may find their own service there, and stop it)
-        ports = slot_ports(spec, context.slots)
-        check_slot_ports(context, spec.server.host, ports, first=True)
 
     events: queue.Queue[Event] = queue.Queue()
-    executor: Executor
-    if cluster is None:
-        executor = LocalExecutor(context, events)
-    else:
-        from servesweep.sweep.ray_exec import RayExecutor
-
-        executor = RayExecutor(cluster, context, events, bench_from=spec.executor.bench_from)
+    executor = site.executor(context, events)
+    if todo or spec.search.samples:
+        try:
+            executor.check()  # what would fail every trial, said before anything starts
+        except BaseException:
+            executor.close()
+            raise
     driver = Driver(
         context,
         store,

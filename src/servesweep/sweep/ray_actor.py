@@ -1,6 +1,6 @@
 """A slot's side on its Ray node: the actor (:class:`SlotActor`) and the plain-data
-commands and answers that travel between it and the driver's handle
-(``sweep.ray_slot``).
+answers that travel back to the driver's handle (``sweep.ray_slot``) for the
+commands it sends (``sweep.slot_handle``).
 
 The actor is pinned to its node and asks Ray for the slot's GPUs (``num_gpus``); the
 GPU indexes Ray assigns become the slot's, so the records show what Ray gave. Inside,
@@ -20,7 +20,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from servesweep.bench.target import Target
-from servesweep.errors import BenchError, Interrupted
+from servesweep.errors import BenchError
 from servesweep.models import LevelResult
 from servesweep.spec.schema import WorkloadSpec
 from servesweep.sweep.cluster import BufferChannel, RemoteFailure
@@ -30,21 +30,11 @@ from servesweep.sweep.slot import (
     Placement,
     SlotWorker,
     SweepContext,
-    TrialOrder,
     stop_instance,
 )
+from servesweep.sweep.slot_handle import Command, carry_out
 
-__all__ = [
-    "Command",
-    "Done",
-    "Finish",
-    "LoadFrom",
-    "Run",
-    "SlotActor",
-    "Started",
-    "Teardown",
-    "on_node",
-]
+__all__ = ["Done", "LoadFrom", "SlotActor", "Started", "on_node"]
 
 _TAKE_S = 0.5
 
@@ -54,33 +44,7 @@ def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
-# -- commands and answers (plain data: they travel) ------------------------------------
-
-
-@dataclass(frozen=True)
-class Run:
-    order: TrialOrder
-
-    def apply(self, worker: SlotWorker) -> None:
-        worker.run(self.order)
-
-
-@dataclass(frozen=True)
-class Teardown:
-    def apply(self, worker: SlotWorker) -> None:
-        worker.teardown()
-
-
-@dataclass(frozen=True)
-class Finish:
-    keep_running: bool
-    restart_units: tuple[str, ...]
-
-    def apply(self, worker: SlotWorker) -> None:
-        worker.finish(self.keep_running, self.restart_units)
-
-
-Command = Run | Teardown | Finish
+# -- answers (plain data: they travel) ---------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -175,11 +139,9 @@ class SlotActor:
 
         def work() -> None:
             try:
-                command.apply(worker)
-            except Interrupted:
-                pass
-            except BaseException as exc:
-                failure.append(RemoteFailure.of(exc))
+                error = carry_out(worker, command)
+                if error is not None:
+                    failure.append(RemoteFailure.of(error))
             finally:
                 done.set()
                 self._channel.wake()

@@ -6,27 +6,26 @@ uses (``sweep.ray_slot``).
   an unreachable address, a Ray that is too old, nodes that run another servesweep;
 * :class:`RayExecutor` is the driver's ``Executor`` there: ``nodes`` are the alive
   nodes with GPUs (keyed by Ray's node id: two may share a hostname), ``prepare``
-  runs ``prepare_node`` as a task pinned to the node (leftovers of this results
-  database adopted or stopped there, the slots' ports checked, the GPU baseline
+  runs ``local.prepare_here`` as a task pinned to the node (the slots' ports checked,
+  leftovers of this results database adopted or stopped there, the GPU baseline
   taken on its idle GPUs), ``open`` starts a slot's actor there.
 
 How a node sees the sweep (``sweep.cluster.node_context``): its own fake GPUs when
 its ``ray start`` environment names them, and servers listening on its address as
 Ray knows it unless the sweep file sets ``server.host``.
 
-Only ``servesweep run --ray`` (or ``executor: {kind: ray}``) imports this module,
-and with it Ray.
+The cluster as a run's site (its checks, the run's leases on each node) is
+``sweep.ray_site``. Only ``servesweep run --ray`` (or ``executor: {kind: ray}``)
+imports these modules, and with them Ray.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
 import socket
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -35,12 +34,9 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayError
 
 from servesweep import __version__
-from servesweep.errors import ConfigError, ResourceBusy, ServesweepError
+from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import InstanceRecord
 from servesweep.servers.gpu import FAKE_GPUS_ENV
-from servesweep.servers.leases import Busy, Holder, Lease, Resource, resources_for
-from servesweep.spec.schema import SweepSpec
-from servesweep.spec.slots import slot_ports
 from servesweep.sweep.cluster import (
     BufferChannel,
     RemoteFailure,
@@ -48,13 +44,12 @@ from servesweep.sweep.cluster import (
     gpu_ids,
     gpu_nodes,
     node_context,
-    node_host,
     node_infos,
     short_error,
 )
 from servesweep.sweep.events import Event, NodeLost
-from servesweep.sweep.leases import busy_message, waiting_message
-from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
+from servesweep.sweep.local import prepare_here
+from servesweep.sweep.node import Leftover, NodePrepared
 from servesweep.sweep.ray_actor import LoadFrom, SlotActor, on_node
 from servesweep.sweep.ray_slot import RaySlot
 from servesweep.sweep.slot import (
@@ -66,7 +61,7 @@ from servesweep.sweep.slot import (
     stop_timeout,
 )
 
-__all__ = ["RayConnection", "RayExecutor", "connect", "hold_node_leases", "leave"]
+__all__ = ["RayConnection", "RayExecutor", "cluster_nodes", "connect", "leave"]
 
 _CONNECT_TIMEOUT_S = 10.0
 _CALL_TIMEOUT_S = 120.0
@@ -218,92 +213,6 @@ def _describe() -> dict[str, Any]:
     }
 
 
-# -- the run's leases on every node ----------------------------------------------------
-
-
-class LeaseHolder:
-    """Holds the run's leases on one node while the run lives (a Ray actor: Ray ends
-    it with the driver, and the locks end with it)."""
-
-    def __init__(self, owner: Holder) -> None:
-        self._lease = Lease(owner)
-
-    def take(self, resources: Sequence[Resource]) -> Busy | RemoteFailure | None:
-        try:
-            return self._lease.take(resources)
-        except OSError as exc:
-            return RemoteFailure.of(
-                ServesweepError(f"cannot take the run's leases in {self._lease.directory}: {exc}")
-            )
-
-    def release(self) -> None:
-        self._lease.release()
-
-
-_RemoteLeases = ray.remote(LeaseHolder)
-
-
-def hold_node_leases(
-    connection: RayConnection,
-    spec: SweepSpec,
-    ports: Sequence[int],
-    owner: Holder,
-    *,
-    wait: bool,
-    notify: Callable[[str], None],
-) -> Callable[[], None]:
-    """Take the run's leases (its slots' ports, each node's GPUs) on every node of the
-    cluster; returns what lets them go. ResourceBusy when another run holds one (with
-    ``wait``: waits, telling ``notify``)."""
-    actors: list[Any] = []
-
-    def release() -> None:
-        if ray.is_initialized():  # (once the run has left the cluster, Ray ended them)
-            for actor in actors:
-                with contextlib.suppress(Exception):  # Ray raises more than RayError here
-                    ray.get(actor.release.remote(), timeout=_CLOSE_S)
-                    ray.kill(actor)
-        actors.clear()
-
-    try:
-        for node in connection.nodes:
-            actor: Any = _RemoteLeases.options(
-                num_cpus=0, scheduling_strategy=on_node(node.node_id)
-            ).remote(owner)
-            actors.append(actor)
-            resources = resources_for(
-                ports,
-                node.gpus,
-                spec.server.gpu_backend,
-                connection.fake_gpu_dirs[node.node_id],
-                node_host(spec.server, connection.ips[node.node_id]),
-            )
-            last: Busy | None = None
-            while True:
-                try:
-                    answer: Busy | RemoteFailure | None = ray.get(
-                        actor.take.remote(resources), timeout=_CALL_TIMEOUT_S
-                    )
-                except RayError as exc:
-                    raise ServesweepError(
-                        f"cannot take the run's leases on node {node.name}: {short_error(str(exc))}"
-                    ) from None
-                if isinstance(answer, RemoteFailure):
-                    raise answer.error(f"node {node.name}")
-                if answer is None:
-                    break
-                if not wait:
-                    raise ResourceBusy(busy_message(answer, node.name))
-                if answer != last:
-                    notify(waiting_message(answer, node.name))
-                    last = answer
-                time.sleep(_LEASE_POLL_S)
-    except BaseException:
-        release()
-        raise
-    return release
-
-
 # -- work on a node that is not a slot's -------------------------------------------------
 
 
@@ -317,11 +226,7 @@ def _prepare(
 ) -> tuple[NodePrepared | None, list[Event], RemoteFailure | None]:
     channel = BufferChannel()
     try:
-        ports = slot_ports(context.spec, len(service_slots))
-        check_slot_ports(context, context.spec.server.host, ports)
-        prepared = prepare_node(
-            context, pool, leftovers, stored, channel, service_slots=service_slots
-        )
+        prepared = prepare_here(context, pool, leftovers, stored, channel, service_slots)
     except BaseException as exc:
         return None, channel.take(0), RemoteFailure.of(exc)
     return prepared, channel.take(0), None
@@ -380,6 +285,14 @@ class RayExecutor:
         """Unknown: Ray chooses which of a node's GPUs a slot gets."""
         return None
 
+    def check(self) -> None:
+        """Nothing before the run: each node's ports are checked as it is prepared."""
+        return None
+
+    def warnings(self) -> list[str]:
+        """None: the load generators run on the nodes (or their own driver's node)."""
+        return []
+
     def prepare(
         self,
         node: NodeInfo,
@@ -388,7 +301,7 @@ class RayExecutor:
         stored: Mapping[int, int] | None,
         service_slots: Sequence[int],
     ) -> NodePrepared:
-        """``prepare_node`` on ``node`` itself; its events join the driver's queue."""
+        """``prepare_here`` on ``node`` itself; its events join the driver's queue."""
         task = _prepare.options(scheduling_strategy=on_node(node.node_id))
         try:
             prepared, events, failure = ray.get(
@@ -421,11 +334,10 @@ class RayExecutor:
         *,
         current: CurrentInstance | None,
         baseline: Mapping[int, int],
-        cpus: Sequence[int],
     ) -> RaySlot:
         """A slot's actor on its node, asking Ray for as many GPUs as the scheduler
         placed it on (Ray chooses which: the slot reports them); the node's whole
-        baseline goes with it. ``cpus`` (this machine's cores) do not apply there."""
+        baseline goes with it."""
         node = self._nodes[placement.node_id]
         load = None
         if self.bench_from == "driver":

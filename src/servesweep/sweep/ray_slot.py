@@ -6,6 +6,10 @@ driver's queue and ends each command with ``SlotIdle``, exactly like a local slo
 When Ray reports the actor or its node dead, the handle reports ``NodeLost`` and
 ends the trial it ran ``node_lost`` with what Ray said; when only the actor died and
 its node lives, the instance it had started there is stopped by a task on that node.
+
+The actor's state (:class:`ActorState`) is one value, changed by two threads (the
+handle's, and the driver's through ``interrupt``, ``restore`` and ``kill``) under one
+lock; its docstring lists the transitions.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Protocol
 
 import ray
@@ -30,14 +35,14 @@ from servesweep.sweep.events import (
     InstanceGone,
     InstanceStarted,
     NodeLost,
-    SlotIdle,
     SweepWarning,
     TrialFinished,
 )
-from servesweep.sweep.ray_actor import Command, Done, Finish, Run, Started, Teardown
-from servesweep.sweep.slot import NodeInfo, Placement, TrialOrder
+from servesweep.sweep.ray_actor import Done, Started
+from servesweep.sweep.slot import NodeInfo, Placement
+from servesweep.sweep.slot_handle import Command, CommandInbox, slot_idle
 
-__all__ = ["RaySlot", "SlotHost"]
+__all__ = ["ActorState", "RaySlot", "SlotHost"]
 
 _CALL_TIMEOUT_S = 60.0
 _GPU_WAIT_WARN_S = 60.0
@@ -56,8 +61,59 @@ class SlotHost(Protocol):
     ) -> list[Event]: ...
 
 
-class RaySlot:
-    """A slot on a Ray node, as the driver drives it (``SlotHandle``)."""
+class ActorState(Enum):
+    """Where a slot's actor is, as its handle knows it. The transitions (``_NEXT``),
+    each taken at once under the handle's lock (``RaySlot._move``):
+
+    * ``WAITING`` → ``READY``: the actor started (Ray gave it its GPUs);
+    * ``WAITING``/``READY`` → ``LOST``: Ray cannot reach it — ``NodeLost`` is reported,
+      the actor ended, and the trial it ran ends ``node_lost``;
+    * ``READY`` → ``INTERRUPTED``: Ctrl-C (``interrupt``) — no more commands,
+      ``restore`` comes next;
+    * ``WAITING``/``READY``/``INTERRUPTED`` → ``ENDED``: ended here (``kill``, or
+      Ctrl-C while it waits for its GPUs); from ``INTERRUPTED`` also when it is lost
+      after Ctrl-C (reported, but the trial is the stop's, not the loss's);
+    * ``LOST`` → ``ENDED``: Ctrl-C after the loss.
+
+    ``ENDED`` is final.
+    """
+
+    WAITING = "waiting"
+    """Not started yet: no command came, or Ray has not given it its GPUs."""
+    READY = "ready"
+    """Started: it takes commands."""
+    INTERRUPTED = "interrupted"
+    """The sweep is stopping: it takes no more commands, but still answers."""
+    LOST = "lost"
+    """Ray cannot reach it (it or its node died): the trial it ran ends ``node_lost``."""
+    ENDED = "ended"
+    """Ended from here (or lost while the sweep stopped): nothing more to ask it."""
+
+
+_NEXT: dict[ActorState, frozenset[ActorState]] = {
+    ActorState.WAITING: frozenset({ActorState.READY, ActorState.LOST, ActorState.ENDED}),
+    ActorState.READY: frozenset({ActorState.INTERRUPTED, ActorState.LOST, ActorState.ENDED}),
+    ActorState.INTERRUPTED: frozenset({ActorState.ENDED}),
+    ActorState.LOST: frozenset({ActorState.ENDED}),
+    ActorState.ENDED: frozenset(),
+}
+"""The transitions :class:`ActorState` documents."""
+
+_ALIVE = frozenset({ActorState.WAITING, ActorState.READY, ActorState.INTERRUPTED})
+"""The states in which the actor has not been ended."""
+
+
+@dataclass(frozen=True)
+class _Loss:
+    dead: bool
+    """The node died (not only the slot's process)."""
+    message: str
+    """What Ray said."""
+
+
+class RaySlot(CommandInbox):
+    """A slot on a Ray node, as the driver drives it (``SlotHandle``); its commands
+    (``run``, ``teardown``, ``finish``) wait in its inbox for its thread."""
 
     def __init__(
         self,
@@ -67,50 +123,62 @@ class RaySlot:
         actor: ActorHandle[Any],
         events: queue.Queue[Event],
     ) -> None:
+        super().__init__()
         self.placement = placement
         self.error: BaseException | None = None
         self._host = host
         self._node = node
         self._actor = actor
         self._events = events
-        self._inbox: queue.Queue[tuple[Command, int | None] | None] = queue.Queue()
-        self._started = False
-        self._lost = False
-        self._interrupted = False
-        self._killed = False
+        self._lock = threading.Lock()
+        self._state = ActorState.WAITING
+        """Changed only through :meth:`_move` (see :class:`ActorState`)."""
         self._holding = False
+        """Whether the slot's instance ran on when its last command ended."""
+        self._loss: _Loss | None = None
         self._instance: tuple[int, InstanceRecord] | None = None
         """The instance the slot runs (trial, record), as its events tell."""
         self._finished: set[int] = set()
         """Trials whose end the slot's events already told (a loss after it is no
         loss of theirs)."""
-        self._lost_dead = False
-        self._lost_message = ""
-        self._closed = False
         self._thread = threading.Thread(
             target=self._main, name=f"ray-slot-{node.name}-{placement.slot}", daemon=True
         )
         self._thread.start()
 
-    # -- commands (each ends with a SlotIdle event) -------------------------------------
+    @property
+    def state(self) -> ActorState:
+        with self._lock:
+            return self._state
 
-    def run(self, order: TrialOrder) -> None:
-        self._inbox.put((Run(order), order.trial))
+    def _move(self, moves: Mapping[ActorState, ActorState]) -> ActorState | None:
+        """Take the transition ``moves`` gives for the actor's state, at once; the
+        state it left (None: ``moves`` has none for it, nothing changed)."""
+        with self._lock:
+            was = self._state
+            to = moves.get(was)
+            if to is None:
+                return None
+            assert to in _NEXT[was], f"{was} -> {to}"
+            self._state = to
+            return was
 
-    def teardown(self) -> None:
-        self._inbox.put((Teardown(), None))
-
-    def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
-        self._inbox.put((Finish(keep_running, tuple(restart_units)), None))
+    # -- besides the commands (each ends with a SlotIdle event) -------------------------
 
     def interrupt(self) -> None:
         """Stop the slot's instance now (the running command ends)."""
-        self._interrupted = True
-        if self._lost:
-            return
-        if not self._started:
+        was = self._move(
+            {
+                ActorState.WAITING: ActorState.ENDED,
+                ActorState.READY: ActorState.INTERRUPTED,
+                ActorState.LOST: ActorState.ENDED,
+            }
+        )
+        if was is ActorState.WAITING:
             # still waiting for its GPUs: it must never start a server now
-            self.kill()
+            self._end_actor()
+            return
+        if was is not ActorState.READY:
             return
         try:
             ray.get(self._actor.interrupt.remote(), timeout=_CALL_TIMEOUT_S)
@@ -120,7 +188,7 @@ class RaySlot:
     def restore(self, restart_units: Sequence[str] = ()) -> None:
         """After an interrupt: give a unit back, then end the actor."""
         try:
-            if self._started and not self._lost:
+            if self.state in (ActorState.READY, ActorState.INTERRUPTED):
                 events = ray.get(
                     self._actor.restore.remote(tuple(restart_units)), timeout=_CALL_TIMEOUT_S
                 )
@@ -137,18 +205,18 @@ class RaySlot:
         """End the slot after its command: its thread closes the actor's worker and ends
         the actor (Ray takes its GPUs back) — after an interrupt, only once ``restore``
         ran. True when that is done within ``timeout`` (it goes on in the background)."""
-        if not self._closed:
-            self._closed = True
-            self._inbox.put(None)
+        self.end()
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def kill(self) -> None:
-        """End the actor (Ray gives its GPUs back)."""
-        if not self._killed:
-            self._killed = True
-            with contextlib.suppress(RayError, ValueError):
-                ray.kill(self._actor, no_restart=True)
+        """End the actor (Ray gives its GPUs back); once."""
+        if self._move(dict.fromkeys(_ALIVE, ActorState.ENDED)) is not None:
+            self._end_actor()
+
+    def _end_actor(self) -> None:
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(self._actor, no_restart=True)
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -160,28 +228,26 @@ class RaySlot:
 
     def _serve(self) -> None:
         while True:
-            item = self._inbox.get()
-            if item is None:
+            command = self.next()
+            if command is None:
                 return
-            command, trial = item
+            trial = command.trial
             error = None
-            if not self._lost and not self._interrupted:
-                error = self._start(trial) if not self._started else None
-                if error is None and not self._lost and not self._interrupted:
-                    error = self._command(command, trial)
-            lost = self._lost and not self._interrupted
-            if lost and trial is not None and trial not in self._finished:
+            if self.state is ActorState.WAITING:
+                error = self._start(trial)
+            if error is None and self.state is ActorState.READY:
+                error = self._command(command, trial)
+            if self.state is ActorState.LOST and trial is not None and trial not in self._finished:
                 self._lose_trial(trial)
             self._idle(error)
 
     def _end(self) -> None:
-        reachable = self._started and not self._lost and not self._killed
-        if self._interrupted:  # restore() comes next, then the end
-            if reachable:
-                with contextlib.suppress(RayError):
-                    self._put(ray.get(self._actor.take.remote(), timeout=_CALL_TIMEOUT_S))
+        state = self.state
+        if state is ActorState.INTERRUPTED:  # restore() comes next, then the end
+            with contextlib.suppress(RayError):
+                self._put(ray.get(self._actor.take.remote(), timeout=_CALL_TIMEOUT_S))
             return
-        if reachable:
+        if state is ActorState.READY:
             with contextlib.suppress(RayError):
                 self._put(ray.get(self._actor.close.remote(), timeout=_CALL_TIMEOUT_S))
         self.kill()
@@ -207,7 +273,7 @@ class RaySlot:
             except RayError as exc:
                 self._lose(exc, trial)
                 return None
-        self._started = True
+        self._move({ActorState.WAITING: ActorState.READY})
         self.placement = replace(self.placement, gpus=started.gpus)
         if started.failure is not None:
             self.error = started.failure.error(f"slot {self.placement.slot} on {self._node.name}")
@@ -254,13 +320,20 @@ class RaySlot:
     def _lose(self, exc: BaseException, trial: int | None) -> None:
         """Ray cannot reach the actor: learn whether it (and its node) is dead, report
         the loss, and stop what the slot left running on a node that lives."""
-        if self._killed:  # ended here (the sweep is stopping): not a loss
-            self._lost = True
+        if self.state is ActorState.ENDED:  # ended here (the sweep is stopping): not a loss
             return
         message = self._verdict(exc)
         node_id = self.placement.node_id
         dead = "node has died" in message or not self._host.node_alive(node_id)
-        self._lost, self._lost_dead, self._lost_message = True, dead, message
+        self._loss = _Loss(dead, message)
+        # after Ctrl-C the loss is reported, but the trial is the stop's, not the loss's
+        was = self._move(
+            {
+                ActorState.WAITING: ActorState.LOST,
+                ActorState.READY: ActorState.LOST,
+                ActorState.INTERRUPTED: ActorState.ENDED,
+            }
+        )
         self._events.put(
             NodeLost(
                 trial=trial,
@@ -271,7 +344,8 @@ class RaySlot:
                 message=short_error(message),
             )
         )
-        self.kill()
+        if was is not None:
+            self._end_actor()
         if not dead and self._instance is not None:
             owner, instance = self._instance
             try:
@@ -300,33 +374,23 @@ class RaySlot:
         return str(exc)
 
     def _lose_trial(self, trial: int) -> None:
+        loss = self._loss
+        assert loss is not None
         self._events.put(
             TrialFinished(
                 trial=trial,
                 outcome=Outcome.FAILED,
                 failure_class=FailureClass.NODE_LOST,
                 evidence=lost_evidence(
-                    self._node,
-                    self.placement.slot,
-                    trial,
-                    self._lost_message,
-                    dead=self._lost_dead,
+                    self._node, self.placement.slot, trial, loss.message, dead=loss.dead
                 ),
                 at=time.time(),
             )
         )
 
     def _idle(self, error: str | None) -> None:
-        self._events.put(
-            SlotIdle(
-                node=self.placement.node,
-                node_id=self.placement.node_id,
-                slot=self.placement.slot,
-                gpus=self.placement.gpus,
-                holding=self._holding and not self._lost,
-                error=error,
-            )
-        )
+        holding = self._holding and self._loss is None  # a lost slot holds nothing
+        self._events.put(slot_idle(self.placement, holding=holding, error=error))
 
 
 def _task_error(exc: RayTaskError) -> str:

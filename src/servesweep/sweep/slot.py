@@ -370,6 +370,7 @@ class SlotWorker:
             self.probe,
             ownership=Ownership(context.store_id, context.run, placement.slot),
             store_path=context.store_path,
+            api_key=context.api_key,
         )
         self.lifecycle.baseline = dict(baseline or {})
         self.current = current
