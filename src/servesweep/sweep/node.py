@@ -29,6 +29,7 @@ from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.ownership import OwnerKind, Ownership
+from servesweep.spec.slots import slot_port
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     BaselineTaken,
@@ -265,7 +266,8 @@ def _stop_running_service(
     """A launcher that manages an existing service (systemd) may find it running the
     user's own configuration: stop it before the first start (its memory is waited for
     with the baseline). Returns the unit (to start again at the end) and its PIDs."""
-    slot_place = Placement(pool.node, slot, pool.gpus, pool.port + slot, pool.node_id)
+    port = slot_port(context.spec, slot)
+    slot_place = Placement(pool.node, slot, pool.gpus, port, pool.node_id)
     slot_spec = slot_server(context.spec.server, slot_place)
     if slot_spec.launcher != "systemd":
         return "", set()
