@@ -124,7 +124,7 @@ def apply_config(
         node = this_node()
         gpus = tuple(spec.server.gpus[: need.of(chosen)]) if spec.server.gpus else ()
         placement = Placement(node, 0, gpus, slot_port(spec, 0))
-        launch = launch_for(context, placement, chosen, trial="{trial}", log="{log}")[2]
+        launch = launch_for(context, placement, chosen).fingerprint
         leftovers = []
         for live in db.live_instances():
             instance = live.instance

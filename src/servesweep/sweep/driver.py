@@ -333,9 +333,7 @@ class Driver:
             if job.need != max(1, len(gpus)):
                 continue
             record = self._trials[job.trial]
-            fingerprint = launch_for(
-                context, placement, record.params, trial="{trial}", log="{log}"
-            )[2]
+            fingerprint = launch_for(context, placement, record.params).fingerprint
             if fingerprint == instance.fingerprint:
                 return Leftover(trial.id, instance, adopt_for=job.trial, label=label)
         return Leftover(trial.id, instance, label=label)

@@ -17,7 +17,6 @@ another thread) stops the slot's instance and makes the running work end with
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -71,6 +70,7 @@ from servesweep.sweep.events import (
 __all__ = [
     "CurrentInstance",
     "GeneratorPools",
+    "Launch",
     "LoadRunner",
     "NodeInfo",
     "Placement",
@@ -216,6 +216,16 @@ def launch_fingerprint(server: ServerSpec, argv: Sequence[str], env: Mapping[str
     return fingerprint({"argv": list(argv), "env": dict(env), "launcher": launcher})
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a configuration starts on a slot: its command line, its environment and the
+    launch fingerprint (what adoption compares)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    fingerprint: str
+
+
 def launch_for(
     context: SweepContext,
     placement: Placement,
@@ -223,21 +233,25 @@ def launch_for(
     *,
     trial: str | None = None,
     log: str | None = None,
-) -> tuple[list[str], dict[str, str], str]:
-    """argv, environment and launch fingerprint of a configuration on a slot.
+) -> Launch:
+    """The launch of a configuration on a slot: the one place it is built.
 
     ``trial`` (the trial's key) and ``log`` fill a command template's ``{trial}``,
-    ``{log}`` and ``{pid_file}``; the fingerprint leaves them out, so an instance
-    started for one trial is recognised as the same launch by another."""
+    ``{log}`` and ``{pid_file}``; left out, the template keeps its placeholders (the
+    launch of no trial in particular). The fingerprint always leaves them out, so an
+    instance started for one trial is recognised as the same launch by another."""
     server = slot_server(context.spec.server, placement)
     extra = {FAKE_GPUS_ENV: context.fake_gpu_dir} if context.fake_gpu_dir else {}
-    argv, env = build_launch(server, params, trial=trial, log=log)
-    env = {**extra, **env}
-    if trial is None and log is None:
-        return argv, env, launch_fingerprint(server, argv, env)
+
+    def build(trial: str, log: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = build_launch(server, params, trial=trial, log=log)
+        return argv, {**extra, **env}
+
     # the same launch for any trial: the template's own placeholders stand for them
-    plain_argv, plain_env = build_launch(server, params, trial="{trial}", log="{log}")
-    return argv, env, launch_fingerprint(server, plain_argv, {**extra, **plain_env})
+    plain = build("{trial}", "{log}")
+    fp = launch_fingerprint(server, *plain)
+    argv, env = plain if trial is None and log is None else build(trial or "", log or "")
+    return Launch(argv, env, fp)
 
 
 def instance_pids(lifecycle: ServerLifecycle, instance: InstanceRecord) -> set[int]:
@@ -405,8 +419,8 @@ class SlotWorker:
     def trial_key(self, trial: int) -> str:
         return f"{self.context.spec.name}-{trial}"
 
-    def launch_of(self, order: TrialOrder) -> tuple[list[str], dict[str, str], str]:
-        """argv, environment and launch fingerprint of a trial's configuration here."""
+    def launch_of(self, order: TrialOrder) -> Launch:
+        """The launch of a trial's configuration here."""
         return launch_for(
             self.context,
             self.placement,
@@ -462,19 +476,6 @@ class SlotWorker:
             self.warn(f"stop after interrupt: {failure}", current.trial)
         self.emit(InstanceGone(trial=current.trial))
         self.current = None
-
-    def _warm_generators(self) -> None:
-        """Start the load-generator processes while the server loads (in a thread of
-        its own, which inherits this thread's cores), so the benchmark does not wait."""
-        first = next((w for w in self.workloads if not w.is_eval), None)
-        if first is None or (first.workers <= 1 and self.context.slots <= 1):
-            return
-
-        def warm(workload: WorkloadSpec = first) -> None:
-            with contextlib.suppress(BenchError):  # the benchmark reports it, if it stays
-                self._generators(workload, self.server.timeouts.request)
-
-        threading.Thread(target=warm, name="generators", daemon=True).start()
 
     def _generators(self, workload: WorkloadSpec, timeout_s: float) -> WorkerPool | None:
         """Load-generator processes for ``workload``: when slots run side by side, every
@@ -638,14 +639,16 @@ class SlotWorker:
         long it took to become ready; raises TrialFailed like a trial's bring-up."""
         log_path = Path(order.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv, env, launch_fp = self.launch_of(order)
+        launch = self.launch_of(order)
         current = self.current
-        if current is not None and current.instance.fingerprint == launch_fp:
+        if current is not None and current.instance.fingerprint == launch.fingerprint:
             info = self.lifecycle.wait_ready(current.instance)
             return info.model, 0.0
         self.stop_current()
         instance = _on_node(
-            self.lifecycle.start(argv, env, log_path, self.trial_key(order.trial), launch_fp),
+            self.lifecycle.start(
+                launch.argv, launch.env, log_path, self.trial_key(order.trial), launch.fingerprint
+            ),
             self.placement,
         )
         self.current = CurrentInstance(order.trial, instance)
@@ -653,7 +656,7 @@ class SlotWorker:
             InstanceStarted(
                 trial=order.trial,
                 instance=instance,
-                launch_command=self.lifecycle.launch_command(argv, env),
+                launch_command=self.lifecycle.launch_command(launch.argv, launch.env),
             )
         )
         info = self.lifecycle.wait_ready(instance)
@@ -663,12 +666,12 @@ class SlotWorker:
     def _bring_up(self, order: TrialOrder, log_path: Path, *, fresh: bool = False) -> str:
         """Stop, release, start, load, ready; or adopt a running instance of this launch
         (never when ``fresh``: a configuration's next launch)."""
-        argv, env, launch_fp = self.launch_of(order)
+        launch = self.launch_of(order)
         current = self.current
         if (
             not fresh
             and current is not None
-            and current.instance.fingerprint == launch_fp
+            and current.instance.fingerprint == launch.fingerprint
             and self.launcher.poll(current.instance) is None
         ):
             self.warn(f"trial {order.trial}: adopting the running instance", order.trial)
@@ -682,14 +685,16 @@ class SlotWorker:
 
         self.stop_current(order.trial)
         self._enter(order.trial, Phase.START)
-        instance = self.lifecycle.start(argv, env, log_path, self.trial_key(order.trial), launch_fp)
+        instance = self.lifecycle.start(
+            launch.argv, launch.env, log_path, self.trial_key(order.trial), launch.fingerprint
+        )
         instance = _on_node(instance, self.placement)
         self.current = CurrentInstance(order.trial, instance)
         self.emit(
             InstanceStarted(
                 trial=order.trial,
                 instance=instance,
-                launch_command=self.lifecycle.launch_command(argv, env),
+                launch_command=self.lifecycle.launch_command(launch.argv, launch.env),
             )
         )
         self._enter(order.trial, Phase.LOAD)
