@@ -272,11 +272,8 @@ def _stop_running_service(
     if slot_spec.launcher != "systemd":
         return "", set()
     launcher = make_launcher(slot_spec)
-    current = getattr(launcher, "current", None)
-    if not callable(current):
-        return "", set()
-    running = current(slot_spec.port)
-    if not isinstance(running, InstanceRecord):
+    running = launcher.current(slot_spec.port)
+    if running is None:
         return "", set()
     lifecycle = ServerLifecycle(
         slot_spec, get_preset(slot_spec.engine), launcher, probe, ownership=ownership

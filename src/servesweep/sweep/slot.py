@@ -388,7 +388,7 @@ class SlotWorker:
         """Durations of the running trial's finished phases (for pruning on load_s)."""
         self._telemetry = _Telemetry(self.lifecycle, placement.node)
         self._telemetry.start()
-        for warning in getattr(self.launcher, "warnings", None) or []:
+        for warning in self.launcher.warnings:
             # what the service's own settings imply (systemd: Type=simple, KillMode...)
             self.warn(str(warning))
 
@@ -563,13 +563,10 @@ class SlotWorker:
 
     def restore(self, *, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
         """Give a service manager's unit back (see ``SystemdLauncher.restore``)."""
-        restore = getattr(self.launcher, "restore", None)
-        if not callable(restore):
-            return
         unit = self.server.systemd.unit if self.server.systemd else ""
-        message = restore(keep_running=keep_running, restart=unit in restart_units)
+        message = self.launcher.restore(keep_running=keep_running, restart=unit in restart_units)
         if message:
-            self.emit(UnitRestored(unit=unit, message=str(message), node=self.node))
+            self.emit(UnitRestored(unit=unit, message=message, node=self.node))
 
     # -- one trial ------------------------------------------------------------------
 
