@@ -23,11 +23,9 @@ from typing import Any
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import InstanceRecord
 from servesweep.servers import ports as port_tools
-from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
-from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.ownership import OwnerKind, Ownership
 from servesweep.spec.slots import slot_port
 from servesweep.sweep.channel import TrialChannel
@@ -38,7 +36,9 @@ from servesweep.sweep.events import (
     OrphansCleaned,
     SweepWarning,
 )
-from servesweep.sweep.slot import Placement, SweepContext, instance_pids, slot_server
+from servesweep.sweep.instance import instance_pids, server_lifecycle
+from servesweep.sweep.launch import slot_server
+from servesweep.sweep.slot_types import Placement, SweepContext
 
 __all__ = ["Leftover", "NodePrepared", "baseline_without", "check_slot_ports", "prepare_node"]
 
@@ -144,8 +144,6 @@ def _prepare(
     def warn(message: str) -> None:
         return channel.send(SweepWarning(message=message))
 
-    preset = get_preset(server.engine)
-    ownership = Ownership(context.store_id, context.run, pool.slot)
     departing: set[int] = set()
     adopted: list[Leftover] = []
     idle_estimate: dict[int, int] = {}
@@ -162,8 +160,8 @@ def _prepare(
             )
             adopted.append(left)
             continue
-        lifecycle = ServerLifecycle(
-            _server_of(context, instance, server), preset, launcher, probe, ownership=ownership
+        lifecycle = server_lifecycle(
+            context, _server_of(context, instance, server), probe, pool.slot, launcher
         )
         pids = instance_pids(lifecycle, instance)
         _expect(idle_estimate, probe, pool.gpus, pids)
@@ -190,22 +188,13 @@ def _prepare(
         )
     restart: list[str] = []
     for slot in service_slots:
-        unit, pids = _stop_running_service(
-            context, server, slot, pool, probe, ownership, warn, idle_estimate
-        )
+        unit, pids = _stop_running_service(context, slot, pool, probe, warn, idle_estimate)
         if unit:
             restart.append(unit)
             departing |= pids
     held = {g for left in adopted for g in left.instance.gpus}
     free = [g for g in pool.gpus if g not in held]
-    lifecycle = ServerLifecycle(
-        server,
-        preset,
-        make_launcher(server),
-        probe,
-        ownership=ownership,
-        store_path=context.store_path,
-    )
+    lifecycle = server_lifecycle(context, server, probe, pool.slot, make_launcher(server))
     baseline: dict[int, int] = {}
     if free:
         stored = {g: v for g, v in (stored_baseline or {}).items() if g in free} or None
@@ -255,11 +244,9 @@ def _server_of(context: SweepContext, instance: InstanceRecord, pool_server: Any
 
 def _stop_running_service(
     context: SweepContext,
-    server: Any,
     slot: int,
     pool: Placement,
     probe: GpuProbe,
-    ownership: Ownership,
     warn: Callable[[str], None],
     idle_estimate: dict[int, int],
 ) -> tuple[str, set[int]]:
@@ -275,9 +262,7 @@ def _stop_running_service(
     running = launcher.current(slot_spec.port)
     if running is None:
         return "", set()
-    lifecycle = ServerLifecycle(
-        slot_spec, get_preset(slot_spec.engine), launcher, probe, ownership=ownership
-    )
+    lifecycle = server_lifecycle(context, slot_spec, probe, pool.slot, launcher)
     pids = instance_pids(lifecycle, running)
     _expect(idle_estimate, probe, pool.gpus, pids)
     unit = running.unit or ""
