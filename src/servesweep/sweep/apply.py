@@ -26,8 +26,7 @@ from servesweep.store import Store, open_store
 from servesweep.sweep.channel import StoreWriter
 from servesweep.sweep.events import Event, InstanceStarted, NullObserver, Observer
 from servesweep.sweep.instance import placed
-from servesweep.sweep.launch import launch_for
-from servesweep.sweep.node import Leftover, prepare_node
+from servesweep.sweep.node import leftover_of, prepare_node
 from servesweep.sweep.orchestrator import (
     new_run_id,
     open_sweep,
@@ -151,18 +150,13 @@ def apply_config(
         node = this_node()
         gpus = tuple(spec.server.gpus[: need.of(chosen)]) if spec.server.gpus else ()
         placement = Placement(node, 0, gpus, slot_port(spec, 0))
-        launch = launch_for(context, placement, chosen).fingerprint
-        leftovers = []
-        for live in db.live_instances():
-            instance = live.instance
-            if instance is None or instance.node not in ("", node):
-                continue
-            same = (
-                instance.fingerprint == launch
-                and instance.port == placement.port
-                and tuple(instance.gpus) == gpus
-            )
-            leftovers.append(Leftover(live.id, instance, adopt_for=trial.id if same else None))
+        leftovers = [
+            # apply runs on this one slot: only an instance of exactly its launch there
+            # is kept
+            leftover_of(context, live.id, live.instance, [placement], [(trial.id, chosen)])
+            for live in db.live_instances()
+            if live.instance is not None and live.instance.node in ("", node)
+        ]
         label = config.label()
         log_path = (
             Path(context.log_root) / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"

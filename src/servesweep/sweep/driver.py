@@ -58,7 +58,7 @@ from servesweep.sweep.events import (
 )
 from servesweep.sweep.health_notes import HealthNotes
 from servesweep.sweep.memory_gate import MemoryGate
-from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports
+from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, leftover_of
 from servesweep.sweep.scheduler import (
     Assign,
     Decision,
@@ -76,7 +76,6 @@ from servesweep.sweep.slot import (
     Placement,
     SweepContext,
     TrialOrder,
-    launch_for,
     stop_timeout,
 )
 
@@ -319,24 +318,17 @@ class Driver:
 
     def _leftover(self, trial: TrialRecord, node: NodeInfo) -> Leftover:
         """A recorded live instance; kept for adoption when a queued trial would run
-        exactly its launch on exactly its slot."""
+        exactly its launch on exactly its slot (``node.leftover_of``)."""
         assert trial.instance is not None
-        instance = trial.instance
-        label = params_label(trial.params)
-        slot = self._slot_of_port(instance.port)
-        gpus = tuple(instance.gpus)
-        if slot is None or not set(gpus) <= set(self.spec.server.gpus):
-            return Leftover(trial.id, instance, label=label)
-        placement = Placement(node.name, slot, gpus, instance.port or 0, node.node_id)
+        pool = tuple(self.spec.server.gpus)
+        slots = [
+            Placement(node.name, k, pool, slot_port(self.spec, k), node.node_id)
+            for k in range(self._max_slots())
+        ]
+        wanted = ((job.trial, self._trials[job.trial].params) for job in self.state.jobs)
         context = self.executor.context_for(node)
-        for job in self.state.jobs:
-            if job.need != max(1, len(gpus)):
-                continue
-            record = self._trials[job.trial]
-            fingerprint = launch_for(context, placement, record.params).fingerprint
-            if fingerprint == instance.fingerprint:
-                return Leftover(trial.id, instance, adopt_for=job.trial, label=label)
-        return Leftover(trial.id, instance, label=label)
+        label = params_label(trial.params)
+        return leftover_of(context, trial.id, trial.instance, slots, wanted, label)
 
     def _slot_of_port(self, port: int | None) -> int | None:
         if port is None:

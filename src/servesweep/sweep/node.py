@@ -16,8 +16,8 @@ Ray task on a cluster node), before any trial starts there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from servesweep.errors import ConfigError, TrialFailed
@@ -27,7 +27,7 @@ from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.ownership import OwnerKind, Ownership
-from servesweep.spec.slots import slot_port
+from servesweep.spec.slots import gpu_need, slot_port
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     BaselineTaken,
@@ -37,10 +37,17 @@ from servesweep.sweep.events import (
     SweepWarning,
 )
 from servesweep.sweep.instance import instance_pids, server_lifecycle
-from servesweep.sweep.launch import slot_server
+from servesweep.sweep.launch import launch_for, slot_server
 from servesweep.sweep.slot_types import Placement, SweepContext
 
-__all__ = ["Leftover", "NodePrepared", "baseline_without", "check_slot_ports", "prepare_node"]
+__all__ = [
+    "Leftover",
+    "NodePrepared",
+    "baseline_without",
+    "check_slot_ports",
+    "leftover_of",
+    "prepare_node",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,36 @@ class Leftover:
     """The pending trial that would run exactly this launch on its slot (keep it)."""
     label: str = ""
     """The configuration it runs, for messages (``budget=8 topk=4``)."""
+
+
+def leftover_of(
+    context: SweepContext,
+    trial: int,
+    instance: InstanceRecord,
+    slots: Sequence[Placement],
+    wanted: Iterable[tuple[int, Mapping[str, Any]]],
+    label: str = "",
+) -> Leftover:
+    """The one rule for what a recorded live instance (of trial ``trial``) is to this
+    run: kept for the first trial of ``wanted`` (pending trials and their params) that
+    would run exactly its launch on exactly its slot, otherwise stopped.
+
+    Its slot is the one of ``slots`` (where this run places trials) that listens on
+    its port and whose GPUs include the instance's; the trial must need as many GPUs as
+    the instance holds, and its launch there, on the instance's GPUs, must have the
+    instance's fingerprint."""
+    gpus = tuple(instance.gpus)
+    slot = next((s for s in slots if s.port == instance.port), None)
+    if slot is None or not set(gpus) <= set(slot.gpus):
+        return Leftover(trial, instance, label=label)
+    placement = replace(slot, gpus=gpus)
+    need = gpu_need(context.spec)
+    for candidate, params in wanted:
+        if need.of(params) != max(1, len(gpus)):
+            continue
+        if launch_for(context, placement, params).fingerprint == instance.fingerprint:
+            return Leftover(trial, instance, adopt_for=candidate, label=label)
+    return Leftover(trial, instance, label=label)
 
 
 @dataclass(frozen=True)
