@@ -173,11 +173,19 @@ class GridSource:
 
 
 @dataclass
-class _Slot:
+class _SlotState:
+    """What the driver knows of one open slot (the slot itself runs elsewhere)."""
+
     handle: SlotHandle
     busy: bool = True
+    """A command was sent and its ``SlotIdle`` has not come back yet: a run, a
+    teardown or the finish. Only an idle slot gets a new decision; it starts busy
+    (opened for a trial), except a slot opened for an adopted instance."""
     trial: int | None = None
+    """The trial it runs (None while idle, or busy with a teardown or the finish)."""
     tearing: bool = False
+    """A teardown was sent: dropped when its ``SlotIdle`` comes back (it gets no more
+    work, although it is busy only until then)."""
     sched_gpus: tuple[int, ...] = ()
     """The GPUs the scheduler placed it on (a token GPU when the sweep has no pool)."""
 
@@ -196,10 +204,17 @@ class RunSettings:
 @dataclass
 class _State:
     jobs: list[Job] = field(default_factory=list)
-    slots: dict[tuple[str, int], _Slot] = field(default_factory=dict)
+    slots: dict[tuple[str, int], _SlotState] = field(default_factory=dict)
     running: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Trials handed to a slot whose slot has not gone idle since, by trial id: the
+    slot's key. Marked ``interrupted`` when the run aborts."""
     stopping: bool = False
+    """No trial is queued or handed to a slot any more (``--fail-fast``, repeated
+    environment failures, an abort): the trials in flight finish, the queued ones stay
+    pending for the next run."""
     ran: list[int] = field(default_factory=list)
+    """The trials this run started (not the confirm phase's relaunches), in order:
+    what ``run`` returns; an abort marks the unfinished ones ``interrupted``."""
     dead_nodes: set[str] = field(default_factory=set)
     lost_slots: set[tuple[str, int]] = field(default_factory=set)
     """Slots whose process is gone: dropped once their command ends."""
@@ -364,7 +379,7 @@ class Driver:
                     cpus=self._cpus(slot),
                 )
                 self.writer.note(LeftoverAdopted(instance_of=left.trial, node=info.name))
-                self.state.slots[placement.key] = _Slot(
+                self.state.slots[placement.key] = _SlotState(
                     handle, busy=False, sched_gpus=placement.gpus or (0,)
                 )
                 # the scheduler gives an idle slot of the right size the next trial of
@@ -518,7 +533,7 @@ class Driver:
                 baseline=self._baseline(decision.node, gpus),
                 cpus=self._cpus(decision.slot),
             )
-            state.slots[placement.key] = _Slot(handle, sched_gpus=decision.gpus)
+            state.slots[placement.key] = _SlotState(handle, sched_gpus=decision.gpus)
             key = placement.key
         else:
             assert isinstance(decision, Assign)

@@ -320,6 +320,8 @@ class SlotWorker:
                 relaunch=bool(order.relaunch),
             )
         )
+        # the samples taken since the last trial finished (an idle slot, a teardown)
+        # belong to no trial: discarded, so the timeline starts with this trial
         self._telemetry.drain(order.trial)
         self._phase, self._phase_seconds = None, {}
         outcome, failure_class, evidence = Outcome.OK, None, None

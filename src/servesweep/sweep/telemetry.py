@@ -52,6 +52,8 @@ class SlotTelemetry:
             self._stop.wait(self._fast_interval if self._fast else self._interval)
 
     def drain(self, trial_id: int) -> tuple[TelemetryPoint, ...]:
+        """The samples taken since the last drain, as ``trial_id``'s points; the slot
+        drains once before a trial to discard what came before it."""
         with self._lock:
             points, self._points = self._points, []
         return tuple(
