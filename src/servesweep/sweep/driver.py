@@ -79,7 +79,7 @@ from servesweep.sweep.slot import (
     stop_timeout,
 )
 
-__all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
+__all__ = ["Driver", "SlotHandle", "TrialSource", "max_slots"]
 
 _POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 60.0
@@ -137,7 +137,11 @@ class Executor(Protocol):
 
 
 class TrialSource(Protocol):
-    """What to run: the plan's trials (grid) or a search's proposals."""
+    """What to run: a search's proposals (``sweep.search_source``: the grid is one)."""
+
+    planned: bool
+    """Every trial it gives is known before the first take (a grid's plan of pending
+    trials): the count of trials to run is exact, not at most."""
 
     def take(self, room: int) -> list[TrialRecord]:
         """Up to ``room`` more trials to queue now ([] when there is nothing more yet)."""
@@ -150,26 +154,6 @@ class TrialSource(Protocol):
     def prune_policy(self) -> PrunePolicy | None:
         """What a slot needs to stop a trial early that can no longer win (None: never)."""
         ...
-
-
-class GridSource:
-    """The plan's pending trials, in plan order."""
-
-    def __init__(self, trials: Sequence[TrialRecord]) -> None:
-        self._todo = list(trials)
-
-    def take(self, room: int) -> list[TrialRecord]:
-        out, self._todo = self._todo, []
-        return out
-
-    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
-        return None
-
-    def exhausted(self) -> bool:
-        return not self._todo
-
-    def prune_policy(self) -> PrunePolicy | None:
-        return None
 
 
 @dataclass
@@ -256,7 +240,7 @@ class Driver:
         """Slots torn down whose threads may still be finishing."""
         self.prepared: dict[str, NodePrepared] = {}
         self.baselines: dict[str, dict[int, int]] = {}
-        self.source: TrialSource = GridSource(())
+        self.source: TrialSource  # set by run
         self._trials: dict[int, TrialRecord] = {}
         self.nodes: dict[str, NodeInfo] = {n.key: n for n in executor.nodes()}
         """The machines of this run, by key (see ``NodeInfo.key``)."""
@@ -277,7 +261,7 @@ class Driver:
                 todo=todo_count,
                 done=done,
                 slots=self._max_slots(),
-                at_most=not isinstance(source, GridSource),
+                at_most=not source.planned,
             )
         )
         self._warn_cpu_sharing()

@@ -40,7 +40,6 @@ from servesweep.sweep.cluster import check_fit, check_ray_version, cluster_spec,
 from servesweep.sweep.driver import (
     Driver,
     Executor,
-    GridSource,
     RunSettings,
     TrialSource,
     max_slots,
@@ -509,7 +508,9 @@ def _run(
         cap = spec.search.trials
         todo_count = len(todo) if cap is None else max(len(todo), cap - len(trials) + len(todo))
     else:
-        source, todo_count = GridSource(todo), len(todo)
+        # a grid without a cap or budget, or --trial N: exactly the pending trials
+        planned = [t.fingerprint for t in todo]
+        source, todo_count = SearchSource(store, sweep, spec, only=planned), len(todo)
     ran = driver.run(
         source,
         todo_count=todo_count,
