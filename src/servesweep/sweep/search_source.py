@@ -76,21 +76,30 @@ class SearchSource:
         self._finished = False
 
     def take(self, room: int) -> list[TrialRecord]:
+        if self.planned:
+            return self._take_plan()
         out: list[TrialRecord] = []
-        while self.planned or (len(out) < room and not self.exhausted()):
+        while len(out) < room and not self.exhausted():
             config = self.search.ask()
             if config is None:
                 self._finished = True
                 break
             trial = self.store.ensure_trial(self.sweep.id, config, in_plan=True)
-            interrupted = trial.outcome is Outcome.INTERRUPTED
-            # a plan's trials run as they are: an interrupted one keeps its outcome
-            # until it starts
-            if trial.outcome.final or (interrupted and not self.planned):
+            if trial.outcome.final or trial.outcome is Outcome.INTERRUPTED:
                 # asked again (an environment failure): a new attempt of its trial
                 self.store.reset_trial(trial.id)
                 trial = self.store.trial(trial.id)
             out.append(trial)
+        return out
+
+    def _take_plan(self) -> list[TrialRecord]:
+        """A grid's plan, all at once: its trials as stored (an interrupted one keeps its
+        outcome until it starts)."""
+        stored = {t.fingerprint: t for t in self.store.trials(self.sweep.id, in_plan_only=True)}
+        out: list[TrialRecord] = []
+        while (config := self.search.ask()) is not None:
+            out.append(stored[config.fingerprint])
+        self._finished = True
         return out
 
     def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
