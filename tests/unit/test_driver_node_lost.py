@@ -15,7 +15,7 @@ from servesweep.models import FailureClass, Outcome
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
 from servesweep.sweep.channel import StoreWriter
-from servesweep.sweep.driver import Driver, GridSource, RunSettings
+from servesweep.sweep.driver import Driver, RunSettings
 from servesweep.sweep.events import (
     Event,
     NodeLost,
@@ -27,6 +27,7 @@ from servesweep.sweep.events import (
 )
 from servesweep.sweep.node import Leftover, NodePrepared
 from servesweep.sweep.orchestrator import open_sweep
+from servesweep.sweep.search_source import SearchSource
 from servesweep.sweep.slot import CurrentInstance, NodeInfo, Placement, SweepContext, TrialOrder
 
 _SWEEP = """
@@ -178,7 +179,8 @@ def _run(
         context, store, sweep, cluster, events, NullObserver(), RunSettings(max_slots=1)
     )
     todo = store.trials(sweep.id)
-    driver.run(GridSource(todo), todo_count=len(todo), total=len(todo), done=0)
+    source = SearchSource(store, sweep, loaded.spec, only=[t.fingerprint for t in todo])
+    driver.run(source, todo_count=len(todo), total=len(todo), done=0)
     return store, cluster, sweep.id
 
 

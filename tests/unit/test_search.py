@@ -399,6 +399,17 @@ def test_grid_trials_cap() -> None:
     assert driver.ask() is None
 
 
+def test_a_grid_plan_runs_exactly_its_configurations_whatever_the_cap() -> None:
+    spec = sweep("{strategy: grid, trials: 1}", "params:\n  grid:\n    seqs: [16, 32, 64]\n")
+    configs = GridSearch(spec).configs
+    plan = Search.create(spec, only=[configs[2].fingerprint, configs[0].fingerprint])
+    assert plan.planned and not Search.create(spec).planned
+    assert not plan.exhausted(elapsed_s=0.0, gpu_seconds=0.0)
+    # in the grid's order, both although the cap says one
+    assert [plan.ask(), plan.ask(), plan.ask()] == [configs[0], configs[2], None]
+    assert plan.exhausted(elapsed_s=0.0, gpu_seconds=0.0)
+
+
 def test_public_api_is_pinned() -> None:
     import servesweep.search as search_pkg
 

@@ -6,7 +6,7 @@ trials cap and the budget. :class:`Search` is the driver's one interface; the gr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from servesweep.models import LevelResult, Outcome, ServerConfig
@@ -68,19 +68,29 @@ class Search(ABC):
         """Fingerprints handed out at least once (the ``trials`` cap counts these)."""
 
     @classmethod
-    def create(cls, spec: SweepSpec, history: History = ()) -> Search:
+    def create(
+        cls, spec: SweepSpec, history: History = (), only: Collection[str] | None = None
+    ) -> Search:
         """The search of this sweep, continued from its stored trials.
 
-        A grid continues in its order; a sampler replays the stored trials so that
-        the same seed gives the same sequence of proposals, and nothing measured is
-        proposed again."""
+        A grid continues in its order (``only``: exactly the configurations of these
+        fingerprints, see :mod:`servesweep.search.grid`); a sampler replays the stored
+        trials so that the same seed gives the same sequence of proposals, and nothing
+        measured is proposed again."""
         if spec.search.samples:
             from servesweep.search.sampled import SampledSearch
 
             return SampledSearch(spec, history)
         from servesweep.search.grid import GridSearch
 
-        return GridSearch(spec, history)
+        return GridSearch(spec, history, only)
+
+    @property
+    def planned(self) -> bool:
+        """Whether every configuration it proposes is known before the first ask (a
+        grid's plan of pending trials): the driver then queues them all at once,
+        counts them exactly, and asks for no pruning (False: a search that learns)."""
+        return False
 
     @abstractmethod
     def ask(self) -> ServerConfig | None:

@@ -5,11 +5,15 @@ failed, pruned, skipped) is not run again, whatever failed it (``--retry-failed`
 the driver's to apply, by resetting trials before it builds the search); a trial left
 pending, running or interrupted runs again in its place in the order. ``trials``
 caps how many configurations run; the budget is checked by :meth:`exhausted`.
+
+With ``only`` (a grid without a cap or budget, or ``servesweep run --trial N``) it
+runs exactly those configurations, whatever the cap or budget: a plan known before
+the first ask (:attr:`Search.planned`), which the driver queues all at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from servesweep.models import LevelResult, ServerConfig
 from servesweep.search.base import History, Search
@@ -21,9 +25,16 @@ __all__ = ["GridSearch"]
 
 
 class GridSearch(Search):
-    def __init__(self, spec: SweepSpec, history: History = ()) -> None:
+    def __init__(
+        self, spec: SweepSpec, history: History = (), only: Collection[str] | None = None
+    ) -> None:
         super().__init__(spec)
         self.configs: tuple[ServerConfig, ...] = expand_params(spec.params).configs
+        self.only = None if only is None else frozenset(only)
+        """The fingerprints of the configurations to run, exactly these (None: every
+        configuration the cap and the budget allow)."""
+        if self.only is not None:
+            self.configs = tuple(c for c in self.configs if c.fingerprint in self.only)
         self._finished: set[str] = set()
         self._running: set[str] = set()
         in_grid = {c.fingerprint for c in self.configs}
@@ -42,12 +53,26 @@ class GridSearch(Search):
             fp = config.fingerprint
             if fp in self._finished or fp in self._running:
                 continue
-            if fp not in self.launched and self.trials_left == 0:
+            if self.only is None and fp not in self.launched and self.trials_left == 0:
                 return None
             self._running.add(fp)
             self.launched.add(fp)
             return config
         return None
+
+    @property
+    def planned(self) -> bool:
+        return self.only is not None
+
+    def exhausted(self, *, elapsed_s: float, gpu_seconds: float) -> bool:
+        if self.only is not None:
+            # exactly the configurations named, whatever the budget: done once each of
+            # them is running or finished
+            return all(
+                c.fingerprint in self._finished or c.fingerprint in self._running
+                for c in self.configs
+            )
+        return super().exhausted(elapsed_s=elapsed_s, gpu_seconds=gpu_seconds)
 
     def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
         fp = trial.fingerprint

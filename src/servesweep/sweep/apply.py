@@ -24,8 +24,9 @@ from servesweep.spec.load import load_sweep
 from servesweep.spec.slots import gpu_need, slot_port
 from servesweep.store import Store, open_store
 from servesweep.sweep.channel import StoreWriter
-from servesweep.sweep.events import Event, NullObserver, Observer
-from servesweep.sweep.node import Leftover, prepare_node
+from servesweep.sweep.events import Event, InstanceStarted, NullObserver, Observer
+from servesweep.sweep.instance import placed
+from servesweep.sweep.node import leftover_of, prepare_node
 from servesweep.sweep.orchestrator import (
     new_run_id,
     open_sweep,
@@ -34,14 +35,8 @@ from servesweep.sweep.orchestrator import (
     sweep_context,
     sweep_lock,
 )
-from servesweep.sweep.slot import (
-    CurrentInstance,
-    Placement,
-    SlotWorker,
-    TrialOrder,
-    launch_for,
-    this_node,
-)
+from servesweep.sweep.slot import SlotWorker
+from servesweep.sweep.slot_types import CurrentInstance, Placement, TrialOrder, this_node
 
 __all__ = ["ApplyResult", "apply_config", "parse_sets"]
 
@@ -101,6 +96,37 @@ class _Direct:
         self._writer.apply(event)
 
 
+def _serve(worker: SlotWorker, order: TrialOrder) -> tuple[str, float]:
+    """Move the slot of ``worker`` to the configuration of ``order`` and leave it running (no
+    phases, no benchmark: ``servesweep apply``). Returns the served model and how
+    long it took to become ready; raises TrialFailed like a trial's bring-up."""
+    log_path = Path(order.log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    launch = worker.launch_of(order)
+    current = worker.current
+    if current is not None and current.instance.fingerprint == launch.fingerprint:
+        info = worker.lifecycle.wait_ready(current.instance)
+        return info.model, 0.0
+    worker.stop_current()
+    instance = placed(
+        worker.lifecycle.start(
+            launch.argv, launch.env, log_path, worker.trial_key(order.trial), launch.fingerprint
+        ),
+        worker.placement,
+    )
+    worker.current = CurrentInstance(order.trial, instance)
+    worker.emit(
+        InstanceStarted(
+            trial=order.trial,
+            instance=instance,
+            launch_command=worker.lifecycle.launch_command(launch.argv, launch.env),
+        )
+    )
+    info = worker.lifecycle.wait_ready(instance)
+    worker.current = CurrentInstance(order.trial, instance, info.model)
+    return info.model, info.ready_s
+
+
 def apply_config(
     sweep_file: str | Path,
     *,
@@ -126,18 +152,13 @@ def apply_config(
         node = this_node()
         gpus = tuple(spec.server.gpus[: need.of(chosen)]) if spec.server.gpus else ()
         placement = Placement(node, 0, gpus, slot_port(spec, 0))
-        launch = launch_for(context, placement, chosen, trial="{trial}", log="{log}")[2]
-        leftovers = []
-        for live in db.live_instances():
-            instance = live.instance
-            if instance is None or instance.node not in ("", node):
-                continue
-            same = (
-                instance.fingerprint == launch
-                and instance.port == placement.port
-                and tuple(instance.gpus) == gpus
-            )
-            leftovers.append(Leftover(live.id, instance, adopt_for=trial.id if same else None))
+        leftovers = [
+            # apply runs on this one slot: only an instance of exactly its launch there
+            # is kept
+            leftover_of(context, live.id, live.instance, [placement], [(trial.id, chosen)])
+            for live in db.live_instances()
+            if live.instance is not None and live.instance.node in ("", node)
+        ]
         label = config.label()
         log_path = (
             Path(context.log_root) / f"apply-trial-{trial.id}-{int(time.time())}" / "server.log"
@@ -162,7 +183,7 @@ def apply_config(
                 context, placement, channel, current=current, baseline=prepared.baseline
             )
             try:
-                model, ready_s = worker.serve(order)
+                model, ready_s = _serve(worker, order)
                 running = worker.current
             finally:
                 worker.close()

@@ -57,7 +57,7 @@ from servesweep.sweep.events import (
 )
 from servesweep.sweep.health_notes import HealthNotes
 from servesweep.sweep.memory_gate import MemoryGate
-from servesweep.sweep.node import Leftover, NodePrepared
+from servesweep.sweep.node import Leftover, NodePrepared, leftover_of
 from servesweep.sweep.scheduler import (
     Assign,
     Decision,
@@ -75,11 +75,10 @@ from servesweep.sweep.slot import (
     Placement,
     SweepContext,
     TrialOrder,
-    launch_for,
     stop_timeout,
 )
 
-__all__ = ["Driver", "GridSource", "SlotHandle", "TrialSource", "max_slots"]
+__all__ = ["Driver", "SlotHandle", "TrialSource", "max_slots"]
 
 _POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 60.0
@@ -149,7 +148,11 @@ class Executor(Protocol):
 
 
 class TrialSource(Protocol):
-    """What to run: the plan's trials (grid) or a search's proposals."""
+    """What to run: a search's proposals (``sweep.search_source``: the grid is one)."""
+
+    planned: bool
+    """Every trial it gives is known before the first take (a grid's plan of pending
+    trials): the count of trials to run is exact, not at most."""
 
     def take(self, room: int) -> list[TrialRecord]:
         """Up to ``room`` more trials to queue now ([] when there is nothing more yet)."""
@@ -164,32 +167,20 @@ class TrialSource(Protocol):
         ...
 
 
-class GridSource:
-    """The plan's pending trials, in plan order."""
-
-    def __init__(self, trials: Sequence[TrialRecord]) -> None:
-        self._todo = list(trials)
-
-    def take(self, room: int) -> list[TrialRecord]:
-        out, self._todo = self._todo, []
-        return out
-
-    def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
-        return None
-
-    def exhausted(self) -> bool:
-        return not self._todo
-
-    def prune_policy(self) -> PrunePolicy | None:
-        return None
-
-
 @dataclass
-class _Slot:
+class _SlotState:
+    """What the driver knows of one open slot (the slot itself runs elsewhere)."""
+
     handle: SlotHandle
     busy: bool = True
+    """A command was sent and its ``SlotIdle`` has not come back yet: a run, a
+    teardown or the finish. Only an idle slot gets a new decision; it starts busy
+    (opened for a trial), except a slot opened for an adopted instance."""
     trial: int | None = None
+    """The trial it runs (None while idle, or busy with a teardown or the finish)."""
     tearing: bool = False
+    """A teardown was sent: dropped when its ``SlotIdle`` comes back (it gets no more
+    work, although it is busy only until then)."""
     sched_gpus: tuple[int, ...] = ()
     """The GPUs the scheduler placed it on (a token GPU when the sweep has no pool)."""
 
@@ -208,10 +199,17 @@ class RunSettings:
 @dataclass
 class _State:
     jobs: list[Job] = field(default_factory=list)
-    slots: dict[tuple[str, int], _Slot] = field(default_factory=dict)
+    slots: dict[tuple[str, int], _SlotState] = field(default_factory=dict)
     running: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Trials handed to a slot whose slot has not gone idle since, by trial id: the
+    slot's key. Marked ``interrupted`` when the run aborts."""
     stopping: bool = False
+    """No trial is queued or handed to a slot any more (``--fail-fast``, repeated
+    environment failures, an abort): the trials in flight finish, the queued ones stay
+    pending for the next run."""
     ran: list[int] = field(default_factory=list)
+    """The trials this run started (not the confirm phase's relaunches), in order:
+    what ``run`` returns; an abort marks the unfinished ones ``interrupted``."""
     dead_nodes: set[str] = field(default_factory=set)
     lost_slots: set[tuple[str, int]] = field(default_factory=set)
     """Slots whose process is gone: dropped once their command ends."""
@@ -253,7 +251,7 @@ class Driver:
         """Slots torn down whose threads may still be finishing."""
         self.prepared: dict[str, NodePrepared] = {}
         self.baselines: dict[str, dict[int, int]] = {}
-        self.source: TrialSource = GridSource(())
+        self.source: TrialSource  # set by run
         self._trials: dict[int, TrialRecord] = {}
         self.nodes: dict[str, NodeInfo] = {n.key: n for n in executor.nodes()}
         """The machines of this run, by key (see ``NodeInfo.key``)."""
@@ -274,7 +272,7 @@ class Driver:
                 todo=todo_count,
                 done=done,
                 slots=self._max_slots(),
-                at_most=not isinstance(source, GridSource),
+                at_most=not source.planned,
             )
         )
         self._say_executor_warnings()
@@ -329,26 +327,17 @@ class Driver:
 
     def _leftover(self, trial: TrialRecord, node: NodeInfo) -> Leftover:
         """A recorded live instance; kept for adoption when a queued trial would run
-        exactly its launch on exactly its slot."""
+        exactly its launch on exactly its slot (``node.leftover_of``)."""
         assert trial.instance is not None
-        instance = trial.instance
-        label = params_label(trial.params)
-        slot = self._slot_of_port(instance.port)
-        gpus = tuple(instance.gpus)
-        if slot is None or not set(gpus) <= set(self.spec.server.gpus):
-            return Leftover(trial.id, instance, label=label)
-        placement = Placement(node.name, slot, gpus, instance.port or 0, node.node_id)
+        pool = tuple(self.spec.server.gpus)
+        slots = [
+            Placement(node.name, k, pool, slot_port(self.spec, k), node.node_id)
+            for k in range(self._max_slots())
+        ]
+        wanted = ((job.trial, self._trials[job.trial].params) for job in self.state.jobs)
         context = self.executor.context_for(node)
-        for job in self.state.jobs:
-            if job.need != max(1, len(gpus)):
-                continue
-            record = self._trials[job.trial]
-            fingerprint = launch_for(
-                context, placement, record.params, trial="{trial}", log="{log}"
-            )[2]
-            if fingerprint == instance.fingerprint:
-                return Leftover(trial.id, instance, adopt_for=job.trial, label=label)
-        return Leftover(trial.id, instance, label=label)
+        label = params_label(trial.params)
+        return leftover_of(context, trial.id, trial.instance, slots, wanted, label)
 
     def _slot_of_port(self, port: int | None) -> int | None:
         if port is None:
@@ -375,7 +364,7 @@ class Driver:
                     baseline=self._baseline(key, placement.gpus),
                 )
                 self.writer.note(LeftoverAdopted(instance_of=left.trial, node=info.name))
-                self.state.slots[placement.key] = _Slot(
+                self.state.slots[placement.key] = _SlotState(
                     handle, busy=False, sched_gpus=placement.gpus or (0,)
                 )
                 # the scheduler gives an idle slot of the right size the next trial of
@@ -500,7 +489,7 @@ class Driver:
                 current=None,
                 baseline=self._baseline(decision.node, gpus),
             )
-            state.slots[placement.key] = _Slot(handle, sched_gpus=decision.gpus)
+            state.slots[placement.key] = _SlotState(handle, sched_gpus=decision.gpus)
             key = placement.key
         else:
             assert isinstance(decision, Assign)

@@ -16,19 +16,18 @@ Ray task on a cluster node), before any trial starts there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from servesweep.errors import ConfigError, TrialFailed
 from servesweep.models import InstanceRecord
 from servesweep.servers import ports as port_tools
-from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
-from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.ownership import OwnerKind, Ownership
+from servesweep.spec.slots import gpu_need, slot_port
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     BaselineTaken,
@@ -37,9 +36,18 @@ from servesweep.sweep.events import (
     OrphansCleaned,
     SweepWarning,
 )
-from servesweep.sweep.slot import Placement, SweepContext, instance_pids, slot_server
+from servesweep.sweep.instance import instance_pids, server_lifecycle
+from servesweep.sweep.launch import launch_for, slot_server
+from servesweep.sweep.slot_types import Placement, SweepContext
 
-__all__ = ["Leftover", "NodePrepared", "baseline_without", "check_slot_ports", "prepare_node"]
+__all__ = [
+    "Leftover",
+    "NodePrepared",
+    "baseline_without",
+    "check_slot_ports",
+    "leftover_of",
+    "prepare_node",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,36 @@ class Leftover:
     """The pending trial that would run exactly this launch on its slot (keep it)."""
     label: str = ""
     """The configuration it runs, for messages (``budget=8 topk=4``)."""
+
+
+def leftover_of(
+    context: SweepContext,
+    trial: int,
+    instance: InstanceRecord,
+    slots: Sequence[Placement],
+    wanted: Iterable[tuple[int, Mapping[str, Any]]],
+    label: str = "",
+) -> Leftover:
+    """The one rule for what a recorded live instance (of trial ``trial``) is to this
+    run: kept for the first trial of ``wanted`` (pending trials and their params) that
+    would run exactly its launch on exactly its slot, otherwise stopped.
+
+    Its slot is the one of ``slots`` (where this run places trials) that listens on
+    its port and whose GPUs include the instance's; the trial must need as many GPUs as
+    the instance holds, and its launch there, on the instance's GPUs, must have the
+    instance's fingerprint."""
+    gpus = tuple(instance.gpus)
+    slot = next((s for s in slots if s.port == instance.port), None)
+    if slot is None or not set(gpus) <= set(slot.gpus):
+        return Leftover(trial, instance, label=label)
+    placement = replace(slot, gpus=gpus)
+    need = gpu_need(context.spec)
+    for candidate, params in wanted:
+        if need.of(params) != max(1, len(gpus)):
+            continue
+        if launch_for(context, placement, params).fingerprint == instance.fingerprint:
+            return Leftover(trial, instance, adopt_for=candidate, label=label)
+    return Leftover(trial, instance, label=label)
 
 
 @dataclass(frozen=True)
@@ -143,8 +181,6 @@ def _prepare(
     def warn(message: str) -> None:
         return channel.send(SweepWarning(message=message))
 
-    preset = get_preset(server.engine)
-    ownership = Ownership(context.store_id, context.run, pool.slot)
     departing: set[int] = set()
     adopted: list[Leftover] = []
     idle_estimate: dict[int, int] = {}
@@ -161,8 +197,8 @@ def _prepare(
             )
             adopted.append(left)
             continue
-        lifecycle = ServerLifecycle(
-            _server_of(context, instance, server), preset, launcher, probe, ownership=ownership
+        lifecycle = server_lifecycle(
+            context, _server_of(context, instance, server), probe, pool.slot, launcher
         )
         pids = instance_pids(lifecycle, instance)
         _expect(idle_estimate, probe, pool.gpus, pids)
@@ -189,22 +225,13 @@ def _prepare(
         )
     restart: list[str] = []
     for slot in service_slots:
-        unit, pids = _stop_running_service(
-            context, server, slot, pool, probe, ownership, warn, idle_estimate
-        )
+        unit, pids = _stop_running_service(context, slot, pool, probe, warn, idle_estimate)
         if unit:
             restart.append(unit)
             departing |= pids
     held = {g for left in adopted for g in left.instance.gpus}
     free = [g for g in pool.gpus if g not in held]
-    lifecycle = ServerLifecycle(
-        server,
-        preset,
-        make_launcher(server),
-        probe,
-        ownership=ownership,
-        store_path=context.store_path,
-    )
+    lifecycle = server_lifecycle(context, server, probe, pool.slot, make_launcher(server))
     baseline: dict[int, int] = {}
     if free:
         stored = {g: v for g, v in (stored_baseline or {}).items() if g in free} or None
@@ -254,31 +281,25 @@ def _server_of(context: SweepContext, instance: InstanceRecord, pool_server: Any
 
 def _stop_running_service(
     context: SweepContext,
-    server: Any,
     slot: int,
     pool: Placement,
     probe: GpuProbe,
-    ownership: Ownership,
     warn: Callable[[str], None],
     idle_estimate: dict[int, int],
 ) -> tuple[str, set[int]]:
     """A launcher that manages an existing service (systemd) may find it running the
     user's own configuration: stop it before the first start (its memory is waited for
     with the baseline). Returns the unit (to start again at the end) and its PIDs."""
-    slot_place = Placement(pool.node, slot, pool.gpus, pool.port + slot, pool.node_id)
+    port = slot_port(context.spec, slot)
+    slot_place = Placement(pool.node, slot, pool.gpus, port, pool.node_id)
     slot_spec = slot_server(context.spec.server, slot_place)
     if slot_spec.launcher != "systemd":
         return "", set()
     launcher = make_launcher(slot_spec)
-    current = getattr(launcher, "current", None)
-    if not callable(current):
+    running = launcher.current(slot_spec.port)
+    if running is None:
         return "", set()
-    running = current(slot_spec.port)
-    if not isinstance(running, InstanceRecord):
-        return "", set()
-    lifecycle = ServerLifecycle(
-        slot_spec, get_preset(slot_spec.engine), launcher, probe, ownership=ownership
-    )
+    lifecycle = server_lifecycle(context, slot_spec, probe, pool.slot, launcher)
     pids = instance_pids(lifecycle, running)
     _expect(idle_estimate, probe, pool.gpus, pids)
     unit = running.unit or ""

@@ -36,7 +36,6 @@ from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.driver import (
     Driver,
-    GridSource,
     RunSettings,
     TrialSource,
     max_slots,
@@ -405,7 +404,9 @@ def _run(
         cap = spec.search.trials
         todo_count = len(todo) if cap is None else max(len(todo), cap - len(trials) + len(todo))
     else:
-        source, todo_count = GridSource(todo), len(todo)
+        # a grid without a cap or budget, or --trial N: exactly the pending trials
+        planned = [t.fingerprint for t in todo]
+        source, todo_count = SearchSource(store, sweep, spec, only=planned), len(todo)
     ran = driver.run(
         source,
         todo_count=todo_count,

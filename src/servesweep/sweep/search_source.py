@@ -1,5 +1,7 @@
 """A search as the driver's source of trials: the configurations Optuna's sampler
-proposes (``search.strategy`` random, tpe, nsga2), one by one, as slots free up.
+proposes (``search.strategy`` random, tpe, nsga2), one by one, as slots free up, or
+the grid's (``search.GridSearch``): in its order, one by one under a ``trials`` cap
+or a budget, otherwise its plan of pending trials all at once.
 
 The results database stays the single source of truth: the search is rebuilt from the
 stored trials of the sweep at every run (``Search.create`` replays them), so after a
@@ -13,7 +15,7 @@ driver, from its own thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from servesweep.models import LevelResult, Outcome
 from servesweep.search import Search
@@ -53,18 +55,29 @@ def _gpu_seconds(trials: Sequence[TrialRecord], now: float) -> float:
 
 
 class SearchSource:
-    """The driver's ``TrialSource`` for a sampling search (see the module doc)."""
+    """The driver's ``TrialSource``: a search, the grid's or a sampler's (see the
+    module doc)."""
 
-    def __init__(self, store: Store, sweep: SweepRecord, spec: SweepSpec) -> None:
+    def __init__(
+        self,
+        store: Store,
+        sweep: SweepRecord,
+        spec: SweepSpec,
+        only: Collection[str] | None = None,
+    ) -> None:
         self.store = store
         self.sweep = sweep
         history = [(t, store.results(t.id, with_samples=False)) for t in store.trials(sweep.id)]
-        self.search = Search.create(spec, history)
+        self.search = Search.create(spec, history, only)
+        self.planned = self.search.planned
+        """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(getattr(self.search, "notes", []) or [])
         """What the rebuilt search noticed in the stored trials (worth a warning)."""
         self._finished = False
 
     def take(self, room: int) -> list[TrialRecord]:
+        if self.planned:
+            return self._take_plan()
         out: list[TrialRecord] = []
         while len(out) < room and not self.exhausted():
             config = self.search.ask()
@@ -79,12 +92,24 @@ class SearchSource:
             out.append(trial)
         return out
 
+    def _take_plan(self) -> list[TrialRecord]:
+        """A grid's plan, all at once: its trials as stored (an interrupted one keeps its
+        outcome until it starts)."""
+        stored = {t.fingerprint: t for t in self.store.trials(self.sweep.id, in_plan_only=True)}
+        out: list[TrialRecord] = []
+        while (config := self.search.ask()) is not None:
+            out.append(stored[config.fingerprint])
+        self._finished = True
+        return out
+
     def tell(self, trial: TrialRecord, results: Sequence[LevelResult]) -> None:
         self.search.tell(trial, results)
 
     def exhausted(self) -> bool:
         if self._finished:
             return True
+        if self.planned:
+            return self.search.exhausted(elapsed_s=0.0, gpu_seconds=0.0)  # spends no budget
         trials = self.store.trials(self.sweep.id)
         now = time.time()
         return self.search.exhausted(
@@ -92,5 +117,7 @@ class SearchSource:
         )
 
     def prune_policy(self) -> PrunePolicy | None:
+        if self.planned:
+            return None  # a grid's plan of pending trials runs every level, as it always has
         policy = self.search.prune_policy()
         return policy if policy.enabled else None

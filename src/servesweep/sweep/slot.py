@@ -17,17 +17,13 @@ another thread) stops the slot's instance and makes the running work end with
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from servesweep.bench.capacity import error_checked
 from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.bench.workers import WorkerPool
@@ -35,33 +31,18 @@ from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
 from servesweep.models import (
     Evidence,
     FailureClass,
-    InstanceRecord,
     LevelResult,
     Outcome,
     Phase,
-    fingerprint,
 )
-from servesweep.search.prune import PrunePolicy, prune_reason
-from servesweep.servers.engines import build_launch, get_preset
-from servesweep.servers.gpu import FAKE_GPUS_ENV, open_probe
+from servesweep.servers.engines import get_preset
+from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
-from servesweep.servers.lifecycle import ServerLifecycle
-from servesweep.servers.ownership import Ownership
-from servesweep.spec.schema import (
-    CapacityWorkload,
-    EvalWorkload,
-    LoadWorkload,
-    ServerSpec,
-    SweepSpec,
-    WorkloadSpec,
-)
-from servesweep.store.records import TelemetryPoint
+from servesweep.spec.schema import WorkloadSpec
 from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
-    GpusReleased,
     InstanceGone,
     InstanceStarted,
-    InstanceStopped,
     LevelMeasured,
     PhaseEntered,
     PhaseSeconds,
@@ -74,10 +55,41 @@ from servesweep.sweep.events import (
     WorkloadDone,
     headline,
 )
+from servesweep.sweep.generators import GeneratorPools, pin_current_thread
+from servesweep.sweep.instance import (
+    instance_pids,
+    placed,
+    released_events,
+    server_lifecycle,
+    stop_instance,
+    stop_timeout,
+    stopped_events,
+)
+from servesweep.sweep.launch import Launch, launch_fingerprint, launch_for, slot_server
+from servesweep.sweep.measure import (
+    DYING_GRACE_S,
+    LevelGate,
+    check_errors,
+    launch_workloads,
+    slot_target,
+)
+from servesweep.sweep.slot_types import (
+    CurrentInstance,
+    LoadRunner,
+    NodeInfo,
+    Placement,
+    SweepContext,
+    TrialOrder,
+    this_node,
+)
+from servesweep.sweep.telemetry import SlotTelemetry
 
+# the slot's plain data, its launch and stopping one instance have modules of their own
+# (slot_types, launch, instance); they are named here too for the callers of this module
 __all__ = [
     "CurrentInstance",
     "GeneratorPools",
+    "Launch",
     "LoadRunner",
     "NodeInfo",
     "Placement",
@@ -87,255 +99,18 @@ __all__ = [
     "instance_pids",
     "launch_fingerprint",
     "launch_for",
+    "pin_current_thread",
     "slot_server",
     "stop_instance",
     "stop_timeout",
+    "this_node",
 ]
-
-DYING_GRACE_S = 2.0
-"""How long a server whose requests failed may take to show that it exited."""
-
-LoadRunner = Callable[
-    [Target, WorkloadSpec, Callable[[str], None], Callable[[LevelResult], bool]],
-    list[LevelResult],
-]
-"""Runs one workload against a slot's server — ``(target, workload, progress,
-after_level)``, ``after_level`` saying after each level whether to go on — and returns
-its level results (raising ``BenchError`` like the load generator): by default the
-load generator on the server's machine; on a cluster it may run on another node."""
-
-
-@dataclass(frozen=True)
-class SweepContext:
-    """What every slot of one sweep run needs; plain data (it travels to other machines)."""
-
-    spec: SweepSpec
-    sweep_id: int
-    store_id: str
-    """The results database's id: part of every instance's owner tag."""
-    store_path: str
-    run: str
-    """This run's id: instances of other (dead) runs of the database are leftovers."""
-    log_root: str
-    base_dir: str | None = None
-    """Folder of the sweep file: relative dataset and suite paths start there."""
-    fake_gpu_dir: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    """The server's API key, from the environment; never stored or logged."""
-    slots: int = 1
-    """How many slots may run at once on a machine: with more than one, each slot's
-    load generator runs in processes of its own (never in the driver's interpreter,
-    where the slots' threads would compete for it)."""
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One machine a sweep runs on."""
-
-    name: str
-    """Its hostname, as records store it (``InstanceRecord.node``)."""
-    gpus: tuple[int, ...]
-    """The GPU pool there."""
-    node_id: str = ""
-    """The cluster's id of it (Ray's node id); empty on this machine alone."""
-
-    @property
-    def key(self) -> str:
-        """Unique among the machines of a run (two cluster nodes may share a hostname)."""
-        return self.node_id or self.name
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a slot is: the machine, its slot number there, its GPUs and its port."""
-
-    node: str
-    slot: int
-    gpus: tuple[int, ...]
-    port: int
-    node_id: str = ""
-
-    @property
-    def node_key(self) -> str:
-        return self.node_id or self.node
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.node_key, self.slot)
-
-
-@dataclass(frozen=True)
-class TrialOrder:
-    """One attempt of one trial, as the driver hands it to a slot."""
-
-    trial: int
-    seq: int
-    attempt: int
-    fingerprint: str
-    params: Mapping[str, Any]
-    log_path: str
-    prune: PrunePolicy | None = None
-    """When set, the benchmark stops early once the trial can no longer win (see
-    ``search.prune``): the outcome is ``pruned`` with the reason."""
-    number: int = 0
-    """The trial's number within its sweep, for people (0: use ``trial``)."""
-    relaunch: tuple[int, ...] = ()
-    """The confirm phase: measure the finished trial again in launches of these
-    numbers (each a fresh start of its configuration), appended to its results."""
 
 
 class _Pruned(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class CurrentInstance:
-    """The instance running in the slot, and the trial that started it."""
-
-    trial: int
-    instance: InstanceRecord
-    model: str | None = None
-    """The served model name once a readiness check has proven it generates."""
-
-
-def slot_server(server: ServerSpec, placement: Placement) -> ServerSpec:
-    """The sweep's server section as one slot sees it: its port and GPUs, and a
-    systemd unit template (``name@.service``) instantiated with the slot number."""
-    update: dict[str, Any] = {"port": placement.port, "gpus": list(placement.gpus)}
-    if server.systemd is not None and "@." in server.systemd.unit:
-        unit = server.systemd.unit.replace("@.", f"@{placement.slot}.", 1)
-        update["systemd"] = server.systemd.model_copy(update={"unit": unit})
-    return server.model_copy(update=update)
-
-
-def launch_fingerprint(server: ServerSpec, argv: Sequence[str], env: Mapping[str, str]) -> str:
-    """What makes two instances the same measurement target: the exact command line and
-    environment, the launcher and what it runs in. Adoption requires it to be equal."""
-    launcher: dict[str, Any] = {"kind": server.launcher}
-    if server.systemd is not None:
-        launcher["unit"] = server.systemd.unit
-    if server.docker is not None:
-        launcher["docker"] = server.docker.model_dump()
-    if server.commands is not None:
-        launcher["commands"] = server.commands.model_dump()
-    return fingerprint({"argv": list(argv), "env": dict(env), "launcher": launcher})
-
-
-def launch_for(
-    context: SweepContext,
-    placement: Placement,
-    params: Mapping[str, Any],
-    *,
-    trial: str | None = None,
-    log: str | None = None,
-) -> tuple[list[str], dict[str, str], str]:
-    """argv, environment and launch fingerprint of a configuration on a slot.
-
-    ``trial`` (the trial's key) and ``log`` fill a command template's ``{trial}``,
-    ``{log}`` and ``{pid_file}``; the fingerprint leaves them out, so an instance
-    started for one trial is recognised as the same launch by another."""
-    server = slot_server(context.spec.server, placement)
-    extra = {FAKE_GPUS_ENV: context.fake_gpu_dir} if context.fake_gpu_dir else {}
-    argv, env = build_launch(server, params, trial=trial, log=log)
-    env = {**extra, **env}
-    if trial is None and log is None:
-        return argv, env, launch_fingerprint(server, argv, env)
-    # the same launch for any trial: the template's own placeholders stand for them
-    plain_argv, plain_env = build_launch(server, params, trial="{trial}", log="{log}")
-    return argv, env, launch_fingerprint(server, plain_argv, {**extra, **plain_env})
-
-
-def instance_pids(lifecycle: ServerLifecycle, instance: InstanceRecord) -> set[int]:
-    """Every PID of an instance before it is stopped: what its launcher finds now plus
-    the recorded ones, which the release gate must also see gone from the GPUs."""
-    return set(lifecycle.launcher.pids(instance)) | set(instance.pids)
-
-
-class _Telemetry:
-    """Samples the slot's GPUs in the background for the report's memory timeline:
-    every ``interval`` seconds, and every ``fast_interval`` while an instance stops
-    and its memory comes back (so no release falls between two samples)."""
-
-    def __init__(
-        self, lifecycle: ServerLifecycle, node: str, interval: float = 0.25, fast: float = 0.05
-    ) -> None:
-        self._probe = lifecycle.probe
-        self._gpus = list(lifecycle.spec.gpus)
-        self._node = node
-        self._interval = interval
-        self._fast_interval = fast
-        self._fast = False
-        self._points: list[tuple[float, int, int, float | None, float | None]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        if self._probe.name == "none" or not self._gpus:
-            return
-        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
-        self._thread.start()
-
-    def fast(self, on: bool) -> None:
-        self._fast = on
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                states = self._probe.snapshot(self._gpus)
-            except Exception:
-                states = []
-            now = time.time()
-            with self._lock:
-                for s in states:
-                    self._points.append((now, s.index, s.used_bytes, s.utilization_pct, s.power_w))
-            self._stop.wait(self._fast_interval if self._fast else self._interval)
-
-    def drain(self, trial_id: int) -> tuple[TelemetryPoint, ...]:
-        with self._lock:
-            points, self._points = self._points, []
-        return tuple(
-            TelemetryPoint(trial_id, t, g, u, ut, p, self._node) for t, g, u, ut, p in points
-        )
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-
-
-class GeneratorPools:
-    """Load-generator processes by slot number, started once and kept across the
-    slots that take that number (a slot's thread, pinned to its cores, starts them)."""
-
-    def __init__(self) -> None:
-        self._pools: dict[int, WorkerPool] = {}
-        self._locks: dict[int, threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    def get(self, slot: int, n: int, timeout_s: float) -> WorkerPool:
-        """The slot number's ``n`` generator processes, started when missing (a second
-        caller for the same slot waits for the first one's)."""
-        with self._lock:
-            slot_lock = self._locks.setdefault(slot, threading.Lock())
-        with slot_lock:
-            pool = self._pools.get(slot)
-            if pool is not None and (pool.n != n or not pool.alive):
-                pool.close()
-                pool = None
-            if pool is None:
-                pool = WorkerPool.started(n, timeout_s)
-                with self._lock:
-                    self._pools[slot] = pool
-            return pool
-
-    def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            pool.close()
 
 
 class SlotWorker:
@@ -357,20 +132,13 @@ class SlotWorker:
         self.channel = channel
         self._load: LoadRunner = load or self._load_here
         self.server = slot_server(context.spec.server, placement)
-        self.workloads: list[WorkloadSpec] = list(context.spec.workloads)
         self.preset = get_preset(self.server.engine)
         self.launcher = make_launcher(self.server)
         self.probe = open_probe(
             self.server.gpu_backend, context.fake_gpu_dir, gpus=self.server.gpus
         )
-        self.lifecycle = ServerLifecycle(
-            self.server,
-            self.preset,
-            self.launcher,
-            self.probe,
-            ownership=Ownership(context.store_id, context.run, placement.slot),
-            store_path=context.store_path,
-            api_key=context.api_key,
+        self.lifecycle = server_lifecycle(
+            context, self.server, self.probe, placement.slot, self.launcher
         )
         self.lifecycle.baseline = dict(baseline or {})
         self.current = current
@@ -380,9 +148,9 @@ class SlotWorker:
         self._phase: tuple[Phase, float] | None = None
         self._phase_seconds: dict[str, float] = {}
         """Durations of the running trial's finished phases (for pruning on load_s)."""
-        self._telemetry = _Telemetry(self.lifecycle, placement.node)
+        self._telemetry = SlotTelemetry(self.lifecycle, placement.node)
         self._telemetry.start()
-        for warning in getattr(self.launcher, "warnings", None) or []:
+        for warning in self.launcher.warnings:
             # what the service's own settings imply (systemd: Type=simple, KillMode...)
             self.warn(str(warning))
 
@@ -414,27 +182,14 @@ class SlotWorker:
     def trial_key(self, trial: int) -> str:
         return f"{self.context.spec.name}-{trial}"
 
-    def launch_of(self, order: TrialOrder) -> tuple[list[str], dict[str, str], str]:
-        """argv, environment and launch fingerprint of a trial's configuration here."""
+    def launch_of(self, order: TrialOrder) -> Launch:
+        """The launch of a trial's configuration here."""
         return launch_for(
             self.context,
             self.placement,
             order.params,
             trial=self.trial_key(order.trial),
             log=order.log_path,
-        )
-
-    def _target(self, model: str) -> Target:
-        return Target(
-            base_url=f"http://{self.server.host}:{self.server.port}",
-            model=model,
-            api_key=self.context.api_key,
-            request_extras=dict(self.preset.request_extras),
-            supports_ignore_eos=self.preset.supports_ignore_eos,
-            metrics_path=self.preset.metrics_path,
-            tokenize_path=self.preset.tokenize_path,
-            spec_decode_counters=dict(self.preset.spec_decode_counters),
-            timeout_s=self.server.timeouts.request,
         )
 
     def _load_here(
@@ -471,19 +226,6 @@ class SlotWorker:
         self.emit(InstanceGone(trial=current.trial))
         self.current = None
 
-    def _warm_generators(self) -> None:
-        """Start the load-generator processes while the server loads (in a thread of
-        its own, which inherits this thread's cores), so the benchmark does not wait."""
-        first = next((w for w in self.workloads if not isinstance(w, EvalWorkload)), None)
-        if first is None or (first.workers <= 1 and self.context.slots <= 1):
-            return
-
-        def warm(workload: WorkloadSpec = first) -> None:
-            with contextlib.suppress(BenchError):  # the benchmark reports it, if it stays
-                self._generators(workload, self.server.timeouts.request)
-
-        threading.Thread(target=warm, name="generators", daemon=True).start()
-
     def _generators(self, workload: WorkloadSpec, timeout_s: float) -> WorkerPool | None:
         """Load-generator processes for ``workload``: when slots run side by side, every
         slot's generator runs in processes of its own (the slots' threads would otherwise
@@ -517,17 +259,8 @@ class SlotWorker:
                 old_pids = instance_pids(self.lifecycle, current.instance)
                 stop = self.lifecycle.stop(current.instance)
                 self.current = None
-                self.emit(InstanceGone(trial=current.trial))
-                self.emit(
-                    InstanceStopped(
-                        trial=trial,
-                        instance_of=current.trial,
-                        seconds=round(stop.seconds, 3),
-                        signalled=tuple(stop.signalled),
-                        killed=tuple(stop.killed),
-                        node=self.node,
-                    )
-                )
+                for event in stopped_events(current, stop, trial, self.node):
+                    self.emit(event)
             if trial is not None:
                 self._enter(trial, Phase.RELEASE)
             result = self.lifecycle.release(
@@ -535,19 +268,8 @@ class SlotWorker:
             )
         finally:
             self._telemetry.fast(False)
-        cleaned = tuple(p.describe() for p in result.cleaned)
-        self.emit(
-            GpusReleased(
-                trial=trial,
-                seconds=round(result.seconds, 3),
-                polls=result.polls,
-                cleaned=cleaned,
-                node=self.node,
-                gpus=tuple(self.server.gpus),
-            )
-        )
-        if cleaned:
-            self.warn(f"cleaned orphaned processes of our instance: {', '.join(cleaned)}", trial)
+        for event in released_events(result, tuple(self.server.gpus), trial, self.node):
+            self.emit(event)
 
     def teardown(self) -> None:
         """Stop the slot's instance and wait for its memory (the GPUs go back to the pool)."""
@@ -570,13 +292,10 @@ class SlotWorker:
 
     def restore(self, *, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
         """Give a service manager's unit back (see ``SystemdLauncher.restore``)."""
-        restore = getattr(self.launcher, "restore", None)
-        if not callable(restore):
-            return
         unit = self.server.systemd.unit if self.server.systemd else ""
-        message = restore(keep_running=keep_running, restart=unit in restart_units)
+        message = self.launcher.restore(keep_running=keep_running, restart=unit in restart_units)
         if message:
-            self.emit(UnitRestored(unit=unit, message=str(message), node=self.node))
+            self.emit(UnitRestored(unit=unit, message=message, node=self.node))
 
     # -- one trial ------------------------------------------------------------------
 
@@ -601,6 +320,8 @@ class SlotWorker:
                 relaunch=bool(order.relaunch),
             )
         )
+        # the samples taken since the last trial finished (an idle slot, a teardown)
+        # belong to no trial: discarded, so the timeline starts with this trial
         self._telemetry.drain(order.trial)
         self._phase, self._phase_seconds = None, {}
         outcome, failure_class, evidence = Outcome.OK, None, None
@@ -642,43 +363,15 @@ class SlotWorker:
             )
         )
 
-    def serve(self, order: TrialOrder) -> tuple[str, float]:
-        """Move the slot to the configuration of ``order`` and leave it running (no
-        phases, no benchmark: ``servesweep apply``). Returns the served model and how
-        long it took to become ready; raises TrialFailed like a trial's bring-up."""
-        log_path = Path(order.log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv, env, launch_fp = self.launch_of(order)
-        current = self.current
-        if current is not None and current.instance.fingerprint == launch_fp:
-            info = self.lifecycle.wait_ready(current.instance)
-            return info.model, 0.0
-        self.stop_current()
-        instance = _on_node(
-            self.lifecycle.start(argv, env, log_path, self.trial_key(order.trial), launch_fp),
-            self.placement,
-        )
-        self.current = CurrentInstance(order.trial, instance)
-        self.emit(
-            InstanceStarted(
-                trial=order.trial,
-                instance=instance,
-                launch_command=self.lifecycle.launch_command(argv, env),
-            )
-        )
-        info = self.lifecycle.wait_ready(instance)
-        self.current = CurrentInstance(order.trial, instance, info.model)
-        return info.model, info.ready_s
-
     def _bring_up(self, order: TrialOrder, log_path: Path, *, fresh: bool = False) -> str:
         """Stop, release, start, load, ready; or adopt a running instance of this launch
         (never when ``fresh``: a configuration's next launch)."""
-        argv, env, launch_fp = self.launch_of(order)
+        launch = self.launch_of(order)
         current = self.current
         if (
             not fresh
             and current is not None
-            and current.instance.fingerprint == launch_fp
+            and current.instance.fingerprint == launch.fingerprint
             and self.launcher.poll(current.instance) is None
         ):
             self.warn(f"trial {order.trial}: adopting the running instance", order.trial)
@@ -692,14 +385,16 @@ class SlotWorker:
 
         self.stop_current(order.trial)
         self._enter(order.trial, Phase.START)
-        instance = self.lifecycle.start(argv, env, log_path, self.trial_key(order.trial), launch_fp)
-        instance = _on_node(instance, self.placement)
+        instance = self.lifecycle.start(
+            launch.argv, launch.env, log_path, self.trial_key(order.trial), launch.fingerprint
+        )
+        instance = placed(instance, self.placement)
         self.current = CurrentInstance(order.trial, instance)
         self.emit(
             InstanceStarted(
                 trial=order.trial,
                 instance=instance,
-                launch_command=self.lifecycle.launch_command(argv, env),
+                launch_command=self.lifecycle.launch_command(launch.argv, launch.env),
             )
         )
         self._enter(order.trial, Phase.LOAD)
@@ -733,43 +428,19 @@ class SlotWorker:
 
         return progress
 
+    def _target(self, model: str) -> Target:
+        """What the load generator sends to: the run's API key, read once where the
+        run started (the gate sends the same one)."""
+        return slot_target(self.server, self.preset, model, self.context.api_key)
+
     def _bench(self, order: TrialOrder, model: str, launch: int = 0) -> None:
         """The workloads measured in launch ``launch`` of the configuration (all in the
         first; in a later one those whose ``launches`` reach it)."""
         assert self.current is not None
         target = self._target(model)
         instance = self.current.instance
-        measured: list[LevelResult] = []
-        spec = self.context.spec
-        if order.relaunch:
-            # the confirm phase measures every workload a launch can measure again
-            workloads: list[WorkloadSpec] = [
-                w for w in self.workloads if not isinstance(w, CapacityWorkload)
-            ]
-        else:
-            workloads = [w for w in self.workloads if spec.launches_of(w) > launch]
-        loads = [w for w in workloads if isinstance(w, LoadWorkload)]
-        if loads and loads[0].warmup == "auto":
-            # the launch's first load workload warms the fresh server until it settles
-            warm = loads[0].model_copy(update={"warmup": "launch"})
-            workloads = [warm if w is loads[0] else w for w in workloads]
-        left = sum(_levels(w) for w in workloads)
-        pruned: list[str] = []
-
-        def after_level(result: LevelResult) -> bool:
-            """Keep benchmarking unless the trial can no longer win (pruning)."""
-            nonlocal left
-            measured.append(result)
-            left -= 1
-            if self._cancel.is_set():
-                return False
-            if order.prune is None or left <= 0:
-                return True
-            reason = prune_reason(order.prune, measured, self._phase_seconds)
-            if reason:
-                pruned.append(reason)
-                return False
-            return True
+        workloads = launch_workloads(self.context.spec, launch, relaunch=bool(order.relaunch))
+        after_level = LevelGate(workloads, order.prune, self._cancel.is_set, self._phase_seconds)
 
         for workload in workloads:
             self._check_cancel()
@@ -803,10 +474,10 @@ class SlotWorker:
                 )
             )
             self.lifecycle.check_alive(instance)
-            if pruned:
-                raise _Pruned(pruned[0])
+            if after_level.pruned:
+                raise _Pruned(after_level.pruned)
             try:
-                _check_errors(workload, results)
+                check_errors(workload, results)
             except TrialFailed:
                 # requests failing because the server is dying (a SIGKILLed engine with
                 # large GPU allocations takes a moment to exit) is bench_crash, not
@@ -816,77 +487,3 @@ class SlotWorker:
                     self.lifecycle.check_alive(instance)
                     time.sleep(0.05)
                 raise
-
-
-def _levels(workload: WorkloadSpec) -> int:
-    """How many level results a workload gives (for telling whether any come after)."""
-    if not isinstance(workload, LoadWorkload):
-        return 1
-    return (len(workload.concurrency) + len(workload.rate)) * workload.repeats
-
-
-def _on_node(instance: InstanceRecord, placement: Placement) -> InstanceRecord:
-    return replace(instance, node=placement.node, node_id=placement.node_id)
-
-
-def _check_errors(workload: WorkloadSpec, results: Sequence[LevelResult]) -> None:
-    if isinstance(workload, EvalWorkload):
-        return
-    # a capacity search goes beyond the load the server sustains on purpose: only the
-    # levels it judged are held to the error limit
-    for result in error_checked(workload, results):
-        rate = result.metrics.get("error_rate", 0.0)
-        if rate > workload.max_error_rate:
-            errors = result.info.get("errors_by_type") or result.info.get("errors") or {}
-            raise TrialFailed(
-                FailureClass.BENCH_ERRORS,
-                Evidence(
-                    message=(
-                        f"{workload.name} {result.level}: {rate:.1%} of requests failed "
-                        f"(limit {workload.max_error_rate:.1%})"
-                    ),
-                    reason="error_rate",
-                    details={"errors": errors, "level": result.level},
-                ),
-            )
-
-
-def stop_instance(
-    context: SweepContext,
-    placement: Placement,
-    channel: TrialChannel,
-    current: CurrentInstance,
-    baseline: Mapping[int, int] | None,
-    warning: str = "",
-) -> None:
-    """Stop ``current`` (an instance no slot of this run drives any more) with a
-    throwaway slot on its GPUs: the stop, then the release gate against ``baseline``
-    (the node's idle memory; without it the gate expects empty GPUs)."""
-    where = replace(placement, gpus=tuple(current.instance.gpus) or placement.gpus)
-    mine = {g: v for g, v in (baseline or {}).items() if g in where.gpus}
-    worker = SlotWorker(context, where, channel, current=current, baseline=mine)
-    try:
-        if warning:
-            worker.warn(warning)
-        worker.teardown()
-    finally:
-        worker.close()
-
-
-def stop_timeout(server: ServerSpec) -> float:
-    """How long stopping an instance may take at most: its stop, kill and release
-    timeouts, and a minute for everything around them."""
-    t = server.timeouts
-    return t.stop + t.kill + t.release + 60.0
-
-
-def this_node() -> str:
-    """The name of this machine, as records store it."""
-    return socket.gethostname()
-
-
-def pin_current_thread(cpus: Sequence[int]) -> None:
-    """Keep the calling thread (and the processes it starts, such as load-generator
-    workers) on ``cpus`` (Linux: the affinity of one thread)."""
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, set(cpus))

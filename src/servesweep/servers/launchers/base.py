@@ -94,3 +94,24 @@ class Launcher(Protocol):
     def alive(self, instance: InstanceRecord) -> bool:
         """Whether a stored instance (maybe from a crashed earlier run) still runs."""
         ...
+
+    # What only a launcher that manages an existing service (systemd) does; the others
+    # inherit these defaults by subclassing the protocol.
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the service's own settings imply (systemd: ``Type=``, ``KillMode=``),
+        worth a warning when a slot opens; none by default."""
+        return []
+
+    def restore(self, *, keep_running: bool = False, restart: bool = False) -> str:
+        """Give the service back as it was before the sweep (``restart``: start it again,
+        as it ran before); returns what was done, for a message ("": nothing to give
+        back, the default)."""
+        return ""
+
+    def current(self, port: int | None = None) -> InstanceRecord | None:
+        """The instance the service runs now outside any trial (on ``port``), so that
+        it can be stopped before the sweep; None by default (the launcher starts its
+        own processes)."""
+        return None

@@ -30,7 +30,7 @@ from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.engine_args import launch_command_text
-from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+from servesweep.servers.launchers.base import ExitStatus, Launcher, LaunchRequest, StopResult
 from servesweep.servers.launchers.subprocess import (
     child_env,
     collect_exits,
@@ -80,7 +80,7 @@ def render(template: str, values: Mapping[str, str], argv: Sequence[str]) -> str
     return _PLACEHOLDER.sub(sub, template)
 
 
-class CommandLauncher:
+class CommandLauncher(Launcher):
     """Runs the server through ``server.commands``; see the module docstring."""
 
     name = "command"

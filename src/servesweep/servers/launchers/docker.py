@@ -33,7 +33,7 @@ from typing import Any
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
-from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+from servesweep.servers.launchers.base import ExitStatus, Launcher, LaunchRequest, StopResult
 from servesweep.servers.launchers.external import LogCopier, run_tool
 from servesweep.spec.schema import DockerSpec, ServerSpec
 
@@ -71,7 +71,7 @@ def _exit_status(state: Mapping[str, Any]) -> ExitStatus:
     return ExitStatus(exit_code=code)
 
 
-class DockerLauncher:
+class DockerLauncher(Launcher):
     """Runs trials as Docker containers; see the module docstring."""
 
     name = "docker"
@@ -81,9 +81,14 @@ class DockerLauncher:
             raise LaunchError("launcher 'docker' needs a 'docker: {image: ...}' section")
         self.spec = spec
         self.dk: DockerSpec = spec.docker
-        self.warnings: list[str] = []
+        self._warnings: list[str] = []
         self._copiers: dict[str, LogCopier] = {}
         self._last_state: dict[str, dict[str, Any]] = {}
+
+    @property
+    def warnings(self) -> list[str]:
+        """What watching the containers showed (one OOM-killed by its memory limit)."""
+        return list(self._warnings)
 
     def docker(self, *args: str, check: bool = True, timeout: float = 60.0) -> str:
         done = run_tool([*self.dk.docker, *args], timeout=timeout, check=check, what="docker")
@@ -161,8 +166,8 @@ class DockerLauncher:
             self._last_state[container] = state
             if state.get("OOMKilled"):
                 note = f"container {container[:12]} was OOM-killed (its memory limit)"
-                if note not in self.warnings:
-                    self.warnings.append(note)
+                if note not in self._warnings:
+                    self._warnings.append(note)
             return state
         return None
 

@@ -22,7 +22,7 @@ from servesweep.errors import LaunchError, TrialFailed
 from servesweep.models import Evidence, FailureClass, InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.engine_args import launch_command_text
-from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+from servesweep.servers.launchers.base import ExitStatus, Launcher, LaunchRequest, StopResult
 from servesweep.servers.logs import write_header
 
 __all__ = [
@@ -153,7 +153,7 @@ def _not_runnable(request: LaunchRequest, exc: OSError, log_path: Path) -> Trial
     )
 
 
-class SubprocessLauncher:
+class SubprocessLauncher(Launcher):
     """Runs the server as a child process; see the module docstring."""
 
     name = "subprocess"

@@ -36,7 +36,7 @@ from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.engine_args import launch_command_text
 from servesweep.servers.launchers import journal
-from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
+from servesweep.servers.launchers.base import ExitStatus, Launcher, LaunchRequest, StopResult
 from servesweep.servers.launchers.external import LogCopier, run_tool
 from servesweep.servers.launchers.systemd_unit import (
     args_dropin_text,
@@ -82,7 +82,7 @@ _START_WAIT = 15.0
 _TTL = 0.2
 
 
-class SystemdLauncher:
+class SystemdLauncher(Launcher):
     """Runs trials through an existing systemd unit; see the module docstring."""
 
     name = "systemd"
