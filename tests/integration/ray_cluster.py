@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,12 +45,20 @@ TEST_ENV = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
-    # Ray kills a dead worker's child processes by default: a killed driver's servers
-    # would vanish with its actors. Off here, servers outlive their actor (as they
-    # outlive a dead raylet), so a rerun has to find them on their nodes.
+    # Ray kills a dead worker's direct child processes by default (also when the worker
+    # dies with its raylet): a killed driver's servers would vanish with its actors.
+    # Off here, servers outlive their actor, so a rerun has to find them on their
+    # nodes (test_sweep_ray_raylet.py runs with Ray's default: RAY_DEFAULTS_ENV).
     "RAY_kill_child_processes_on_worker_exit": "0",
 }
 """The environment of the test cluster and of the drivers that use it (test only)."""
+
+RAY_DEFAULTS_ENV = {
+    k: v for k, v in TEST_ENV.items() if k != "RAY_kill_child_processes_on_worker_exit"
+}
+"""As ``TEST_ENV``, with Ray's own handling of a dead worker's child processes (it
+kills its direct children): what a cluster does unless told otherwise. Only the
+health checks stay fast, so that a lost node is declared dead within seconds."""
 
 _START_TIMEOUT_S = 120.0
 
@@ -144,12 +152,14 @@ class RayCluster:
     root: Path
     netns: NetNamespace
     nodes: list[RayNode] = field(default_factory=list)
+    settings: Mapping[str, str] = field(default_factory=lambda: dict(TEST_ENV))
+    """Ray's settings of the nodes and drivers (``TEST_ENV`` or ``RAY_DEFAULTS_ENV``)."""
 
     @property
     def env(self) -> dict[str, str]:
         """The environment a driver of this cluster runs with (no fake GPUs of its own:
         each node has its own)."""
-        env = {**os.environ, **TEST_ENV, "RAY_ADDRESS": self.address, "NO_COLOR": "1"}
+        env = {**os.environ, **self.settings, "RAY_ADDRESS": self.address, "NO_COLOR": "1"}
         for name in ("SERVESWEEP_FAKE_GPUS", "SERVESWEEP_SIM_TRUTH"):
             env.pop(name, None)
         return env
@@ -160,10 +170,22 @@ class RayCluster:
 
     def add(self, ip: str, gpus: int = 2) -> RayNode:
         """Start one more node and wait until the cluster counts it."""
-        node = _started(self.root, ip, ["--address", self.address], gpus, self.netns)
+        node = _started(self.root, ip, ["--address", self.address], gpus, self.netns, self.settings)
         self.nodes.append(node)
         _wait_alive(self)
         return node
+
+    def restart(self, node: RayNode, gpus: int = 2) -> RayNode:
+        """``node``'s machine joins the cluster again (what is left of the node is
+        stopped first): same address, same fake GPUs (their holders kept), a new Ray
+        node id. Returns the new node, which takes the old one's place."""
+        _stop_node(node)
+        new = _started(
+            self.root, node.ip, ["--address", self.address], gpus, self.netns, self.settings
+        )
+        self.nodes[self.nodes.index(node)] = new
+        _wait_alive(self)
+        return new
 
     def by_ip(self, ip: str) -> RayNode:
         return next(n for n in self.nodes if n.ip == ip)
@@ -202,14 +224,21 @@ def _node_args(ip: str, root: Path, gpus: int, netns: NetNamespace) -> list[str]
     ]
 
 
-def _start_node(root: Path, ip: str, args: list[str], gpus: int, netns: NetNamespace) -> RayNode:
+def _start_node(
+    root: Path,
+    ip: str,
+    args: list[str],
+    gpus: int,
+    netns: NetNamespace,
+    settings: Mapping[str, str],
+) -> RayNode:
     gpu_dir = root / f"gpus-{ip}"
     FakeGpuDir.create(gpu_dir, gpus, 80 * 2**30, name="NVIDIA H200 (fake)")
     log = root / f"node-{ip}.log"
     truth = root / f"truth-{ip}.jsonl"
     env = {
         **os.environ,
-        **TEST_ENV,
+        **settings,
         "SERVESWEEP_FAKE_GPUS": str(gpu_dir),
         "SERVESWEEP_SIM_TRUTH": str(truth),
     }
@@ -241,11 +270,17 @@ def _wait_alive(cluster: RayCluster) -> None:
 
 
 def _started(
-    root: Path, ip: str, args: list[str], gpus: int, netns: NetNamespace, tries: int = 3
+    root: Path,
+    ip: str,
+    args: list[str],
+    gpus: int,
+    netns: NetNamespace,
+    settings: Mapping[str, str],
+    tries: int = 3,
 ) -> RayNode:
     """A node whose ``ray start`` says the runtime started (tried up to ``tries`` times)."""
     for attempt in range(tries):
-        node = _start_node(root, ip, args, gpus, netns)
+        node = _start_node(root, ip, args, gpus, netns, settings)
         deadline = time.monotonic() + _START_TIMEOUT_S
         try:
             while time.monotonic() < deadline and node.proc.poll() is None:
@@ -299,15 +334,18 @@ def alive_nodes(cluster: RayCluster, timeout: float = 60) -> list[dict[str, obje
 
 @contextlib.contextmanager
 def ray_cluster(
-    ips: tuple[str, ...] = ("127.0.0.2", "127.0.0.3"), gpus: int = 2
+    ips: tuple[str, ...] = ("127.0.0.2", "127.0.0.3"),
+    gpus: int = 2,
+    settings: Mapping[str, str] = TEST_ENV,
 ) -> Iterator[RayCluster]:
     """Start the cluster (head on ``ips[0]``), wait until every node is alive, and stop
-    it all by PID at the end, whatever happened."""
+    it all by PID at the end, whatever happened. ``settings``: Ray's environment
+    (``TEST_ENV``, or ``RAY_DEFAULTS_ENV`` for Ray's own handling of child processes)."""
     # a short path: Ray's unix sockets live under it
     root = Path(tempfile.mkdtemp(prefix="ssray-", dir="/tmp"))
     netns = NetNamespace()
     port = netns.port()
-    cluster = RayCluster(f"{ips[0]}:{port}", root, netns)
+    cluster = RayCluster(f"{ips[0]}:{port}", root, netns, settings=dict(settings))
     try:
         head_args = [
             "--head",
@@ -318,9 +356,10 @@ def ray_cluster(
         ]
         # one node at a time: on a loaded machine a node that registers while another
         # starts can miss Ray's fixed 30 s start-up deadline (then it is started again)
-        cluster.nodes.append(_started(root, ips[0], head_args, gpus, netns))
+        cluster.nodes.append(_started(root, ips[0], head_args, gpus, netns, settings))
         for ip in ips[1:]:
-            cluster.nodes.append(_started(root, ip, ["--address", cluster.address], gpus, netns))
+            joined = _started(root, ip, ["--address", cluster.address], gpus, netns, settings)
+            cluster.nodes.append(joined)
         _wait_alive(cluster)
         yield cluster
     finally:
