@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from servesweep.acceptance import AcceptanceContext
 from servesweep.bench.client import build_headers, get_text, make_session, post_json
 from servesweep.bench.datasets import (
     Prompt,
@@ -168,25 +169,6 @@ def run_workload_sync(
             isolated=isolated,
             pool=pool,
         )
-    )
-
-
-def acceptance_caveat(dataset: str, ignore_eos: bool) -> str | None:
-    """Why a speculative-decoding acceptance measured on this workload cannot be
-    trusted, or None: random-token prompts (``synthetic``) and ``ignore_eos`` (text
-    generated past where the model would stop, which the draft model predicts badly
-    or trivially) collapse or inflate acceptance against real traffic."""
-    why = []
-    if dataset == "synthetic":
-        why.append("random-token prompts (dataset synthetic)")
-    if ignore_eos:
-        why.append("ignore_eos (text generated past the model's own end)")
-    if not why:
-        return None
-    return (
-        f"acceptance length measured on {' and '.join(why)} is not what real traffic "
-        "gets: compare it only with the same workload; use a real dataset "
-        "(builtin:chat, builtin:coding, builtin:math) without ignore_eos to judge it"
     )
 
 
@@ -505,13 +487,9 @@ class _Runner:
         if counter_error:
             info["spec_decode_counter_error"] = counter_error
         if ACCEPTANCE_LENGTH.name in metrics:
-            caveat = acceptance_caveat(self.w.dataset, bool(info.get("ignore_eos")))
-            info["acceptance_context"] = {
-                "dataset": self.w.dataset,
-                "ignore_eos": bool(info.get("ignore_eos")),
-                "trusted": caveat is None,
-                **({"caveat": caveat} if caveat else {}),
-            }
+            info["acceptance_context"] = AcceptanceContext(
+                self.w.dataset, bool(info.get("ignore_eos")), self.w.endpoint
+            ).to_info()
         if sampler is not None:
             inside = [s for s in sampler.samples if s[0] >= t0 - 250_000_000]
             gm, ginfo = summarize_gpu(inside)
