@@ -241,6 +241,8 @@ class _Runner:
         self.order = request_order(len(bodies), max(n, len(bodies)), workload.seed)
         self.warm: dict[str, Any] | None = None
         """What the launch's warm-up did (``warmup: launch``), for the first level."""
+        self.level_warm: dict[str, Any] | None = None
+        """What the fixed warm-up before the current level did (``none`` for 0)."""
 
     def _plan(self, **kw: Any) -> LevelPlan:
         return LevelPlan(
@@ -295,20 +297,29 @@ class _Runner:
             "seconds": round(time.monotonic() - started, 3),
         }
 
-    async def _warmup(self, conc: int | None, rate: float | None) -> None:
+    async def _warmup(self, conc: int | None, rate: float | None) -> dict[str, Any] | None:
+        """Warm before a level. The launch's warm-up (``warmup: launch``) runs once and
+        is kept in ``self.warm``; a fixed ``warmup: N`` runs before every level and is
+        returned as this level's record (``mode`` ``fixed``, or ``none`` for 0). None:
+        nothing to record here (``auto`` after the launch's first load workload, which
+        warmed the server)."""
         if self.w.warmup == "launch" and self.warm is None:
             self.warm = await self._warm_launch(conc, rate)
-            return
-        w = self.w.warmup_requests
+            return None
+        if not isinstance(self.w.warmup, int):
+            return None
+        w = self.w.warmup
         if not w:
-            return
+            return {"mode": "none", "requests": 0}
         c = min(w, conc if conc is not None else max(1, round(rate or 1)))
+        started = time.monotonic()
         t0 = monotonic_ns() + _START_LEAD_NS
         # warm-up prompts come from the end of the order: not the measured ones
         start = max(0, len(self.order) - w)
         await run_plan(
             self._plan(t0_ns=t0, first_index=start, count=w, concurrency=c), self.session
         )
+        return {"mode": "fixed", "requests": w, "seconds": round(time.monotonic() - started, 3)}
 
     async def _counters(self) -> tuple[dict[str, float], str | None]:
         counters = self.target.spec_decode_counters
@@ -380,7 +391,7 @@ class _Runner:
         probe: GpuProbe | None,
         gpus: Sequence[int],
     ) -> LevelResult:
-        await self._warmup(conc, rate)
+        self.level_warm = await self._warmup(conc, rate)
         before, counter_error = await self._counters()
         sampler = GpuSampler(probe, gpus) if probe is not None else None
         if sampler is not None:
@@ -460,6 +471,8 @@ class _Runner:
                     f"({self.warm['requests']} requests): the first level may still be "
                     "drifting; set a fixed 'warmup' or measure in more 'launches'"
                 )
+        elif self.level_warm is not None:
+            info["warmup"] = dict(self.level_warm)
         info["workers"] = n_workers
         info["t0_monotonic_ns"] = t0
         cut = sum(o.cut_off for o in outputs)
