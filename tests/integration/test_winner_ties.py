@@ -50,8 +50,11 @@ def test_seed_only_configs_are_a_tie_with_intervals_everywhere(tmp_path: Path) -
             assert "acceptance_length" in res.intervals
             # measured with ignore_eos: marked as not what real traffic gets
             assert res.info["acceptance_context"]["trusted"] is False
-        # the table's cells carry ± and say what it is
+            assert res.info["acceptance_context"]["dataset"] == "builtin:chat"
+        # the table's cells carry ± and say what it is; the acceptance cells are marked
         assert "±: half the 95% confidence interval" in done.stdout
+        assert "acceptance_length measured on:" in done.stdout
+        assert "chat: dataset builtin:chat, chat endpoint, ignore_eos; ? not trusted" in done.stdout
         best = run_cli("best", str(sweep), "--json")
         assert best.returncode == 0, best.stderr
         decision = json.loads(best.stdout)
@@ -60,6 +63,9 @@ def test_seed_only_configs_are_a_tie_with_intervals_everywhere(tmp_path: Path) -
         assert decision["notes"][0].startswith("tie: ")
         text = run_cli("best", str(sweep)).stdout
         assert "95% interval" in text and "note: tie:" in text
+        # a winner decided on a speed measured with speculative decoding on ignore_eos
+        assert "(? decided with speculative decoding on an untrusted acceptance" in text
+        assert decision["decision"]["acceptance_trusted"] is False
         rows = list(csv.DictReader(io.StringIO(run_cli("report", str(sweep), "--format", "csv")
                                                .stdout)))  # fmt: skip
         assert all(float(r["output_throughput_lo"]) < float(r["output_throughput"]) for r in rows)
@@ -140,6 +146,8 @@ def test_each_launch_is_warmed_until_it_stops_drifting(tmp_path: Path) -> None:
         rates = [w["tokens_per_s"] for w in warm["windows"]]
         assert rates[0] < 0.85 * rates[-1]  # the first window was cold, the last warm
         assert chat.metrics["tpot_median_ms"] < 7.5  # warm: 6 ms steps, cold: 9 ms
-        assert "warmup" not in fixed.info  # a fixed warm-up, and only the launch's first
+        # a fixed warm-up runs before its level (the launch's runs only once) and says so
+        assert fixed.info["warmup"]["mode"] == "fixed"
+        assert fixed.info["warmup"]["requests"] == 1
     finally:
         kill_tagged("warm", tmp_path)

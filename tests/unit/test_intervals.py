@@ -152,7 +152,7 @@ def test_a_big_level_costs_well_under_a_second() -> None:
 
 
 def test_acceptance_is_marked_untrusted_on_synthetic_text_or_ignore_eos() -> None:
-    from servesweep.bench.load import acceptance_caveat
+    from servesweep.acceptance import acceptance_caveat
 
     assert acceptance_caveat("builtin:math", False) is None
     assert "ignore_eos" in (acceptance_caveat("builtin:chat", True) or "")

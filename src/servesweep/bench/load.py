@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from servesweep.acceptance import AcceptanceContext
 from servesweep.bench.capacity import CapacityPlan
 from servesweep.bench.client import build_headers, get_text, make_session, post_json
 from servesweep.bench.datasets import (
@@ -164,25 +165,6 @@ def run_workload_sync(
     return asyncio.run(run_workload(target, workload, options))
 
 
-def acceptance_caveat(dataset: str, ignore_eos: bool) -> str | None:
-    """Why a speculative-decoding acceptance measured on this workload cannot be
-    trusted, or None: random-token prompts (``synthetic``) and ``ignore_eos`` (text
-    generated past where the model would stop, which the draft model predicts badly
-    or trivially) collapse or inflate acceptance against real traffic."""
-    why = []
-    if dataset == "synthetic":
-        why.append("random-token prompts (dataset synthetic)")
-    if ignore_eos:
-        why.append("ignore_eos (text generated past the model's own end)")
-    if not why:
-        return None
-    return (
-        f"acceptance length measured on {' and '.join(why)} is not what real traffic "
-        "gets: compare it only with the same workload; use a real dataset "
-        "(builtin:chat, builtin:coding, builtin:math) without ignore_eos to judge it"
-    )
-
-
 def _progress_line(r: LevelResult) -> str:
     m = r.metrics
     line = (
@@ -269,6 +251,8 @@ class _Runner:
         self.order = request_order(len(bodies), max(n, len(bodies)), workload.seed)
         self.warm: dict[str, Any] | None = None
         """What the launch's warm-up did (``warmup: launch``), for the first level."""
+        self.level_warm: dict[str, Any] | None = None
+        """What the fixed warm-up before the current level did (``none`` for 0)."""
 
     def _plan(self, **kw: Any) -> LevelPlan:
         return LevelPlan(
@@ -323,20 +307,29 @@ class _Runner:
             "seconds": round(time.monotonic() - started, 3),
         }
 
-    async def _warmup(self, conc: int | None, rate: float | None) -> None:
+    async def _warmup(self, conc: int | None, rate: float | None) -> dict[str, Any] | None:
+        """Warm before a level. The launch's warm-up (``warmup: launch``) runs once and
+        is kept in ``self.warm``; a fixed ``warmup: N`` runs before every level and is
+        returned as this level's record (``mode`` ``fixed``, or ``none`` for 0). None:
+        nothing to record here (``auto`` after the launch's first load workload, which
+        warmed the server)."""
         if self.w.warmup == "launch" and self.warm is None:
             self.warm = await self._warm_launch(conc, rate)
-            return
-        w = self.w.warmup_requests
+            return None
+        if not isinstance(self.w.warmup, int):
+            return None
+        w = self.w.warmup
         if not w:
-            return
+            return {"mode": "none", "requests": 0}
         c = min(w, conc if conc is not None else max(1, round(rate or 1)))
+        started = time.monotonic()
         t0 = monotonic_ns() + _START_LEAD_NS
         # warm-up prompts come from the end of the order: not the measured ones
         start = max(0, len(self.order) - w)
         await run_plan(
             self._plan(t0_ns=t0, first_index=start, count=w, concurrency=c), self.session
         )
+        return {"mode": "fixed", "requests": w, "seconds": round(time.monotonic() - started, 3)}
 
     async def _counters(self) -> tuple[dict[str, float], str | None]:
         counters = self.target.spec_decode_counters
@@ -408,7 +401,7 @@ class _Runner:
         probe: GpuProbe | None,
         gpus: Sequence[int],
     ) -> LevelResult:
-        await self._warmup(conc, rate)
+        self.level_warm = await self._warmup(conc, rate)
         before, counter_error = await self._counters()
         sampler = GpuSampler(probe, gpus) if probe is not None else None
         if sampler is not None:
@@ -478,6 +471,8 @@ class _Runner:
                     f"({self.warm['requests']} requests): the first level may still be "
                     "drifting; set a fixed 'warmup' or measure in more 'launches'"
                 )
+        elif self.level_warm is not None:
+            info["warmup"] = dict(self.level_warm)
         info["workers"] = n_workers
         info["t0_monotonic_ns"] = t0
         cut = sum(o.cut_off for o in outputs)
@@ -505,13 +500,9 @@ class _Runner:
         if counter_error:
             info["spec_decode_counter_error"] = counter_error
         if ACCEPTANCE_LENGTH.name in metrics:
-            caveat = acceptance_caveat(self.w.dataset, bool(info.get("ignore_eos")))
-            info["acceptance_context"] = {
-                "dataset": self.w.dataset,
-                "ignore_eos": bool(info.get("ignore_eos")),
-                "trusted": caveat is None,
-                **({"caveat": caveat} if caveat else {}),
-            }
+            info["acceptance_context"] = AcceptanceContext(
+                self.w.dataset, bool(info.get("ignore_eos")), self.w.endpoint
+            ).to_info()
         if sampler is not None:
             inside = [s for s in sampler.samples if s[0] >= t0 - 250_000_000]
             gm, ginfo = summarize_gpu(inside)

@@ -15,6 +15,7 @@ import pydantic
 from rich import box
 from rich.table import Table
 
+from servesweep.acceptance import UNTRUSTED_MARK, AcceptanceContext
 from servesweep.bench.client import build_headers, get_text, make_session
 from servesweep.bench.load import LoadOptions, run_workload
 from servesweep.bench.target import Target
@@ -161,8 +162,10 @@ _ACCEPT_NOTE = (
 def format_results(results: Sequence[LevelResult]) -> Table:
     """One row per level and repeat: requests ok/failed, throughput, latency
     percentiles (ms), tokens per chunk, acceptance length with its source
-    (:data:`ACCEPTANCE_SOURCES`), concurrency really in flight; below the table,
-    each warning and error once, and what ``accept len`` means when it is shown."""
+    (:data:`ACCEPTANCE_SOURCES`, marked ``?`` when measured on random-token prompts or
+    with ``ignore_eos``), concurrency really in flight; below the table, each warning
+    and error once, what ``accept len`` means when it is shown and why a ``?`` figure is
+    not trusted."""
     several = len({r.workload for r in results}) > 1
     table = Table(title="servesweep bench", box=box.SIMPLE_HEAD, pad_edge=False)
     columns = [
@@ -173,6 +176,7 @@ def format_results(results: Sequence[LevelResult]) -> Table:
         columns.insert(0, "workload")
     rows: list[list[str]] = []
     notes: list[str] = []
+    untrusted: dict[str, None] = {}
     for r in results:
         m = r.metrics
         level = r.level if r.repeat == 0 else f"{r.level} #{r.repeat}"
@@ -180,6 +184,10 @@ def format_results(results: Sequence[LevelResult]) -> Table:
         if "acceptance_length" in m:
             source = str(r.info.get("acceptance_source") or "")
             acc = f"{m['acceptance_length']:.2f} {ACCEPTANCE_SOURCES.get(source, source)}".rstrip()
+            ctx = AcceptanceContext.of_info(r.info)
+            if ctx is not None and ctx.caveat is not None:
+                acc += f" {UNTRUSTED_MARK}"
+                untrusted.setdefault(f"{UNTRUSTED_MARK} ({ctx.describe()}): {ctx.caveat}", None)
         row = [
             level,
             _pair(m, "completed", "failed", "{:.0f}"),
@@ -211,6 +219,7 @@ def format_results(results: Sequence[LevelResult]) -> Table:
         table.add_row(*row)
     if any("acceptance_length" in r.metrics for r in results):
         notes.append(_ACCEPT_NOTE)
+        notes += list(untrusted)
     if notes:
         table.caption = "\n".join(notes)
         table.caption_justify = "left"

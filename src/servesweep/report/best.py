@@ -26,6 +26,10 @@ How it decides (also in docs/reports.md):
    it did and what it changed (:mod:`servesweep.report.confirmed`).
 6. With several objectives the Pareto set (candidates no other candidate beats
    on every objective) is given too.
+7. When a figure the winner was decided on comes from a level whose acceptance
+   length is not trusted (random-token prompts or ``ignore_eos``,
+   :mod:`servesweep.acceptance`), the winner is still named, marked, and a note says
+   which figure and why (:mod:`servesweep.report.acceptance`).
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep import metrics_catalog as mc
+from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import Latency, Stat
 from servesweep.models import Outcome
+from servesweep.report.acceptance import Untrusted, untrusted_figures
 from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
 from servesweep.report.data import (
     MetricStats,
@@ -62,7 +68,15 @@ from servesweep.report.uncertainty import (
 from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
 from servesweep.store.records import SweepData, TrialRecord
 
-__all__ = ["BestResult", "Candidate", "Exclusion", "best_to_json", "find_best", "format_best"]
+__all__ = [
+    "BestResult",
+    "Candidate",
+    "Exclusion",
+    "best_to_json",
+    "find_best",
+    "format_best",
+    "untrusted_suffix",
+]
 
 DEFAULT_REL_TOL = 1e-6
 E2E_MEDIAN = mc.latency(Latency.E2E, Stat.MEDIAN).name
@@ -130,6 +144,8 @@ class BestResult:
     confirm: ConfirmSummary | None = None
     """What the sweep's confirm phase did (None: it had none)."""
     confirm_note: str = ""
+    untrusted: tuple[Untrusted, ...] = ()
+    """The winner's figures that rest on an untrusted acceptance length (a note each)."""
 
     @property
     def feasible(self) -> bool:
@@ -337,6 +353,7 @@ def find_best(
     ties: tuple[Candidate, ...] = ()
     pareto: tuple[Candidate, ...] = ()
     decided, why, runner_up = True, "", None
+    untrusted: list[Untrusted] = []
     confirmed: ConfirmSummary | None = None
     note = ""
     if ranking:
@@ -355,6 +372,9 @@ def find_best(
             note = confirm_note(confirmed, leader.trial.id, [c.trial.id for c in tied], beaten)
             notes.append(note)
         notes.extend(_uncertain_notes(winner, parsed))
+        untrusted = untrusted_figures(index, winner.trial, [r for r, _ in objs] +
+                                      [c.ref for c in parsed])  # fmt: skip
+        notes.extend(u.note() for u in untrusted)
         if len(objs) > 1:
             pareto = tuple(
                 c for c in ranking if not any(_dominates(o, c, dirs, rel_tol) for o in ranking)
@@ -376,6 +396,7 @@ def find_best(
         runner_up=runner_up,
         confirm=confirmed if ranking else None,
         confirm_note=note if ranking and confirmed is not None else "",
+        untrusted=tuple(untrusted),
     )
 
 
@@ -492,6 +513,14 @@ def _better(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> 
     return False
 
 
+def untrusted_suffix(result: BestResult) -> str:
+    """After the winner's name when it rests on an untrusted acceptance length."""
+    if not result.untrusted:
+        return ""
+    what = "on" if any(u.direct for u in result.untrusted) else "with speculative decoding on"
+    return f" ({UNTRUSTED_MARK} decided {what} an untrusted acceptance figure: see note)"
+
+
 def format_best(result: BestResult) -> str:
     """A plain-text explanation of the decision, for the terminal."""
     objs = ", ".join(f"{d} {k}" for k, d in result.objectives)
@@ -501,7 +530,7 @@ def format_best(result: BestResult) -> str:
         lines.append(f"no feasible configuration (objective: {objs}; constraints: {cons})")
     else:
         win = result.winner
-        lines.append(f"best: {win.label}")
+        lines.append(f"best: {win.label}{untrusted_suffix(result)}")
         for (key, d), stats in zip(result.objectives, win.stats, strict=True):
             bits = []
             if stats.lo is not None and stats.hi is not None:
@@ -575,6 +604,8 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
             "confidence": result.rules.confidence,
             "threshold": result.rules.threshold,
             "prefer": list(result.rules.prefer),
+            "acceptance_trusted": not result.untrusted,
+            "untrusted_acceptance": [u.to_dict() for u in result.untrusted],
             "runner_up_margin": None
             if result.runner_up is None
             else {

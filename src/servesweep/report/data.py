@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servesweep.acceptance import AcceptanceContext
 from servesweep.errors import ConfigError
 from servesweep.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
 from servesweep.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
@@ -210,6 +211,18 @@ class LevelStats:
         if len(self.repeats) > 1:
             return f"{reasons[0]} ({len(reasons)} of {len(self.repeats)} repeats)"
         return reasons[0]
+
+    @property
+    def acceptance(self) -> AcceptanceContext | None:
+        """The dataset and mode the level's acceptance length was measured in (an
+        untrusted repeat's when the repeats differ); None without an acceptance length
+        or when the level did not record its dataset."""
+        if ACCEPTANCE_LENGTH.name not in self.metrics:
+            return None
+        found = [AcceptanceContext.of_info(r.info) for r in self.repeats]
+        known = [c for c in found if c is not None]
+        untrusted = [c for c in known if not c.trusted]
+        return next(iter(untrusted or known), None)
 
     @property
     def warnings(self) -> tuple[str, ...]:

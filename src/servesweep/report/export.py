@@ -8,9 +8,12 @@ import io
 import json
 from typing import Any
 
+from servesweep.acceptance import AcceptanceContext
 from servesweep.errors import ServesweepError
 from servesweep.intervals import DEFAULT_CONFIDENCE
 from servesweep.level_intervals import INTERVAL_METRICS
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
+from servesweep.models import LevelResult
 from servesweep.report.best import best_to_json, find_best
 from servesweep.report.data import (
     GPU_PHASES,
@@ -85,7 +88,9 @@ def render_csv(data: SweepData) -> str:
     metrics = [m for m in metric_names(levels) if m not in fixed]
     bounded = [m for m in metrics if m in INTERVAL_METRICS]
     bounds = [f"{m}_{end}" for m in bounded for end in ("lo", "hi")]
+    spec = ACCEPTANCE_LENGTH.name in metrics
     header = [*fixed, *metrics, *(["confidence", *bounds] if bounded else [])]
+    header += list(ACCEPTANCE_COLUMNS) if spec else []
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
@@ -126,9 +131,36 @@ def render_csv(data: SweepData) -> str:
                 res.unreliable,
                 *(res.metrics.get(m) for m in metrics),
                 *([DEFAULT_CONFIDENCE if own else None, *ends] if bounded else []),
+                *(_acceptance_cells(res) if spec else []),
             ]
             writer.writerow([_csv_text(v) for v in row])
     return buf.getvalue()
+
+
+ACCEPTANCE_COLUMNS = (
+    "acceptance_dataset",
+    "acceptance_ignore_eos",
+    "acceptance_endpoint",
+    "acceptance_trusted",
+)
+"""The CSV's columns saying what text a row's acceptance length was measured on."""
+
+
+def _acceptance_cells(res: LevelResult) -> list[Any]:
+    ctx = _acceptance_context(res)
+    if ctx is None:
+        return [None] * len(ACCEPTANCE_COLUMNS)
+    return [ctx.dataset, ctx.ignore_eos, ctx.endpoint, ctx.trusted]
+
+
+def _acceptance_context(res: LevelResult) -> AcceptanceContext | None:
+    if ACCEPTANCE_LENGTH.name not in res.metrics:
+        return None
+    return AcceptanceContext.of_info(res.info)
+
+
+def _acceptance_json(ctx: AcceptanceContext | None) -> dict[str, Any] | None:
+    return None if ctx is None else ctx.to_info()
 
 
 def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict[str, Any]:
@@ -181,6 +213,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "generator_health": r.info.get("generator_health"),
                 "load_generator": r.info.get("load_generator"),
                 "acceptance_source": r.info.get("acceptance_source"),
+                "acceptance_context": _acceptance_json(_acceptance_context(r)),
                 "spec_decode": r.info.get("spec_decode"),
                 "started_at": r.started_at,
                 "duration_s": r.duration_s,
@@ -203,6 +236,7 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
                 "level": lvl.level,
                 "repeats": len(lvl.repeats),
                 "unreliable": lvl.unreliable,
+                "acceptance_context": _acceptance_json(lvl.acceptance),
                 "metrics": {k: s.to_dict() for k, s in lvl.metrics.items()},
             }
             for lvl in index.levels.get(trial.id, ())

@@ -29,11 +29,14 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ServesweepError
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
 from servesweep.models import Outcome
-from servesweep.report.best import BestResult, Candidate, find_best
+from servesweep.report.best import BestResult, Candidate, find_best, untrusted_suffix
 from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.data import (
+    LevelStats,
     MetricStats,
     format_value,
     in_plan_count,
@@ -55,7 +58,7 @@ from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.progress import progress_charts
 from servesweep.report.refs import ResultIndex, is_search
 from servesweep.report.standing import objective_ref
-from servesweep.report.tables import column_priority
+from servesweep.report.tables import acceptance_lines, column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
 from servesweep.report.uncertainty import margin
@@ -204,7 +207,7 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
     if best.winner is not None:
         win = best.winner
         out["winner"] = {
-            "label": win.label,
+            "label": win.label + untrusted_suffix(best),
             "lines": [
                 f"{d} {k} = {format_stats(s)}"
                 for (k, d), s in zip(best.objectives, win.stats, strict=True)
@@ -269,11 +272,26 @@ def _results(data: SweepData, index: ResultIndex, every: bool = False) -> dict[s
                 # the load generator could not keep time: shown, not used to decide
                 level = Cell(f"{lvl.level} (unreliable)", title=lvl.unreliable)
                 marks = (f"unreliable: {lvl.unreliable}",)
+            ctx = lvl.acceptance
+            if ctx is not None and ctx.caveat is not None:
+                marks += (f"acceptance_length not trusted ({ctx.describe()}): {ctx.caveat}",)
             cells = [*lead, Cell(lvl.workload), level]
             cells += [num(len(lvl.repeats))] if repeats else []
-            cells += [stats_cell(lvl.metrics.get(m)) for m in metrics]
+            cells += [_metric_cell(lvl, m) for m in metrics]
             rows.append((trial.outcome.value, cells, marks + lvl.warnings + lvl.notes))
     return {"head": head, "rows": rows}
+
+
+def _metric_cell(lvl: LevelStats, metric: str) -> Cell:
+    """A metric's cell; an acceptance length measured on untrusted text says so."""
+    cell = stats_cell(lvl.metrics.get(metric))
+    ctx = lvl.acceptance if metric == ACCEPTANCE_LENGTH.name else None
+    if ctx is None:
+        return cell
+    said = f"measured on {ctx.describe()}"
+    if ctx.caveat is None:
+        return Cell(cell.text, cell.sort, "; ".join(x for x in (cell.title, said) if x))
+    return Cell(f"{cell.text} {UNTRUSTED_MARK} untrusted", cell.sort, f"{said}: {ctx.caveat}")
 
 
 def _param_cell(value: object) -> Cell:
@@ -411,9 +429,11 @@ def _sections(
         )  # fmt: skip
     spec = acceptance_charts(data, index, best)
     if spec:
+        measured = " ".join(f"Measured on {line}." for line in acceptance_lines(index))
         sections.append(
             Section("specdecode", "Speculative decoding",
-                    "Mean acceptance length (tokens per step) against the draft parameters.", spec)
+                    "Mean acceptance length (tokens per step) against the draft parameters. "
+                    + measured, spec)
         )  # fmt: skip
     timeline = timeline_chart(data, now=now)
     if timeline:

@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import Outcome
-from servesweep.report.best import find_best
+from servesweep.report.best import find_best, untrusted_suffix
 from servesweep.report.data import (
     KEY_METRICS,
     LevelStats,
@@ -38,6 +39,7 @@ from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "TableView",
+    "acceptance_lines",
     "column_priority",
     "hidden_line",
     "render_markdown",
@@ -72,6 +74,9 @@ class TableView:
     """Levels the load generator could not time (marked ``*`` in the level column)."""
     legend: tuple[str, ...] = ()
     """What the cells' ``±`` means (under the table)."""
+    acceptance: tuple[str, ...] = ()
+    """Which dataset and mode each workload's acceptance length was measured in, and
+    why it is not trusted where it is not (marked ``?`` in its cells)."""
     """Columns left out (to fit the width, or not chosen with ``columns``)."""
 
 
@@ -130,6 +135,10 @@ def _cells(
                     row.append(lvl.level + (UNRELIABLE_MARK if lvl.unreliable else ""))
                 elif h == "n":
                     row.append(str(len(lvl.repeats)))
+                elif h == "acceptance_length":
+                    ctx = lvl.acceptance
+                    mark = UNTRUSTED_MARK if ctx is not None and not ctx.trusted else ""
+                    row.append(format_stats(lvl.metrics.get(h)) + mark)
                 else:
                     row.append(format_stats(lvl.metrics.get(h)))
             rows.append(tuple(_one_line(c) for c in row))
@@ -245,6 +254,7 @@ def table_view(
         evals=evals,
         footer=tuple(_best_lines(data)),
         legend=tuple(_interval_line(index)),
+        acceptance=tuple(acceptance_lines(index)),
         hidden=hidden,
         more=more,
         unreliable=unreliable,
@@ -315,7 +325,9 @@ def _best_lines(data: SweepData) -> list[str]:
     if best.winner is None:
         return [f"best: no feasible configuration for {objective} (servesweep best explains)"]
     value = format_number(best.winner.values[0])
-    lines = [_one_line(f"best ({objective}): {best.winner.label} = {value}")]
+    lines = [
+        _one_line(f"best ({objective}): {best.winner.label} = {value}{untrusted_suffix(best)}")
+    ]
     lines += [_one_line(f"note: {n}") for n in best.notes]
     return lines
 
@@ -374,6 +386,7 @@ def render_table(
         ),
         ("evals:", view.evals),
         ("acceptance_length measured from:", acceptance_sources(data)),
+        (ACCEPTANCE_HEADING, view.acceptance),
     )
     for heading, lines in sections:
         if lines:
@@ -409,6 +422,27 @@ def acceptance_sources(data: SweepData) -> list[str]:
     return lines
 
 
+ACCEPTANCE_HEADING = "acceptance_length measured on:"
+
+
+def acceptance_lines(index: ResultIndex) -> list[str]:
+    """One line per workload with an acceptance length: the dataset and mode it was
+    measured in and, when not trusted (random-token prompts, ``ignore_eos``), why."""
+    seen: dict[tuple[str, str], str | None] = {}
+    for trial_id in sorted(index.levels):
+        for lvl in index.levels[trial_id]:
+            ctx = lvl.acceptance
+            if ctx is not None:
+                seen.setdefault((lvl.workload, ctx.describe()), ctx.caveat)
+    lines = []
+    for (workload, said), caveat in seen.items():
+        if caveat is None:
+            lines.append(_one_line(f"{workload}: {said}"))
+        else:
+            lines.append(_one_line(f"{workload}: {said}; {UNTRUSTED_MARK} not trusted: {caveat}"))
+    return lines
+
+
 def _md_cell(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace("|", "\\|")
     for char in "`*_<>[]":
@@ -430,6 +464,7 @@ def render_markdown(data: SweepData, columns: Sequence[str] | None = None) -> st
         ("Failures", view.failures),
         ("Unreliable levels (*): the load generator could not keep time", view.unreliable),
         ("Evals", view.evals),
+        (ACCEPTANCE_HEADING.rstrip(":"), view.acceptance),
     )
     for heading, lines in sections:
         if lines:
