@@ -123,4 +123,4 @@ class SweepData:
     (``{"predicted": {...}, "measured": {...}}``, bytes; the latest attempt)."""
     confirm: tuple[Mapping[str, Any], ...] = ()
     """The confirm phase's stored steps, in order (``confirm`` events: rounds, the
-    relaunches that failed, how it ended; see ``sweep.confirm``)."""
+    relaunches that failed, how it ended; see ``sweep.core.confirm``)."""
