@@ -1,6 +1,7 @@
 """The memory gate through ``servesweep run`` on the simulated engine (80 GiB fake
 GPUs, ``mem-per-gpu`` swept over and under them): a configuration predicted not to fit
-is recorded ``skipped`` (predicted_oom, with its prediction) and never launched; a
+is recorded ``skipped`` (predicted_oom, with its prediction) and never launched, a
+launched one's memory is what the fake GPU saw its server hold; a
 search is told it as infeasible and it does not count in the trials cap;
 ``--no-predict`` launches it, and the simulated engine dies of the OOM that was
 predicted."""
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.sweep_helpers import report_json, run_cli, write_sweep
+
+from servesweep.store import open_store
 
 _FAST = {"load-time": 0.05, "release-delay": 0.0}
 _CHAT = [{"name": "chat", "concurrency": [1], "requests": 2, "max_tokens": 4, "ignore_eos": True}]
@@ -43,6 +46,16 @@ def test_grid_skips_a_predicted_oom_and_no_predict_launches_it(tmp_path: Path) -
     predicted = evidence["details"]["predicted_memory"]
     assert predicted["verdict"] == "oom"
     assert predicted["per_gpu_bytes"] == 100 * 2**30 and predicted["capacity"] == 80 * 2**30
+    # what the fake GPU saw the launched trial's server hold (the slot's samples less
+    # the baseline) is its measured memory beside the prediction
+    store = open_store(tmp_path / "servesweep.db")
+    try:
+        memory = {e["trial"]: e for e in store.events(store.sweeps()[0].id, "memory")}
+    finally:
+        store.close()
+    ran = memory[trials["40GiB"]["id"]]
+    assert ran["predicted"]["per_gpu_bytes"] == 40 * 2**30
+    assert ran["measured"]["device_used"] == 40 * 2**30, ran
     # --no-predict: the skipped configuration runs, and dies of the OOM it was said to
     done = run_cli("run", str(sweep), "--quiet", "--no-predict", timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
+from servesweep.models import Phase
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.core.confirm import Done
@@ -67,9 +68,11 @@ from servesweep.sweep.events import (
     LevelMeasured,
     NodeLost,
     Observer,
+    PhaseEntered,
     SlotIdle,
     SweepStarted,
     SweepWarning,
+    TelemetrySampled,
     TrialFinished,
 )
 from servesweep.sweep.slots.data import CurrentInstance, Placement, SweepContext, TrialOrder
@@ -188,26 +191,18 @@ class Driver:
     # -- the queue ----------------------------------------------------------------------
 
     def _queue_more(self) -> None:
-        # a search proposes only for slots that are free (it learns from each result)
+        # a search proposes only for slots that are free (it learns from each result);
+        # the memory gate decides when a trial is placed (_carry_out), so one skipped
+        # there frees its room and the search proposes again on the next round
         capacity = self.machines.slots * max(1, len(self.machines.nodes))
         room = capacity - len(self.state.running) - len(self.state.jobs)
-        skips = 0
-        while room > 0 and not self.state.stopping:
-            skipped = [t for t in self.source.take(room) if not self._queue(t)]
-            room = len(skipped)  # a search proposes again for each one not launched
-            skips += room
-            message = skipped_too_often(skips)
-            if message is not None:
-                self.state.stopping = True
-                self.writer.note(SweepWarning(message=message))
+        if room > 0 and not self.state.stopping:
+            for trial in self.source.take(room):
+                self._queue(trial)
 
-    def _queue(self, trial: TrialRecord) -> bool:
-        """Queue one trial, or finish it ``skipped`` (predicted_oom): False."""
+    def _queue(self, trial: TrialRecord) -> None:
+        """Queue one trial (the memory gate decides when it is placed)."""
         self._trials[trial.id] = trial
-        end = self.memory.check(trial)
-        if end is not None:
-            self.writer.note(end)
-            return False
         need = self.need.of(trial.params)
         capacity = self.machines.largest() or 1
         if need > capacity:
@@ -217,7 +212,6 @@ class Driver:
                 key="server.gpus_per_trial",
             )
         self.state.jobs.append(Job(trial.id, need))
-        return True
 
     def _scheduler(self) -> Scheduler:
         if self._sched is None:
@@ -264,12 +258,8 @@ class Driver:
             slot.handle.teardown()
             return True
         job = state.take_job(decision.trial)
-        end = None
-        if job.trial not in state.relaunch:  # a relaunch ran before: it fits
-            end = self.memory.check(self._trials.get(job.trial) or self.store.trial(job.trial))
-        if end is not None:
-            self.writer.note(end)
-            return False
+        if job.trial not in state.relaunch and self._skipped(job.trial):
+            return False  # a relaunch ran before: it fits
         if isinstance(decision, Open):
             # a sweep without a GPU pool schedules on one token "GPU" per machine
             gpus = decision.gpus if self.spec.server.gpus else ()
@@ -289,6 +279,24 @@ class Driver:
             key = (decision.node, decision.slot)
         state.handed(key, decision.trial)
         state.slots[key].handle.run(self._order(decision.trial))
+        return True
+
+    def _skipped(self, trial_id: int) -> bool:
+        """The memory gate's decision for a trial about to be placed, with the
+        calibration the trials measured so far give now (a grid queues its plan at
+        the start, before any trial calibrated the predictor): True when it is
+        finished ``skipped`` (predicted_oom) instead. A search that keeps proposing
+        what cannot fit stops (``rules.skipped_too_often``)."""
+        end = self.memory.check(self._trials.get(trial_id) or self.store.trial(trial_id))
+        if end is None:
+            self.state.skips_in_row = 0
+            return False
+        self.writer.note(end)
+        self.state.skips_in_row += 1
+        message = None if self.source.planned else skipped_too_often(self.state.skips_in_row)
+        if message is not None and not self.state.stopping:
+            self.state.stopping = True
+            self.writer.note(SweepWarning(message=message))
         return True
 
     def _order(self, trial_id: int) -> TrialOrder:
@@ -329,11 +337,25 @@ class Driver:
             return
         if isinstance(event, NodeLost):
             self._node_lost(event)
+        self._memory_seen(event)
         self.writer.apply(event)
         if isinstance(event, LevelMeasured):
             line = self.health.note(event.trial, event.result)
             if line is not None:
                 self.writer.note(SweepWarning(trial=event.trial, message=line))
+
+    def _memory_seen(self, event: Event) -> None:
+        """A trial's server start and its slot's GPU samples go to the memory gate
+        (before its end calibrates the predictor): what the server held on its GPUs
+        above the machine's baseline."""
+        if isinstance(event, PhaseEntered) and event.phase is Phase.START:
+            self.memory.started(event.trial, event.at)
+        elif isinstance(event, TelemetrySampled):
+            key = self.state.running.get(event.trial)
+            slot = self.state.slots.get(key) if key is not None else None
+            if key is not None and slot is not None:
+                baseline = self.machines.baseline(key[0], slot.handle.placement.gpus)
+                self.memory.saw(event.trial, event.points, baseline)
 
     def _node_lost(self, event: NodeLost) -> None:
         """No more work for the lost slot, nor for its node when the node is gone."""

@@ -1,31 +1,40 @@
 """The memory gate: a configuration predicted not to fit is not launched.
 
-Before the driver queues a trial, :class:`MemoryGate` predicts its memory per GPU
-(:mod:`servesweep.servers.memory`). A configuration over its capacity by more than the
-margin is finished ``skipped`` with reason ``predicted_oom`` and the prediction as
-evidence; the search is told it as infeasible (search/verdict.py) and proposes
-another. It applies to a sampling search, and to a grid when the sweep file says
-``search.predict: skip``; ``search.predict: off`` or ``run --no-predict`` turn it off.
-A prediction whose verdict is ``unknown`` never stops a launch.
+When the driver places a trial on a slot (not when it queues it: a grid queues its
+plan at the start), :class:`MemoryGate` predicts its memory per GPU
+(:mod:`servesweep.servers.memory`) with the calibration of the trials measured by
+then. A configuration over its capacity by more than the margin is finished
+``skipped`` with reason ``predicted_oom`` and the prediction as evidence; the
+search is told it as infeasible (search/verdict.py) and proposes another. It applies
+to a sampling search, and to a grid when the sweep file says ``search.predict: skip``;
+``search.predict: off`` or ``run --no-predict`` turn it off. A prediction
+whose verdict is ``unknown`` never stops a launch.
 
 After each measured trial, :meth:`MemoryGate.learn` reads the engine's own memory
 figures from its log (:mod:`servesweep.servers.memory.calibrate`) and corrects the
 predictor for the rest of the sweep; the prediction and the measurement of every
-launched trial are stored as a ``memory`` event.
+launched trial are stored as a ``memory`` event. What the trial's server held on its
+GPUs (:meth:`MemoryGate.saw`: the slot's GPU samples from the trial's first start on,
+less the machine's baseline; NVML on a real GPU) goes with the engine's figures as
+:attr:`~servesweep.servers.memory.calibrate.MeasuredMemory.device_used`: for
+llama.cpp on a GPU it calibrates the memory no buffer report shows (the CUDA context,
+cuBLAS, the memory pool).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from servesweep.models import Evidence, Outcome
 from servesweep.servers.memory import Calibration, MemoryModel, MemoryPrediction
-from servesweep.servers.memory.calibrate import Calibrator, read_measured
+from servesweep.servers.memory.calibrate import Calibrator, MeasuredMemory, read_measured
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import params_label
 from servesweep.store import TrialRecord
+from servesweep.store.records import TelemetryPoint
 from servesweep.sweep.events import Fact, TrialFinished
 
 __all__ = ["PREDICTED_OOM", "MemoryChecked", "MemoryGate"]
@@ -59,6 +68,8 @@ class MemoryGate:
         self.notes: list[str] = []
         """Warnings for the sweep (taken by the driver)."""
         self._told_verbosity = False
+        self._started: dict[int, float] = {}
+        self._held: dict[int, int] = {}
 
     def check(self, trial: TrialRecord) -> TrialFinished | None:
         """The trial's end when it must not be launched (None: launch it)."""
@@ -83,15 +94,45 @@ class MemoryGate:
             trial=trial.id, outcome=Outcome.SKIPPED, evidence=evidence, at=time.time()
         )
 
+    def started(self, trial: int, at: float) -> None:
+        """Trial ``trial``'s server was started at ``at`` (wall clock): GPU samples
+        from then on are its own (before it, the slot stopped the previous instance)."""
+        if trial in self._predicted:
+            self._started.setdefault(trial, at)
+
+    def saw(
+        self, trial: int, points: Iterable[TelemetryPoint], baseline: Mapping[int, int]
+    ) -> None:
+        """GPU samples taken during ``trial``: the most its server held on one of its
+        GPUs, above that GPU's ``baseline`` (the machine's idle memory), is kept for
+        :meth:`learn`. Samples before its start, or of a GPU without a baseline
+        (no probe), are left out."""
+        since = self._started.get(trial)
+        if since is None or not baseline:
+            return
+        for point in points:
+            base = baseline.get(point.gpu)
+            if base is None or point.t < since:
+                continue
+            held = max(point.used_bytes - base, 0)
+            self._held[trial] = max(self._held.get(trial, 0), held)
+
     def learn(self, trial: TrialRecord) -> MemoryChecked | None:
-        """After a trial: its prediction and the engine's figures (from its log), and
-        the predictor corrected by them."""
+        """After a trial: its prediction, the engine's figures (from its log) with what
+        its server held on the GPU (:meth:`saw`), and the predictor corrected by them."""
         made = self._predicted.pop(trial.id, None)
+        self._started.pop(trial.id, None)
+        held = self._held.pop(trial.id, 0)
         if made is None or self.model is None:
             return None
         predicted, applied = made
         measured = read_measured(self.model.engine, trial.log_path) if trial.log_path else None
-        if measured is not None:
+        if held and predicted.device == "gpu":
+            if measured is None:  # no figures of its own: what the GPU saw is recorded
+                measured = MeasuredMemory(self.model.engine, device="GPU", device_used=held)
+            else:
+                measured = replace(measured, device_used=held)
+        if measured is not None and measured.known:
             self.model.learn(self.calibrator.add(predicted, measured, applied))
         elif self.model.engine == "llama-server" and trial.log_path and not self._told_verbosity:
             self._told_verbosity = True

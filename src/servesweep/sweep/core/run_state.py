@@ -73,6 +73,8 @@ class RunState:
     """Slots whose process is gone: dropped once their command ends."""
     retried: dict[int, int] = field(default_factory=dict)
     """Trials run again after a lost node, and how often."""
+    skips_in_row: int = 0
+    """Trials the memory gate finished ``skipped`` since the last one placed."""
     relaunch: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Trials queued by the confirm phase, and the launch numbers to measure."""
     last_environment: tuple[int, EnvironmentFailure | None] | None = None
