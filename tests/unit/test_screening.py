@@ -206,3 +206,18 @@ def test_best_excludes_the_screened_out_and_says_what_screening_saved() -> None:
     doc = best_to_json(best)
     assert doc["screening"]["screened_out"] == [3] and doc["screening"]["gpu_seconds_saved"] == 2.5
     assert find_best(dataclasses.replace(data, screened=())).screening is None
+
+
+def test_a_slower_configuration_screened_out_saved_more_than_the_kept_ones_cost() -> None:
+    data = _screened_sweep()
+    slow = dataclasses.replace(data.screening[3][0], duration_s=10.0)  # 4x the kept ones' 2.5 s
+    summary = summarise_screening(
+        dataclasses.replace(data, screening={**data.screening, 3: (slow,)})
+    )
+    assert summary is not None
+    # its full measurement would have taken 4x the kept ones' 10 GPU-s
+    assert summary.out_gpu_s == 40.0 and summary.screening_gpu_s == 15.0
+    assert summary.gpu_s_saved == 25.0 and summary.unscreened_gpu_s == 60.0
+    # a pass whose screening cost more than it saved says so
+    costly = dataclasses.replace(summary, screening_gpu_s=50.0)
+    assert "cost more than it saved: 16 requests, -10 GPU-s" in screening_note(costly)

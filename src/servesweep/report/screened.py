@@ -6,10 +6,11 @@ the full measurement (``SweepData.screening``). The saving is measured, not assu
 
 * a full measurement costs what the configurations measured in full spent on it:
   their full levels' requests and durations (launches a trial has of its own,
-  never the confirm phase's relaunches), times the GPUs each held; the mean over
-  them is what each configuration screened out did not spend. It is an under-estimate
-  when the screened-out configurations are slower (their full levels would have taken
-  longer at the same request counts);
+  never the confirm phase's relaunches), times the GPUs each held. A configuration
+  screened out did not spend the mean of their requests, and the mean of their
+  GPU-seconds scaled by how much longer (or shorter) its own screening levels took
+  than theirs: the same short levels, so the same ratio as its full levels would have
+  shown (a slower configuration takes longer for the same requests);
 * screening itself costs every screening level's requests and duration, the kept
   configurations' too: the saving is net of it;
 * launches not started: each screened-out configuration's own launches after the
@@ -54,6 +55,11 @@ def _gpus(trial: TrialRecord) -> int:
     return max(1, len(trial.gpus))
 
 
+def _seconds(trial: TrialRecord, levels: Iterable[LevelResult]) -> float:
+    """GPU-seconds of ``levels`` of ``trial``."""
+    return sum(r.duration_s for r in levels) * _gpus(trial)
+
+
 @dataclass(frozen=True)
 class ScreeningSummary:
     """The screening pass of a sweep, as far as it went."""
@@ -70,7 +76,10 @@ class ScreeningSummary:
     full_requests: float | None
     """Mean requests of one full measurement (None: none finished yet)."""
     full_gpu_s: float | None
-    """Mean GPU-seconds of one full measurement's levels."""
+    """Mean GPU-seconds of one full measurement's levels (of those measured in full)."""
+    out_gpu_s: float | None
+    """GPU-seconds the screened-out configurations' full measurements would have
+    taken (each scaled by its screening time against the kept ones')."""
     launches_saved: int
     reasons: Mapping[int, str]
 
@@ -84,16 +93,16 @@ class ScreeningSummary:
     @property
     def gpu_s_saved(self) -> float | None:
         """GPU-seconds of measurement not spent, net of screening's own."""
-        if self.full_gpu_s is None:
+        if self.out_gpu_s is None:
             return None
-        return len(self.out) * self.full_gpu_s - self.screening_gpu_s
+        return self.out_gpu_s - self.screening_gpu_s
 
     @property
     def unscreened_gpu_s(self) -> float | None:
         """What measuring every screened configuration in full would have taken."""
-        if self.full_gpu_s is None:
+        if self.full_gpu_s is None or self.out_gpu_s is None:
             return None
-        return len(self.screened) * self.full_gpu_s
+        return len(self.kept) * self.full_gpu_s + self.out_gpu_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +113,7 @@ class ScreeningSummary:
             "screening_gpu_seconds": self.screening_gpu_s,
             "full_measurement_requests": self.full_requests,
             "full_measurement_gpu_seconds": self.full_gpu_s,
+            "screened_out_gpu_seconds": self.out_gpu_s,
             "requests_saved": self.requests_saved,
             "gpu_seconds_saved": self.gpu_s_saved,
             "launches_saved": self.launches_saved,
@@ -124,6 +134,7 @@ def summarise_screening(data: SweepData) -> ScreeningSummary | None:
     own_launches = spec.max_launches if spec is not None else None
     requests: list[float] = []
     seconds: list[float] = []
+    kept_screening: list[float] = []
     for t in kept:
         trial = trials[t]
         if trial.outcome is not Outcome.OK:
@@ -135,15 +146,25 @@ def summarise_screening(data: SweepData) -> ScreeningSummary | None:
             continue
         requests.append(float(_requests(full)))
         seconds.append(sum(r.duration_s for r in full) * _gpus(trial))
+        kept_screening.append(_seconds(trial, data.screening.get(t, ())))
     screening = [(trials[t], data.screening.get(t, ())) for t in order]
+    full_gpu_s = statistics.fmean(seconds) if seconds else None
+    out_gpu_s = None
+    if full_gpu_s is not None:
+        per = statistics.fmean(kept_screening)
+        out_gpu_s = sum(
+            full_gpu_s * (_seconds(trials[t], data.screening.get(t, ())) / per if per > 0 else 1.0)
+            for t in out
+        )
     return ScreeningSummary(
         screened=tuple(order),
         out=out,
         kept=kept,
         screening_requests=sum(_requests(levels) for _, levels in screening),
-        screening_gpu_s=sum(sum(r.duration_s for r in lv) * _gpus(t) for t, lv in screening),
+        screening_gpu_s=sum(_seconds(t, levels) for t, levels in screening),
         full_requests=statistics.fmean(requests) if requests else None,
-        full_gpu_s=statistics.fmean(seconds) if seconds else None,
+        full_gpu_s=full_gpu_s,
+        out_gpu_s=out_gpu_s,
         launches_saved=len(out) * max(0, (own_launches or 1) - 1),
         reasons={t: str(found[t].get("reason", "")) for t in out},
     )
