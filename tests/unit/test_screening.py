@@ -172,9 +172,10 @@ def _screened_sweep() -> SweepData:
         for t, v in ((1, 990.0), (2, 940.0), (3, 500.0))
     }
     events = (
-        {"trial": 1, "kept": True, "reason": ""},
-        {"trial": 2, "kept": True, "reason": ""},
-        {"trial": 3, "kept": False, "reason": "cannot reach #1"},
+        {"trial": 1, "kept": True, "reason": "", "attempt": 1},
+        {"trial": 2, "kept": True, "reason": "", "attempt": 1},
+        {"trial": 3, "kept": False, "reason": "cannot reach #1", "attempt": 1},
+        {"trial": 2, "kept": False, "reason": "stale", "attempt": 0},  # of an earlier attempt
     )
     return dataclasses.replace(data, screening=screening, screened=events)
 

@@ -1,7 +1,8 @@
 """What the screening pass decided and what it saved, from the sweep's own records.
 
 Every decision is a stored ``screening`` event (``kept`` true or false, the reason,
-the trial; the latest per trial counts); the screening levels are stored apart from
+the trial and its attempt; the latest of the trial's latest attempt counts: a trial
+interrupted and run again is screened again); the screening levels are stored apart from
 the full measurement (``SweepData.screening``). The saving is measured, not assumed:
 
 * a full measurement costs what the configurations measured in full spent on it:
@@ -123,11 +124,17 @@ class ScreeningSummary:
 
 def summarise_screening(data: SweepData) -> ScreeningSummary | None:
     """The screening pass of ``data`` (None: it had none)."""
-    found = decisions(data.screened)
+    trials = {t.id: t for t in data.trials}
+    found = decisions(
+        e
+        for e in data.screened
+        if e.get("trial") in trials
+        and int(e.get("attempt", trials[int(e["trial"])].attempts))
+        == trials[int(e["trial"])].attempts
+    )
     if not found:
         return None
-    trials = {t.id: t for t in data.trials}
-    order = sorted((t for t in found if t in trials), key=lambda t: (trials[t].seq, t))
+    order = sorted(found, key=lambda t: (trials[t].seq, t))
     out = tuple(t for t in order if not found[t].get("kept"))
     kept = tuple(t for t in order if found[t].get("kept"))
     spec = stored_spec(data)
