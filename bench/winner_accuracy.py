@@ -21,7 +21,7 @@ Every policy reads the same measurements and decides through servesweep's own
 - ``grid-repeats-3``: one launch, three repeats, the highest mean (the usual remedy);
 - ``intervals``: one launch, one repeat, ``best`` with intervals (a tie: the leader);
 - ``intervals+confirm``: as ``intervals``; then servesweep's confirm phase decides
-  (``servesweep.sweep.confirm.decide``, what the driver runs after a sweep, with
+  (``servesweep.sweep.core.confirm.decide``, what the driver runs after a sweep, with
   ``confirm: {top: 3, launches: 1, budget: N}``): the tie set's leading candidates are
   relaunched, one launch each per round, stored as further launches of their trials,
   and ``best`` decides again on all the results (successive elimination: a candidate
@@ -70,7 +70,7 @@ from servesweep.report.screening import (
 from servesweep.spec.constraints import parse_metric_ref
 from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
 from servesweep.store.records import SweepData, SweepRecord, TrialRecord
-from servesweep.sweep.confirm import Done, Round, cost, decide, spent_launches
+from servesweep.sweep.core.confirm import Done, Round, cost, decide, spent_launches
 
 GPUS = 8
 LAUNCH_MIN = 7.0

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.integration.sweep_helpers import SERVESWEEP, write_sweep
 
 from servesweep.fakegpu import FakeGpuDir
 
@@ -52,6 +53,9 @@ TEST_ENV = {
     "RAY_kill_child_processes_on_worker_exit": "0",
 }
 """The environment of the test cluster and of the drivers that use it (test only)."""
+
+CHAT = [{"name": "chat", "concurrency": [1], "requests": 6, "max_tokens": 16, "ignore_eos": True}]
+"""One short streamed chat level: what the cluster sweeps measure."""
 
 RAY_DEFAULTS_ENV = {
     k: v for k, v in TEST_ENV.items() if k != "RAY_kill_child_processes_on_worker_exit"
@@ -366,3 +370,40 @@ def ray_cluster(
         cluster.stop()
         netns.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def cluster_sweep(
+    directory: Path, name: str, budgets: list[int], gpus_per_trial: int, **args: object
+) -> Path:
+    """A sweep of the simulated engine over ``budgets`` for a Ray cluster: the GPUs come
+    from the nodes (no ``server.gpus``, fake GPUs or fake-GPU directory of its own),
+    ``gpus_per_trial`` of a node's per trial; ``args`` are the engine's."""
+    path = write_sweep(
+        directory,
+        name=name,
+        grid={"budget": budgets},
+        args={"load-time": 1.0, **args},
+        workloads=CHAT,
+        server_extra={"gpus_per_trial": gpus_per_trial},
+    )
+    spec = path.read_text()
+    for line in ("  gpus:\n  - 0\n  - 1\n", "  fake_gpu_dir: gpus\n"):
+        assert line in spec
+        spec = spec.replace(line, "")
+    spec = spec.replace("  fake_gpus:\n    count: 2\n    memory: 80GiB\n", "")
+    path.write_text(spec)
+    return path
+
+
+def run_on(
+    cluster: RayCluster, sweep: Path, *extra: str, timeout: float = 400
+) -> subprocess.CompletedProcess[str]:
+    """``servesweep run SWEEP --ray ADDRESS EXTRA...`` in the cluster's namespace."""
+    return subprocess.run(
+        cluster.command(*SERVESWEEP, "run", str(sweep), "--ray", cluster.address, *extra),
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=timeout,
+        check=False,
+    )

@@ -19,8 +19,8 @@ from tests.integration.sweep_helpers import kill_tagged, write_sweep
 
 from servesweep.report.best import find_best
 from servesweep.store import open_store
+from servesweep.sweep.commands.run import RunOptions, run_sweep
 from servesweep.sweep.events import Event, SweepWarning, TrialFinished, TrialStarted
-from servesweep.sweep.orchestrator import RunOptions, run_sweep
 
 
 class _Burner:

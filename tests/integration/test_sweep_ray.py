@@ -21,7 +21,14 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.integration.ray_cluster import RayCluster, RayNode, ray_cluster
+from tests.integration.ray_cluster import (
+    CHAT,
+    RayCluster,
+    RayNode,
+    cluster_sweep,
+    ray_cluster,
+    run_on,
+)
 from tests.integration.sweep_helpers import (
     SERVESWEEP,
     kill_tagged,
@@ -36,47 +43,11 @@ from servesweep.store import open_store
 
 pytestmark = pytest.mark.timeout(600)
 
-_CHAT = [{"name": "chat", "concurrency": [1], "requests": 6, "max_tokens": 16, "ignore_eos": True}]
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
     with ray_cluster() as started:
         yield started
-
-
-def _sweep(directory: Path, name: str, budgets: list[int], **args: Any) -> Path:
-    """The simulated engine, one GPU per trial, GPUs from the nodes (none named here)."""
-    path = write_sweep(
-        directory,
-        name=name,
-        grid={"budget": budgets},
-        args={"load-time": 1.0, **args},
-        workloads=_CHAT,
-        server_extra={"gpus_per_trial": 1},
-    )
-    spec = path.read_text()
-    for line in ("  gpus:\n  - 0\n  - 1\n", "  fake_gpu_dir: gpus\n"):
-        assert line in spec
-        spec = spec.replace(line, "")
-    spec = spec.replace("  fake_gpus:\n    count: 2\n    memory: 80GiB\n", "")
-    path.write_text(spec)
-    return path
-
-
-def _run(
-    cluster: RayCluster, sweep: Path, *extra: str, timeout: float = 400
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cluster.command(
-            *SERVESWEEP, "run", str(sweep), "--quiet", "--ray", cluster.address, *extra
-        ),
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def _stored(sweep: Path) -> list[Any]:
@@ -120,7 +91,7 @@ def _allocations(node: RayNode) -> dict[int, tuple[int, ...]]:
 
 
 def test_a_sweep_without_ray_never_imports_it(tmp_path: Path) -> None:
-    sweep = write_sweep(tmp_path, name="noray", grid={"budget": [2]}, workloads=_CHAT)
+    sweep = write_sweep(tmp_path, name="noray", grid={"budget": [2]}, workloads=CHAT)
     code = (
         "import atexit, sys\n"
         "atexit.register(lambda: print('ray imported:', 'ray' in sys.modules))\n"
@@ -138,7 +109,7 @@ def test_a_sweep_without_ray_never_imports_it(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_cluster_is_one_line_before_anything_starts(tmp_path: Path) -> None:
-    sweep = _sweep(tmp_path, "nowhere", [2])
+    sweep = cluster_sweep(tmp_path, "nowhere", [2], 1)
     done = subprocess.run(
         [*SERVESWEEP, "run", str(sweep), "--ray", "127.0.0.9:9"],
         capture_output=True,
@@ -158,7 +129,7 @@ def test_a_ray_too_old_is_one_line_before_anything_starts(tmp_path: Path) -> Non
     fake = tmp_path / "site" / "ray"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('__version__ = "2.9.3"\n')  # Ray as it was then
-    sweep = _sweep(tmp_path, "old", [2])
+    sweep = cluster_sweep(tmp_path, "old", [2], 1)
     done = subprocess.run(
         [*SERVESWEEP, "run", str(sweep), "--ray", "127.0.0.9:9"],
         capture_output=True,
@@ -178,11 +149,11 @@ def test_a_ray_too_old_is_one_line_before_anything_starts(tmp_path: Path) -> Non
 def test_a_sweep_spreads_over_both_nodes_each_trial_once_where_it_was_placed(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
-    sweep = _sweep(tmp_path, "spread", [2, 4, 6, 8])
+    sweep = cluster_sweep(tmp_path, "spread", [2, 4, 6, 8], 1)
     events = tmp_path / "events.jsonl"
     before = {n.ip: len(_starts(n)) for n in cluster.nodes}
     try:
-        done = _run(cluster, sweep, "--events", str(events))
+        done = run_on(cluster, sweep, "--quiet", "--events", str(events))
         assert done.returncode == 0, done.stdout + done.stderr
         trials = _stored(sweep)
         assert len(trials) == 4 and all(t.outcome.value == "ok" for t in trials), trials
@@ -225,7 +196,9 @@ def test_a_sweep_spreads_over_both_nodes_each_trial_once_where_it_was_placed(
 def test_sigkill_of_the_driver_then_a_rerun_loses_nothing_and_leaves_no_server(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
-    sweep = _sweep(tmp_path, "rkill", [1, 2, 3, 4, 5, 6], **{"load-time": 2.0, "step-ms": 15})
+    sweep = cluster_sweep(
+        tmp_path, "rkill", [1, 2, 3, 4, 5, 6], 1, **{"load-time": 2.0, "step-ms": 15}
+    )
     events = tmp_path / "events.jsonl"
     names = {n.node_id: n.ip for n in cluster.nodes}
     try:
@@ -257,7 +230,7 @@ def test_sigkill_of_the_driver_then_a_rerun_loses_nothing_and_leaves_no_server(
                 proc.wait(timeout=30)
         left = _fake_gpus_of(tagged_processes("rkill", cluster.root))
         assert left, "the killed run left servers behind"
-        rerun = _run(cluster, sweep)
+        rerun = run_on(cluster, sweep, "--quiet")
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
         trials = _stored(sweep)
         assert len(trials) == 6 and all(t.outcome.value == "ok" for t in trials), trials
@@ -281,9 +254,9 @@ def test_sigkill_of_the_driver_then_a_rerun_loses_nothing_and_leaves_no_server(
 def test_a_cluster_without_enough_gpus_for_a_trial_is_refused_before_anything_starts(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
-    sweep = _sweep(tmp_path, "rbig", [2])
+    sweep = cluster_sweep(tmp_path, "rbig", [2], 1)
     sweep.write_text(sweep.read_text().replace("gpus_per_trial: 1", "gpus_per_trial: 4"))
-    done = _run(cluster, sweep, timeout=120)
+    done = run_on(cluster, sweep, "--quiet", timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -294,7 +267,7 @@ def test_a_cluster_without_enough_gpus_for_a_trial_is_refused_before_anything_st
 def test_the_load_generator_can_run_from_the_drivers_node_and_the_results_say_so(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
-    sweep = _sweep(tmp_path, "rfrom", [2, 4])
+    sweep = cluster_sweep(tmp_path, "rfrom", [2, 4], 1)
     text = sweep.read_text().replace("gpus_per_trial: 1", "gpus_per_trial: 2")  # one a node
     sweep.write_text(text + "executor:\n  kind: ray\n  bench_from: driver\n")
     head, other = cluster.nodes
@@ -339,7 +312,7 @@ def test_a_node_lost_during_a_trial_fails_it_node_lost_and_it_runs_again_elsewhe
     cluster: RayCluster, tmp_path: Path
 ) -> None:
     """Runs last: the second node stays dead."""
-    sweep = _sweep(tmp_path, "rlost", [2, 4, 6], **{"step-ms": 25})
+    sweep = cluster_sweep(tmp_path, "rlost", [2, 4, 6], 1, **{"step-ms": 25})
     sweep.write_text(sweep.read_text().replace("gpus_per_trial: 1", "gpus_per_trial: 2"))
     events = tmp_path / "events.jsonl"
     head, other = cluster.nodes[0], cluster.nodes[1]

@@ -20,17 +20,22 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
-from tests.integration.ray_cluster import RAY_DEFAULTS_ENV, RayCluster, RayNode, ray_cluster
+from tests.integration.ray_cluster import (
+    RAY_DEFAULTS_ENV,
+    RayCluster,
+    RayNode,
+    cluster_sweep,
+    ray_cluster,
+    run_on,
+)
 from tests.integration.sweep_helpers import (
     SERVESWEEP,
     kill_tagged,
     tagged_processes,
     wait_for_event,
-    write_sweep,
 )
 
 from servesweep.fakegpu import FakeGpuDir
@@ -40,44 +45,11 @@ from servesweep.store import open_store
 
 pytestmark = pytest.mark.timeout(600)
 
-_CHAT = [{"name": "chat", "concurrency": [1], "requests": 6, "max_tokens": 16, "ignore_eos": True}]
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
     with ray_cluster(settings=RAY_DEFAULTS_ENV) as started:
         yield started
-
-
-def _sweep(directory: Path, name: str, budgets: list[int], **args: Any) -> Path:
-    """The simulated engine, a node's two GPUs per trial (one trial per node at a
-    time), GPUs from the nodes."""
-    path = write_sweep(
-        directory,
-        name=name,
-        grid={"budget": budgets},
-        args={"load-time": 1.0, **args},
-        workloads=_CHAT,
-        server_extra={"gpus_per_trial": 2},
-    )
-    spec = path.read_text()
-    for line in ("  gpus:\n  - 0\n  - 1\n", "  fake_gpu_dir: gpus\n"):
-        assert line in spec
-        spec = spec.replace(line, "")
-    spec = spec.replace("  fake_gpus:\n    count: 2\n    memory: 80GiB\n", "")
-    path.write_text(spec)
-    return path
-
-
-def _run(cluster: RayCluster, sweep: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cluster.command(*SERVESWEEP, "run", str(sweep), "--ray", cluster.address),
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=400,
-        check=False,
-    )
 
 
 def _alive(pid: int) -> bool:
@@ -91,7 +63,7 @@ def _live_holders(node: RayNode) -> list[int]:
 def test_a_raylet_killed_under_rays_defaults_kills_the_server_its_own_session_worker_is_stopped_by_the_next_run(  # noqa: E501
     cluster: RayCluster, tmp_path: Path
 ) -> None:
-    sweep = _sweep(tmp_path, "rdef", [2, 4, 6], **{"step-ms": 25, "orphan-worker": True})
+    sweep = cluster_sweep(tmp_path, "rdef", [2, 4, 6], 2, **{"step-ms": 25, "orphan-worker": True})
     events = tmp_path / "events.jsonl"
     head, other = cluster.nodes
     out_file = tmp_path / "run.out"
@@ -172,9 +144,9 @@ def test_a_raylet_killed_under_rays_defaults_kills_the_server_its_own_session_wo
         assert _alive(worker), "a new raylet does not stop what the old one left"
         # a run of another results database never signals the worker: it finds the
         # GPUs held by this database's instance, waits its release timeout, and says so
-        foreign = _sweep(other_db, "rother", [3])
+        foreign = cluster_sweep(other_db, "rother", [3], 2)
         foreign.write_text(foreign.read_text().replace("release: 20s", "release: 3s"))
-        refused = _run(cluster, foreign)
+        refused = run_on(cluster, foreign)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert f"pid {worker} is a servesweep instance of another sweep" in refused.stderr
         assert str(tmp_path / "servesweep.db") in refused.stderr
@@ -182,7 +154,7 @@ def test_a_raylet_killed_under_rays_defaults_kills_the_server_its_own_session_wo
         # the next run of this database (one more trial to run) prepares every node,
         # the one that came back too: the worker is this database's, and is stopped
         sweep.write_text(sweep.read_text().replace("    - 6\n", "    - 6\n    - 8\n"))
-        again = _run(cluster, sweep)
+        again = run_on(cluster, sweep)
         assert again.returncode == 0, again.stdout + again.stderr
         assert not _alive(worker)
         assert "cleaned orphaned servesweep processes: pid " + str(worker) in again.stderr

@@ -14,7 +14,8 @@ from servesweep.servers import lifecycle
 from servesweep.servers.readiness import ReadyInfo
 from servesweep.spec.load import load_sweep_text
 from servesweep.sweep.events import Event
-from servesweep.sweep.slot import Placement, SlotWorker, SweepContext
+from servesweep.sweep.slots.data import Placement, SweepContext
+from servesweep.sweep.slots.worker import SlotWorker
 
 _VARIABLE = "SERVESWEEP_TEST_NODE_API_KEY"
 

@@ -16,7 +16,7 @@ from servesweep.search.prune import Incumbent, PrunePolicy, prune_reason
 from servesweep.search.verdict import Goal
 from servesweep.spec.constraints import parse_constraint, parse_metric_ref
 from servesweep.store import open_store
-from servesweep.sweep.health_notes import HealthNotes
+from servesweep.sweep.core.health_notes import HealthNotes
 
 
 def test_a_lag_as_large_as_the_time_per_token_is_unreliable() -> None:

@@ -171,7 +171,7 @@ def test_loop_lag_large_against_latency_is_judged_not_warned_per_level() -> None
     ctx = LevelContext(t0_ns=0, concurrency=1, loop_lags_ns=[3 * MS] * 10)
     m, _, _, warnings = compute_level([raw], ctx)
     assert m["loop_lag_p99_ms"] == pytest.approx(3.0)
-    assert not warnings  # said once per sweep (sweep.health_notes), not per level
+    assert not warnings  # said once per sweep (sweep.core.health_notes), not per level
     health = assess(m)
     assert health.state == "mild" and "3.0 ms" in health.reason  # ITL p50 is 1 ms
     ctx = LevelContext(t0_ns=0, concurrency=1, loop_lags_ns=[6 * MS] * 10)

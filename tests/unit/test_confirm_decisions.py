@@ -15,9 +15,9 @@ from servesweep.report.best import best_to_json, find_best, format_best
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import open_store
-from servesweep.sweep.channel import StoreWriter
-from servesweep.sweep.confirm import Done, Relaunch, Round, cost, decide, spent_launches
-from servesweep.sweep.confirm_run import ConfirmRun
+from servesweep.sweep.core.confirm import Done, Relaunch, Round, cost, decide, spent_launches
+from servesweep.sweep.core.confirm_run import ConfirmRun
+from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import NullObserver
 
 SPEC = ConfirmSpec(top=3, launches=2)  # budget: 2 x 3 x 2 = 12 extra launches

@@ -14,8 +14,10 @@ import pytest
 from servesweep.models import FailureClass, Outcome
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
-from servesweep.sweep.channel import StoreWriter
-from servesweep.sweep.driver import Driver, RunSettings
+from servesweep.sweep.commands.run import open_sweep
+from servesweep.sweep.core.driver import Driver, RunSettings
+from servesweep.sweep.core.search_source import SearchSource
+from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import (
     Event,
     NodeLost,
@@ -25,10 +27,14 @@ from servesweep.sweep.events import (
     TrialFinished,
     TrialStarted,
 )
-from servesweep.sweep.node import Leftover, NodePrepared
-from servesweep.sweep.orchestrator import open_sweep
-from servesweep.sweep.search_source import SearchSource
-from servesweep.sweep.slot import CurrentInstance, NodeInfo, Placement, SweepContext, TrialOrder
+from servesweep.sweep.slots.data import (
+    CurrentInstance,
+    NodeInfo,
+    Placement,
+    SweepContext,
+    TrialOrder,
+)
+from servesweep.sweep.slots.node import Leftover, NodePrepared
 
 _SWEEP = """
 name: lost

@@ -1,4 +1,4 @@
-"""A cluster slot's handle in the driver (``sweep.ray_slot.RaySlot``) against a fake
+"""A cluster slot's handle in the driver (``sweep.executors.ray.handle.RaySlot``) against a fake
 actor: what it reports when the actor is lost after its trial ended, when a Ctrl-C
 comes while the actor still waits for its GPUs, and when the node cannot give a unit
 back. Ray's calls are replaced by the fake's answers (no cluster)."""
@@ -19,7 +19,6 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayTaskError  # noqa
 
 from servesweep.errors import ServesweepError  # noqa: E402
 from servesweep.models import FailureClass, Outcome  # noqa: E402
-from servesweep.sweep import ray_slot  # noqa: E402
 from servesweep.sweep.events import (  # noqa: E402
     Event,
     NodeLost,
@@ -27,8 +26,9 @@ from servesweep.sweep.events import (  # noqa: E402
     SweepWarning,
     TrialFinished,
 )
-from servesweep.sweep.ray_actor import Done, Started  # noqa: E402
-from servesweep.sweep.slot import NodeInfo, Placement, TrialOrder  # noqa: E402
+from servesweep.sweep.executors.ray import handle as ray_slot  # noqa: E402
+from servesweep.sweep.executors.ray.actor import Done, Started  # noqa: E402
+from servesweep.sweep.slots.data import NodeInfo, Placement, TrialOrder  # noqa: E402
 
 _NODE = NodeInfo("gpu-b", (0, 1), "f158")
 _PLACEMENT = Placement(node="gpu-b", slot=0, gpus=(0,), port=18400, node_id="f158")

@@ -93,6 +93,25 @@ def test_best_on_an_untrusted_acceptance_figure_says_so() -> None:
     assert "#1 draft=2 = 520 (? decided with speculative decoding on an untrusted" in table
 
 
+def test_best_says_once_per_workload_which_of_its_figures_are_untrusted() -> None:
+    data = _spec_sweep()
+    result = find_best(
+        data,
+        "fast.c4.output_throughput",
+        constraints=["fast.c4.acceptance_length > 1"],
+    )
+    assert [u.ref for u in result.untrusted] == [
+        "fast.c4.output_throughput",
+        "fast.c4.acceptance_length",
+    ]
+    notes = [n for n in result.notes if n.startswith("untrusted acceptance")]
+    assert len(notes) == 1, result.notes
+    (note,) = notes
+    assert "fast.c4.acceptance_length decides here but was measured on" in note
+    assert "; fast.c4.output_throughput was measured with speculative decoding on" in note
+    assert format_best(result).count("untrusted acceptance (?)") == 1
+
+
 def test_csv_and_json_say_which_dataset_and_mode() -> None:
     data = _spec_sweep()
     rows = list(csv.DictReader(io.StringIO(render(data, "csv"))))

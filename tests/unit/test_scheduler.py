@@ -9,7 +9,7 @@ import pytest
 from servesweep.errors import ConfigError
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.slots import gpu_need, slot_ports
-from servesweep.sweep.scheduler import (
+from servesweep.sweep.core.scheduler import (
     Assign,
     Job,
     NodePool,

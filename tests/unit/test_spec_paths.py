@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from servesweep.spec.load import PATH_FIELDS, load_sweep, load_sweep_text
 from servesweep.spec.schema import SweepSpec
-from servesweep.sweep.orchestrator import fake_gpu_dir, store_path_for
+from servesweep.sweep.commands.run import fake_gpu_dir, store_path_for
 
 SWEEP = """\
 name: paths

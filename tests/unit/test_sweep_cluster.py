@@ -14,7 +14,8 @@ import pytest
 from servesweep.errors import BenchError, ConfigError, DatasetError, ServesweepError, TrialFailed
 from servesweep.models import Evidence, FailureClass
 from servesweep.spec.load import load_sweep_text
-from servesweep.sweep.cluster import (
+from servesweep.sweep.events import SweepWarning
+from servesweep.sweep.executors.ray.nodes import (
     BufferChannel,
     RemoteFailure,
     check_fit,
@@ -28,8 +29,7 @@ from servesweep.sweep.cluster import (
     short_error,
     trial_needs,
 )
-from servesweep.sweep.events import SweepWarning
-from servesweep.sweep.slot import NodeInfo, SweepContext
+from servesweep.sweep.slots.data import NodeInfo, SweepContext
 
 _SWEEP = """
 name: c
@@ -261,13 +261,13 @@ def test_the_executor_section_is_checked_with_file_and_line() -> None:
 def test_without_ray_installed_a_ray_sweep_is_one_line_of_advice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from servesweep.sweep.executors import join_cluster
+    from servesweep.sweep.executors.site import join_cluster
 
     monkeypatch.setitem(sys.modules, "ray", None)
     for name in (
-        "servesweep.sweep.ray_exec",
-        "servesweep.sweep.ray_slot",
-        "servesweep.sweep.ray_actor",
+        "servesweep.sweep.executors.ray.executor",
+        "servesweep.sweep.executors.ray.handle",
+        "servesweep.sweep.executors.ray.actor",
     ):
         monkeypatch.delitem(sys.modules, name, raising=False)
     loaded = load_sweep_text(_SWEEP.format(server="", extra="executor:\n  kind: ray"))
@@ -291,7 +291,7 @@ def test_a_long_cluster_error_is_cut_after_a_whole_word() -> None:
 def test_status_knows_a_cluster_node_started_on_this_machine() -> None:
     import socket
 
-    from servesweep.sweep.status import _on_this_machine
+    from servesweep.sweep.commands.status import _on_this_machine
 
     assert _on_this_machine(socket.gethostname()) and _on_this_machine("")
     # the test cluster's nodes (and any node on a loopback address) run here
@@ -300,7 +300,7 @@ def test_status_knows_a_cluster_node_started_on_this_machine() -> None:
 
 
 def test_server_gpus_is_said_unused_on_a_cluster_even_when_it_matches_a_node() -> None:
-    from servesweep.sweep.cluster import check_cluster
+    from servesweep.sweep.executors.ray.nodes import check_cluster
 
     # the quickstart's gpus: [0, 1], on a cluster whose largest node has GPUs 0 and 1
     context = _context(_spec("  gpus: [0, 1]\n  gpus_per_trial: 1"))

@@ -1,4 +1,4 @@
-"""Preparing a machine for a run (``sweep.node``): a service the sweep runs through,
+"""Preparing a machine for a run (``sweep.slots.node``): a service the sweep runs through,
 found running on a slot, is found on that slot's own port — ``server.ports[k]`` when
 the sweep lists its ports — and stopped before the sweep (no processes: the service
 manager is a fake that answers for the ports it knows) — and the one rule for which
@@ -14,10 +14,10 @@ from servesweep.models import InstanceRecord
 from servesweep.servers.launchers.base import ExitStatus, LaunchRequest, StopResult
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.slots import slot_port
-from servesweep.sweep import node
 from servesweep.sweep.events import Event
-from servesweep.sweep.launch import launch_for
-from servesweep.sweep.slot import Placement, SweepContext
+from servesweep.sweep.slots import node
+from servesweep.sweep.slots.data import Placement, SweepContext
+from servesweep.sweep.slots.launch import launch_for
 
 _SWEEP = """
 name: svc

@@ -153,8 +153,8 @@ def run(
 ) -> None:
     """Run (or continue) the sweep in SWEEP_FILE."""
     from servesweep.cli.display import ProgressDisplay
+    from servesweep.sweep.commands.run import RunOptions, run_sweep
     from servesweep.sweep.events import JsonLinesObserver, Observer, Tee
-    from servesweep.sweep.orchestrator import RunOptions, run_sweep
 
     console = _console()
     events_to_stdout = events == "-"
@@ -246,8 +246,8 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     from servesweep.spec.load import load_sweep
     from servesweep.spec.plan import build_plan, estimate_duration, format_plan
     from servesweep.store import open_store
-    from servesweep.sweep.orchestrator import store_path_for
-    from servesweep.sweep.status import known_trials
+    from servesweep.sweep.commands.run import store_path_for
+    from servesweep.sweep.commands.status import known_trials
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
@@ -274,7 +274,7 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
 def _resolve_store(target: str | None) -> tuple[Path, str | None]:
     """``[FILE|DB]`` -> (database path, sweep name or None)."""
     from servesweep.spec.load import load_sweep
-    from servesweep.sweep.orchestrator import store_path_for
+    from servesweep.sweep.commands.run import store_path_for
 
     if target is None:
         path = Path("servesweep.db")
@@ -297,7 +297,7 @@ def status(target: str | None, as_json: bool) -> None:
     """Where a sweep stands (works while another process runs it).
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
-    from servesweep.sweep.status import format_status, sweep_status
+    from servesweep.sweep.commands.status import format_status, sweep_status
 
     path, name = _resolve_store(target)
     result = sweep_status(path, name)
@@ -586,7 +586,7 @@ def apply(
     store: Path | None,
 ) -> None:
     """Move the server of SWEEP_FILE to one configuration safely and leave it running."""
-    from servesweep.sweep.apply import apply_config, parse_sets
+    from servesweep.sweep.commands.apply import apply_config, parse_sets
 
     chosen = sum(1 for x in (trial_id is not None, bool(sets), use_best) if x)
     if chosen != 1:
@@ -621,7 +621,7 @@ def stop(sweep_file: Path, store: Path | None) -> None:
     died left behind: only instances of this results database, never another sweep's.
     Refused while a run of this database is alive (stop that run with Ctrl-C). Exit 1
     when an instance could not be stopped."""
-    from servesweep.sweep.stop import stop_instances
+    from servesweep.sweep.commands.stop import stop_instances
 
     _install_signal_handlers()
     result = stop_instances(sweep_file, store=store)
@@ -655,7 +655,7 @@ def wait_gpus(
     gpus: str, tolerance: str, timeout: str, settle: str, backend: str, fake_gpus: str | None
 ) -> None:
     """Wait until GPUs are free (the release gate for shell scripts)."""
-    from servesweep.sweep.tools import wait_gpus as do_wait
+    from servesweep.sweep.commands.wait_gpus import wait_gpus as do_wait
 
     ok, message = do_wait(gpus, tolerance, timeout, settle, backend, fake_gpus)
     click.echo(message, err=not ok)
@@ -684,8 +684,8 @@ def doctor(sweep_file: Path | None, as_json: bool, backend: str, fake_gpus: str 
     start at all (its program, its Python, the model path, the unit or image, the flags
     against the engine's own parser): each problem is one line on stderr, exit code 1.
     Without: the GPUs."""
-    from servesweep.sweep.tools import doctor as do_doctor
-    from servesweep.sweep.tools import format_doctor
+    from servesweep.sweep.commands.doctor import doctor as do_doctor
+    from servesweep.sweep.commands.doctor import format_doctor
 
     report_data = do_doctor(sweep_file, backend, fake_gpus)
     click.echo(

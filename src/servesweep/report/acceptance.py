@@ -26,7 +26,7 @@ from servesweep.report.refs import ResultIndex
 from servesweep.spec.constraints import MetricRef
 from servesweep.store.records import TrialRecord
 
-__all__ = ["Untrusted", "untrusted_figures"]
+__all__ = ["Untrusted", "untrusted_figures", "untrusted_notes"]
 
 
 @dataclass(frozen=True)
@@ -40,21 +40,6 @@ class Untrusted:
     context: AcceptanceContext
     direct: bool
     """True when the figure is the acceptance length itself."""
-
-    def note(self) -> str:
-        """One line for ``best``'s notes."""
-        why = self.context.reasons
-        if self.direct:
-            head = f"{self.ref} decides here but was measured on {why}"
-        else:
-            head = (
-                f"{self.ref} was measured with speculative decoding on {why}: the speed-up "
-                "the draft brought there is not what real traffic gets"
-            )
-        return (
-            f"untrusted acceptance ({UNTRUSTED_MARK}): {head}; measure the winner on "
-            f"{REAL_TEXT} before trusting it"
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,3 +75,41 @@ def untrusted_figures(
             direct = ref.metric == ACCEPTANCE_LENGTH.name
             found[ref.key] = Untrusted(ref.key, lvl.workload, lvl.level, ctx, direct)
     return list(found.values())
+
+
+def untrusted_notes(untrusted: Sequence[Untrusted]) -> list[str]:
+    """``best``'s notes on ``untrusted``: one line per workload, naming its figures.
+
+    A workload's levels share their prompts and mode, so a winner decided on several of
+    its metrics (throughput at one level, latency at another) gets one note, not one
+    per metric."""
+    by_workload: dict[str, list[Untrusted]] = {}
+    for u in untrusted:
+        by_workload.setdefault(u.workload, []).append(u)
+    notes = []
+    for figures in by_workload.values():
+        why = figures[0].context.reasons
+        direct = [u.ref for u in figures if u.direct]
+        indirect = [u.ref for u in figures if not u.direct]
+        heads = []
+        if direct:
+            heads.append(f"{', '.join(direct)} {_decide(direct)} here but "
+                         f"{_was(direct)} measured on {why}")  # fmt: skip
+        if indirect:
+            heads.append(
+                f"{', '.join(indirect)} {_was(indirect)} measured with speculative decoding "
+                f"on {why}: the speed-up the draft brought there is not what real traffic gets"
+            )
+        notes.append(
+            f"untrusted acceptance ({UNTRUSTED_MARK}): {'; '.join(heads)}; measure the winner "
+            f"on {REAL_TEXT} before trusting it"
+        )
+    return notes
+
+
+def _decide(refs: Sequence[str]) -> str:
+    return "decides" if len(refs) == 1 else "decide"
+
+
+def _was(refs: Sequence[str]) -> str:
+    return "was" if len(refs) == 1 else "were"

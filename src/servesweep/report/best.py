@@ -48,7 +48,7 @@ from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import Latency, Stat
 from servesweep.models import Outcome
-from servesweep.report.acceptance import Untrusted, untrusted_figures
+from servesweep.report.acceptance import Untrusted, untrusted_figures, untrusted_notes
 from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
 from servesweep.report.data import (
     MetricStats,
@@ -151,7 +151,8 @@ class BestResult:
     """What the sweep's confirm phase did (None: it had none)."""
     confirm_note: str = ""
     untrusted: tuple[Untrusted, ...] = ()
-    """The winner's figures that rest on an untrusted acceptance length (a note each)."""
+    """The winner's figures that rest on an untrusted acceptance length (one note per
+    workload)."""
     screening: ScreeningSummary | None = None
     """What the sweep's screening pass decided and saved (None: it had none)."""
     screening_note: str = ""
@@ -393,7 +394,7 @@ def find_best(
         assert winner is not None
         untrusted = untrusted_figures(index, winner.trial, [r for r, _ in objs] +
                                       [c.ref for c in parsed])  # fmt: skip
-        notes.extend(u.note() for u in untrusted)
+        notes.extend(untrusted_notes(untrusted))
         if len(objs) > 1:
             pareto = tuple(
                 c for c in ranking if not any(_dominates(o, c, dirs, rel_tol) for o in ranking)

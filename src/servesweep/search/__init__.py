@@ -4,7 +4,7 @@ measured so far.
 Layer: beside :mod:`servesweep.spec` and :mod:`servesweep.report`, below
 :mod:`servesweep.sweep`; imports spec, models and the store's records, never sweep.
 
-The driver's contract (also in notes/SEARCH_API.md)::
+The driver's contract (the driver's side is ``servesweep.sweep.core.search_source``)::
 
     search = Search.create(spec, history)   # history: [(TrialRecord, [LevelResult])]
     while not search.exhausted(elapsed_s=..., gpu_seconds=...):

@@ -66,6 +66,10 @@ class Search(ABC):
         """Finished trials by fingerprint (the latest verdict of each config)."""
         self.launched: set[str] = set()
         """Fingerprints handed out at least once (the ``trials`` cap counts these)."""
+        self.notes: list[str] = []
+        """What the search noticed while it was rebuilt from the stored trials (a
+        sampler's replay that diverged), for the driver to show as warnings; a grid
+        notices nothing."""
 
     @classmethod
     def create(

@@ -128,8 +128,6 @@ class SampledSearch(Search):
         self._diverged = False
         if (self.space.size or EAGER_ALLOWED + 1) <= EAGER_ALLOWED:
             self._allowed_set()
-        self.notes: list[str] = []
-        """What the replay of the history found (a divergence), for the driver to show."""
         self._replay(history)
 
     # ---- asking ------------------------------------------------------------------

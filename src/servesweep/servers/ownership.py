@@ -149,7 +149,7 @@ class Ownership:
 
 
 def lock_path_for(store_path: str) -> str:
-    """The lock file a run of ``store_path`` holds (see sweep.orchestrator.sweep_lock)."""
+    """The lock file a run of ``store_path`` holds (see sweep.commands.run.sweep_lock)."""
     return store_path + ".lock"
 
 

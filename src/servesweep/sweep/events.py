@@ -1,7 +1,7 @@
 """What a sweep tells the world: one typed event per state change.
 
 Slots (where one trial's work runs: the GPUs and port of one machine) send these
-events through a :class:`~servesweep.sweep.channel.TrialChannel`; the driver applies
+events through a :class:`~servesweep.sweep.slots.channel.TrialChannel`; the driver applies
 each one to the results database and passes it on to an :class:`Observer` — the
 CLI's live display, ``--events`` JSON lines, or a library user's own (or none).
 
@@ -384,7 +384,7 @@ class UnitRestored(Fact):
 
 @dataclass(frozen=True)
 class ConfirmStep(Fact):
-    """A step of the confirm phase (``sweep.confirm``), kept so that a rerun continues
+    """A step of the confirm phase (``sweep.core.confirm``), kept so that a rerun continues
     it and ``best`` can say what it changed. ``step``: ``round`` (a round begins:
     ``targets`` are the launches each candidate has once it is done, ``tied`` the tie
     set it starts from), ``round_done`` (with its ``seconds``), ``dropped`` (a

@@ -1,5 +1,5 @@
-"""What every slot handle does, wherever its slot runs (a thread here, ``sweep.local``;
-an actor on a Ray node, ``sweep.ray_slot``):
+"""What every slot handle does, wherever its slot runs (a thread here, ``sweep.executors.local``;
+an actor on a Ray node, ``sweep.executors.ray.handle``):
 
 * the commands the driver gives a slot, as plain data (they travel to a node
   unchanged): :class:`Run`, :class:`Teardown`, :class:`Finish`;
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from servesweep.errors import Interrupted, ServesweepError
 from servesweep.sweep.events import SlotIdle
-from servesweep.sweep.slot import Placement, SlotWorker, TrialOrder
+from servesweep.sweep.slots.data import Placement, TrialOrder
+from servesweep.sweep.slots.worker import SlotWorker
 
 __all__ = [
     "Command",

@@ -2,7 +2,7 @@
 from before anything starts until the run ends (see ``servers.leases``).
 
 Here (:func:`run_leases`) the run's own process holds them; on a Ray cluster a small
-actor on each node does (``sweep.ray_site.hold_node_leases``), and Ray ends it with
+actor on each node does (``sweep.executors.ray.site.hold_node_leases``), and Ray ends it with
 the run. A second
 run that needs a leased port or GPU is refused with one line naming the holder
 (:class:`~servesweep.errors.ResourceBusy`), or, with ``--wait``, waits for it.

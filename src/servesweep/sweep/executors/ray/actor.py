@@ -1,6 +1,6 @@
 """A slot's side on its Ray node: the actor (:class:`SlotActor`) and the plain-data
-answers that travel back to the driver's handle (``sweep.ray_slot``) for the
-commands it sends (``sweep.slot_handle``).
+answers that travel back to the driver's handle (``sweep.executors.ray.handle``) for the
+commands it sends (``sweep.slots.handle``).
 
 The actor is pinned to its node and asks Ray for the slot's GPUs (``num_gpus``); the
 GPU indexes Ray assigns become the slot's, so the records show what Ray gave. Inside,
@@ -23,16 +23,12 @@ from servesweep.bench.target import Target
 from servesweep.errors import BenchError
 from servesweep.models import LevelResult
 from servesweep.spec.schema import WorkloadSpec
-from servesweep.sweep.cluster import BufferChannel, RemoteFailure
 from servesweep.sweep.events import Event
-from servesweep.sweep.slot import (
-    CurrentInstance,
-    Placement,
-    SlotWorker,
-    SweepContext,
-    stop_instance,
-)
-from servesweep.sweep.slot_handle import Command, carry_out
+from servesweep.sweep.executors.ray.nodes import BufferChannel, RemoteFailure
+from servesweep.sweep.slots.data import CurrentInstance, Placement, SweepContext
+from servesweep.sweep.slots.handle import Command, carry_out
+from servesweep.sweep.slots.instance import stop_instance
+from servesweep.sweep.slots.worker import SlotWorker
 
 __all__ = ["Done", "LoadFrom", "SlotActor", "Started", "on_node"]
 

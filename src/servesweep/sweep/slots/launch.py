@@ -13,7 +13,7 @@ from servesweep.models import fingerprint
 from servesweep.servers.engines import build_launch
 from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.spec.schema import ServerSpec
-from servesweep.sweep.slot_types import Placement, SweepContext
+from servesweep.sweep.slots.data import Placement, SweepContext
 
 __all__ = ["Launch", "launch_fingerprint", "launch_for", "slot_server"]
 

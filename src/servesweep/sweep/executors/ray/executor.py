@@ -1,6 +1,6 @@
 """Sweeps on a Ray cluster (``servesweep run --ray``): the driver stays here, with the
 results database and the queue; every slot is a Ray actor on the node whose GPUs it
-uses (``sweep.ray_slot``).
+uses (``sweep.executors.ray.handle``).
 
 * :func:`connect` joins the cluster and describes its nodes — a one-line error for
   an unreachable address, a Ray that is too old, nodes that run another servesweep;
@@ -10,12 +10,12 @@ uses (``sweep.ray_slot``).
   leftovers of this results database adopted or stopped there, the GPU baseline
   taken on its idle GPUs), ``open`` starts a slot's actor there.
 
-How a node sees the sweep (``sweep.cluster.node_context``): its own fake GPUs when
+How a node sees the sweep (``sweep.executors.ray.nodes.node_context``): its own fake GPUs when
 its ``ray start`` environment names them, and servers listening on its address as
 Ray knows it unless the sweep file sets ``server.host``.
 
 The cluster as a run's site (its checks, the run's leases on each node) is
-``sweep.ray_site``. Only ``servesweep run --ray`` (or ``executor: {kind: ray}``)
+``sweep.executors.ray.site``. Only ``servesweep run --ray`` (or ``executor: {kind: ray}``)
 imports these modules, and with them Ray.
 """
 
@@ -37,7 +37,11 @@ from servesweep import __version__
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import InstanceRecord
 from servesweep.servers.gpu import FAKE_GPUS_ENV
-from servesweep.sweep.cluster import (
+from servesweep.sweep.events import Event, NodeLost
+from servesweep.sweep.executors.local import prepare_here
+from servesweep.sweep.executors.ray.actor import LoadFrom, SlotActor, on_node
+from servesweep.sweep.executors.ray.handle import RaySlot
+from servesweep.sweep.executors.ray.nodes import (
     BufferChannel,
     RemoteFailure,
     check_ray_version,
@@ -47,19 +51,9 @@ from servesweep.sweep.cluster import (
     node_infos,
     short_error,
 )
-from servesweep.sweep.events import Event, NodeLost
-from servesweep.sweep.local import prepare_here
-from servesweep.sweep.node import Leftover, NodePrepared
-from servesweep.sweep.ray_actor import LoadFrom, SlotActor, on_node
-from servesweep.sweep.ray_slot import RaySlot
-from servesweep.sweep.slot import (
-    CurrentInstance,
-    NodeInfo,
-    Placement,
-    SweepContext,
-    stop_instance,
-    stop_timeout,
-)
+from servesweep.sweep.slots.data import CurrentInstance, NodeInfo, Placement, SweepContext
+from servesweep.sweep.slots.instance import stop_instance, stop_timeout
+from servesweep.sweep.slots.node import Leftover, NodePrepared
 
 __all__ = ["RayConnection", "RayExecutor", "cluster_nodes", "connect", "leave"]
 

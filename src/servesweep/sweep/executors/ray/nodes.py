@@ -1,7 +1,7 @@
 """What a sweep on a cluster needs to know, as plain data and pure functions: which
 nodes can run trials and what they are called, how a node sees the sweep, how a
 slot buffers its events until the driver fetches them, and how a lost node is
-reported. ``sweep.ray_exec`` does the talking to Ray; nothing here imports it.
+reported. ``sweep.executors.ray.executor`` does the talking to Ray; nothing here imports it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from servesweep.spec.expand import expand_configs
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.spec.slots import gpu_need, params_label
 from servesweep.sweep.events import Event
-from servesweep.sweep.slot import NodeInfo, SweepContext
-from servesweep.sweep.slot_handle import error_text
+from servesweep.sweep.slots.data import NodeInfo, SweepContext
+from servesweep.sweep.slots.handle import error_text
 
 __all__ = [
     "MIN_RAY_VERSION",

@@ -28,7 +28,6 @@ from servesweep.servers.gpu.base import GpuProbe
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.ownership import OwnerKind, Ownership
 from servesweep.spec.slots import gpu_need, slot_port
-from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     BaselineTaken,
     InstanceGone,
@@ -36,9 +35,10 @@ from servesweep.sweep.events import (
     OrphansCleaned,
     SweepWarning,
 )
-from servesweep.sweep.instance import instance_pids, server_lifecycle
-from servesweep.sweep.launch import launch_for, slot_server
-from servesweep.sweep.slot_types import Placement, SweepContext
+from servesweep.sweep.slots.channel import TrialChannel
+from servesweep.sweep.slots.data import Placement, SweepContext
+from servesweep.sweep.slots.instance import instance_pids, server_lifecycle
+from servesweep.sweep.slots.launch import launch_for, slot_server
 
 __all__ = [
     "Leftover",

@@ -1,5 +1,5 @@
-"""Where a run's slots run: this machine (``sweep.local``) or the nodes of a Ray cluster
-(``sweep.ray_site``, imported only then).
+"""Where a run's slots run: this machine (``sweep.executors.local``) or the nodes of a Ray cluster
+(``sweep.executors.ray.site``, imported only then).
 
 :func:`open_site` chooses from ``--ray`` and the sweep file's ``executor``; the
 orchestrator then asks the :class:`Site` what it asks of any of them, and never which
@@ -12,7 +12,7 @@ one it has (as an HTTP client never knows its transport):
   its nodes');
 * ``leases`` — the run's hold on the ports and GPUs of every machine it uses;
 * ``environment`` — what the run ran on, for the sweep's record;
-* ``executor`` — the driver's :class:`~servesweep.sweep.driver.Executor` for the run;
+* ``executor`` — the driver's :class:`~servesweep.sweep.core.driver.Executor` for the run;
 * ``close`` — leave (a cluster), also when the run ends before its executor does.
 
 :func:`fake_gpu_dir` is the fake GPUs the sweep file names for the machine that runs
@@ -31,15 +31,15 @@ from servesweep.errors import ConfigError
 from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
-from servesweep.sweep.cluster import check_ray_version
-from servesweep.sweep.driver import Executor
+from servesweep.sweep.core.driver import Executor
 from servesweep.sweep.events import Event
-from servesweep.sweep.slot import SweepContext
+from servesweep.sweep.executors.ray.nodes import check_ray_version
+from servesweep.sweep.slots.data import SweepContext
 
 if TYPE_CHECKING:
     import queue
 
-    from servesweep.sweep.ray_exec import RayConnection
+    from servesweep.sweep.executors.ray.executor import RayConnection
 
 __all__ = ["Site", "fake_gpu_dir", "join_cluster", "open_site"]
 
@@ -84,10 +84,10 @@ def open_site(loaded: LoadedSweep, ray_option: str | None) -> Site:
     ``executor`` names, joined; else this machine."""
     cluster = join_cluster(loaded, ray_option)
     if cluster is None:
-        from servesweep.sweep.local import LocalSite
+        from servesweep.sweep.executors.local import LocalSite
 
         return LocalSite(loaded)
-    from servesweep.sweep.ray_site import RaySite
+    from servesweep.sweep.executors.ray.site import RaySite
 
     return RaySite(loaded, cluster)
 
@@ -109,9 +109,9 @@ def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection |
             raise loaded.error(message, "executor.kind") from None
         raise ConfigError(message, key="--ray") from None
     check_ray_version(str(getattr(ray, "__version__", "?")))  # before Ray's newer names
-    from servesweep.sweep import ray_exec
+    from servesweep.sweep.executors.ray import executor as ray_executor
 
-    return ray_exec.connect(ray_option or executor.address)
+    return ray_executor.connect(ray_option or executor.address)
 
 
 def fake_gpu_dir(loaded: LoadedSweep) -> str | None:

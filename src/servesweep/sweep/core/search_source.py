@@ -71,7 +71,7 @@ class SearchSource:
         self.search = Search.create(spec, history, only)
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
-        self.notes: list[str] = list(getattr(self.search, "notes", []) or [])
+        self.notes: list[str] = list(self.search.notes)
         """What the rebuilt search noticed in the stored trials (worth a warning)."""
         self._finished = False
 

@@ -1,5 +1,5 @@
 """A slot on a Ray node as the driver drives it (:class:`RaySlot`, a ``SlotHandle``):
-the slot's actor on its node (``sweep.ray_actor``) does the trial's work; a thread
+the slot's actor on its node (``sweep.executors.ray.actor``) does the trial's work; a thread
 here sends it one command at a time, puts the events it streams back into the
 driver's queue and ends each command with ``SlotIdle``, exactly like a local slot.
 
@@ -29,7 +29,6 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError, Ray
 
 from servesweep.errors import ServesweepError
 from servesweep.models import FailureClass, InstanceRecord, Outcome
-from servesweep.sweep.cluster import lost_evidence, short_error
 from servesweep.sweep.events import (
     Event,
     InstanceGone,
@@ -38,9 +37,10 @@ from servesweep.sweep.events import (
     SweepWarning,
     TrialFinished,
 )
-from servesweep.sweep.ray_actor import Done, Started
-from servesweep.sweep.slot import NodeInfo, Placement
-from servesweep.sweep.slot_handle import Command, CommandInbox, slot_idle
+from servesweep.sweep.executors.ray.actor import Done, Started
+from servesweep.sweep.executors.ray.nodes import lost_evidence, short_error
+from servesweep.sweep.slots.data import NodeInfo, Placement
+from servesweep.sweep.slots.handle import Command, CommandInbox, slot_idle
 
 __all__ = ["ActorState", "RaySlot", "SlotHost"]
 

@@ -23,11 +23,7 @@ from servesweep.models import FailureClass, ServerConfig
 from servesweep.spec.load import load_sweep
 from servesweep.spec.slots import gpu_need, slot_port
 from servesweep.store import Store, open_store
-from servesweep.sweep.channel import StoreWriter
-from servesweep.sweep.events import Event, InstanceStarted, NullObserver, Observer
-from servesweep.sweep.instance import placed
-from servesweep.sweep.node import leftover_of, prepare_node
-from servesweep.sweep.orchestrator import (
+from servesweep.sweep.commands.run import (
     new_run_id,
     open_sweep,
     server_api_key,
@@ -35,8 +31,12 @@ from servesweep.sweep.orchestrator import (
     sweep_context,
     sweep_lock,
 )
-from servesweep.sweep.slot import SlotWorker
-from servesweep.sweep.slot_types import CurrentInstance, Placement, TrialOrder, this_node
+from servesweep.sweep.core.store_writer import StoreWriter
+from servesweep.sweep.events import Event, InstanceStarted, NullObserver, Observer
+from servesweep.sweep.slots.data import CurrentInstance, Placement, TrialOrder, this_node
+from servesweep.sweep.slots.instance import placed
+from servesweep.sweep.slots.node import leftover_of, prepare_node
+from servesweep.sweep.slots.worker import SlotWorker
 
 __all__ = ["ApplyResult", "apply_config", "parse_sets"]
 

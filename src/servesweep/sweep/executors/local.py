@@ -2,7 +2,7 @@
 
 A :class:`LocalSlot` takes commands (run a trial, tear down, finish) one at a time in
 its own thread and tells the driver when it is idle again (``SlotIdle``), as every
-slot handle does (``sweep.slot_handle``). Its events
+slot handle does (``sweep.slots.handle``). Its events
 go straight into the driver's queue (``QueueChannel``). ``interrupt`` is called from
 the driver's thread: it stops the slot's instance at once and makes the running
 command end.
@@ -11,7 +11,7 @@ The slot's thread (and the load-generator processes it starts) is pinned to CPU
 cores of its own when every slot can have some, so that the load generators of
 concurrent trials do not compete for the same cores (``LocalExecutor``).
 
-:class:`LocalSite` is this machine as a run's site (``sweep.executors``): its GPUs
+:class:`LocalSite` is this machine as a run's site (``sweep.executors.site``): its GPUs
 checked before anything is created, its ports and GPUs leased, its GPUs described.
 """
 
@@ -30,22 +30,21 @@ from servesweep.servers.gpu.topology import link_distances
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import gpu_need, slot_ports
-from servesweep.sweep.channel import QueueChannel, TrialChannel
 from servesweep.sweep.events import Event
-from servesweep.sweep.executors import fake_gpu_dir
-from servesweep.sweep.leases import run_leases
-from servesweep.sweep.node import Leftover, NodePrepared, check_slot_ports, prepare_node
-from servesweep.sweep.slot import (
+from servesweep.sweep.executors.site import fake_gpu_dir
+from servesweep.sweep.slots.channel import QueueChannel, TrialChannel
+from servesweep.sweep.slots.data import (
     CurrentInstance,
-    GeneratorPools,
     NodeInfo,
     Placement,
-    SlotWorker,
     SweepContext,
-    pin_current_thread,
     this_node,
 )
-from servesweep.sweep.slot_handle import CommandInbox, carry_out, error_text, slot_idle
+from servesweep.sweep.slots.generators import GeneratorPools, pin_current_thread
+from servesweep.sweep.slots.handle import CommandInbox, carry_out, error_text, slot_idle
+from servesweep.sweep.slots.leases import run_leases
+from servesweep.sweep.slots.node import Leftover, NodePrepared, check_slot_ports, prepare_node
+from servesweep.sweep.slots.worker import SlotWorker
 
 __all__ = ["LocalExecutor", "LocalSite", "LocalSlot", "prepare_here"]
 
@@ -259,7 +258,7 @@ def prepare_here(
 
 
 class LocalSite:
-    """This machine as a run's site (``sweep.executors.Site``)."""
+    """This machine as a run's site (``sweep.executors.site.Site``)."""
 
     def __init__(self, loaded: LoadedSweep) -> None:
         self._loaded = loaded

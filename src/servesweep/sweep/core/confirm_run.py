@@ -1,6 +1,6 @@
 """The confirm phase as the driver runs it: what the store says (the rounds so far,
 the launches stored, the tie set) turned into the inputs of
-:func:`servesweep.sweep.confirm.decide`, and each step written back as a
+:func:`servesweep.sweep.core.confirm.decide`, and each step written back as a
 :class:`~servesweep.sweep.events.ConfirmStep` (committed, so a rerun continues)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from servesweep.report.best import find_best
 from servesweep.report.confirmed import steps_since_reset
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import Store
-from servesweep.sweep.confirm import Done, Relaunch, Round, cost, decide
+from servesweep.sweep.core.confirm import Done, Relaunch, Round, cost, decide
 from servesweep.sweep.events import ConfirmStep, Event
 
 __all__ = ["ConfirmRun"]

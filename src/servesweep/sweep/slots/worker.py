@@ -3,7 +3,7 @@
 A slot is a set of GPUs and a port on one machine. Its :class:`SlotWorker` moves the
 slot's server from one configuration to the next — stop → release → start → load →
 ready → bench → done — and reports every state change as a typed event
-(``sweep.events``) through a :class:`~servesweep.sweep.channel.TrialChannel`. It
+(``sweep.events``) through a :class:`~servesweep.sweep.slots.channel.TrialChannel`. It
 never reads or writes the results database: the driver, which owns the database and
 the search, hands it a :class:`TrialOrder` and applies its events. The same worker
 runs in a thread of ``servesweep run`` (local slots) and inside a Ray actor on
@@ -39,7 +39,6 @@ from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
 from servesweep.spec.schema import WorkloadSpec
-from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     InstanceGone,
     InstanceStarted,
@@ -55,56 +54,33 @@ from servesweep.sweep.events import (
     WorkloadDone,
     headline,
 )
-from servesweep.sweep.generators import GeneratorPools, pin_current_thread
-from servesweep.sweep.instance import (
+from servesweep.sweep.slots.channel import TrialChannel
+from servesweep.sweep.slots.data import (
+    CurrentInstance,
+    LoadRunner,
+    Placement,
+    SweepContext,
+    TrialOrder,
+)
+from servesweep.sweep.slots.generators import GeneratorPools
+from servesweep.sweep.slots.instance import (
     instance_pids,
     placed,
     released_events,
     server_lifecycle,
-    stop_instance,
-    stop_timeout,
     stopped_events,
 )
-from servesweep.sweep.launch import Launch, launch_fingerprint, launch_for, slot_server
-from servesweep.sweep.measure import (
+from servesweep.sweep.slots.launch import Launch, launch_for, slot_server
+from servesweep.sweep.slots.measure import (
     DYING_GRACE_S,
     LevelGate,
     check_errors,
     launch_workloads,
     slot_target,
 )
-from servesweep.sweep.slot_types import (
-    CurrentInstance,
-    LoadRunner,
-    NodeInfo,
-    Placement,
-    SweepContext,
-    TrialOrder,
-    this_node,
-)
-from servesweep.sweep.telemetry import SlotTelemetry
+from servesweep.sweep.slots.telemetry import SlotTelemetry
 
-# the slot's plain data, its launch and stopping one instance have modules of their own
-# (slot_types, launch, instance); they are named here too for the callers of this module
-__all__ = [
-    "CurrentInstance",
-    "GeneratorPools",
-    "Launch",
-    "LoadRunner",
-    "NodeInfo",
-    "Placement",
-    "SlotWorker",
-    "SweepContext",
-    "TrialOrder",
-    "instance_pids",
-    "launch_fingerprint",
-    "launch_for",
-    "pin_current_thread",
-    "slot_server",
-    "stop_instance",
-    "stop_timeout",
-    "this_node",
-]
+__all__ = ["SlotWorker"]
 
 
 class _Pruned(Exception):

@@ -20,7 +20,6 @@ from servesweep.servers.lifecycle import ServerLifecycle
 from servesweep.servers.ownership import Ownership
 from servesweep.servers.release import ReleaseResult
 from servesweep.spec.schema import ServerSpec
-from servesweep.sweep.channel import TrialChannel
 from servesweep.sweep.events import (
     Event,
     GpusReleased,
@@ -28,8 +27,9 @@ from servesweep.sweep.events import (
     InstanceStopped,
     SweepWarning,
 )
-from servesweep.sweep.launch import slot_server
-from servesweep.sweep.slot_types import CurrentInstance, Placement, SweepContext
+from servesweep.sweep.slots.channel import TrialChannel
+from servesweep.sweep.slots.data import CurrentInstance, Placement, SweepContext
+from servesweep.sweep.slots.launch import slot_server
 
 __all__ = [
     "instance_pids",

@@ -5,8 +5,8 @@ idempotent: run it again on the same file and it continues where the last run
 stopped — finished trials are skipped, a trial left ``running`` by a crash is run
 again after its recorded instance has been stopped (or adopted when it already
 runs a pending trial's launch), so two servers never share the GPUs. The work is
-done by a :class:`~servesweep.sweep.driver.Driver` and its slots, on the run's site
-(``sweep.executors``): threads of this process, or actors on the nodes of a Ray
+done by a :class:`~servesweep.sweep.core.driver.Driver` and its slots, on the run's site
+(``sweep.executors.site``): threads of this process, or actors on the nodes of a Ray
 cluster (``--ray``); nothing here knows which.
 """
 
@@ -34,17 +34,17 @@ from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.driver import (
+from servesweep.sweep.core.driver import (
     Driver,
     RunSettings,
     TrialSource,
     max_slots,
 )
+from servesweep.sweep.core.identity import changes
+from servesweep.sweep.core.search_source import SearchSource
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
-from servesweep.sweep.executors import Site, fake_gpu_dir, open_site
-from servesweep.sweep.identity import changes
-from servesweep.sweep.search_source import SearchSource
-from servesweep.sweep.slot import SweepContext, this_node
+from servesweep.sweep.executors.site import Site, fake_gpu_dir, open_site
+from servesweep.sweep.slots.data import SweepContext, this_node
 
 __all__ = [
     "RunOptions",
@@ -120,7 +120,7 @@ def open_sweep(
 ) -> SweepRecord:
     """Find the sweep of this file in the store (or create it) and sync its trials.
 
-    When the sweep file changed what a trial measures (``sweep.identity``) and trials
+    When the sweep file changed what a trial measures (``sweep.core.identity``) and trials
     already have results, refuse (ConfigError naming what changed) unless
     ``keep_results`` says to keep them as they are."""
     spec_path = str(loaded.path) if loaded.path else "<string>"

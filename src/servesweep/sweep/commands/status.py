@@ -23,7 +23,7 @@ from servesweep.servers.ownership import lock_holder
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.plan import KnownTrial
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.slot import this_node
+from servesweep.sweep.slots.data import this_node
 
 __all__ = ["format_status", "known_trials", "sweep_status"]
 

@@ -3,10 +3,10 @@ hands trials to slots and applies what they report.
 
 One run, in order:
 
-1. every machine is made ready (``sweep.node``): leftovers of earlier runs of this
+1. every machine is made ready (``sweep.slots.node``): leftovers of earlier runs of this
    database adopted or stopped, the GPU baseline taken or reused;
 2. the trials to run are queued (the plan's order; a search proposes them one by one)
-   and the :class:`~servesweep.sweep.scheduler.Scheduler` packs them onto slots —
+   and the :class:`~servesweep.sweep.core.scheduler.Scheduler` packs them onto slots —
    disjoint GPU sets, one port each — opening, reusing and tearing down slots;
 3. each slot (a thread here, a Ray actor on a cluster node) runs its trial and sends
    typed events back; the driver's thread alone writes them to the store
@@ -40,9 +40,22 @@ from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
-from servesweep.sweep.channel import StoreWriter
-from servesweep.sweep.confirm import Done
-from servesweep.sweep.confirm_run import ConfirmRun
+from servesweep.sweep.core.confirm import Done
+from servesweep.sweep.core.confirm_run import ConfirmRun
+from servesweep.sweep.core.health_notes import HealthNotes
+from servesweep.sweep.core.memory_gate import MemoryGate
+from servesweep.sweep.core.scheduler import (
+    Assign,
+    Decision,
+    Job,
+    NodePool,
+    Open,
+    Scheduler,
+    SlotView,
+    Teardown,
+    distances,
+)
+from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import (
     ConfirmStep,
     Event,
@@ -55,28 +68,15 @@ from servesweep.sweep.events import (
     SweepWarning,
     TrialFinished,
 )
-from servesweep.sweep.health_notes import HealthNotes
-from servesweep.sweep.memory_gate import MemoryGate
-from servesweep.sweep.node import Leftover, NodePrepared, leftover_of
-from servesweep.sweep.scheduler import (
-    Assign,
-    Decision,
-    Job,
-    NodePool,
-    Open,
-    Scheduler,
-    SlotView,
-    Teardown,
-    distances,
-)
-from servesweep.sweep.slot import (
+from servesweep.sweep.slots.data import (
     CurrentInstance,
     NodeInfo,
     Placement,
     SweepContext,
     TrialOrder,
-    stop_timeout,
 )
+from servesweep.sweep.slots.instance import stop_timeout
+from servesweep.sweep.slots.node import Leftover, NodePrepared, leftover_of
 
 __all__ = ["Driver", "SlotHandle", "TrialSource", "max_slots"]
 
@@ -103,8 +103,9 @@ class SlotHandle(Protocol):
 
 
 class Executor(Protocol):
-    """Where slots run: this machine (``sweep.local``) or a Ray cluster (``sweep.ray_exec``);
-    built for a run by its site (``sweep.executors``). The driver never knows which."""
+    """Where slots run: this machine (``sweep.executors.local``) or a Ray cluster
+    (``sweep.executors.ray.executor``); built for a run by its site
+    (``sweep.executors.site``). The driver never knows which."""
 
     def nodes(self) -> list[NodeInfo]: ...
 
@@ -133,7 +134,7 @@ class Executor(Protocol):
         service_slots: Sequence[int],
     ) -> NodePrepared:
         """Make ``node`` ready: its slots' ports checked, leftovers adopted or stopped,
-        the GPU baseline taken (see ``sweep.node``)."""
+        the GPU baseline taken (see ``sweep.slots.node``)."""
         ...
 
     def open(
@@ -148,7 +149,7 @@ class Executor(Protocol):
 
 
 class TrialSource(Protocol):
-    """What to run: a search's proposals (``sweep.search_source``: the grid is one)."""
+    """What to run: a search's proposals (``sweep.core.search_source``: the grid is one)."""
 
     planned: bool
     """Every trial it gives is known before the first take (a grid's plan of pending
@@ -309,7 +310,7 @@ class Driver:
         live = [t for t in self.store.live_instances() if t.instance is not None]
         for key, info in self.nodes.items():
             pool = Placement(info.name, 0, info.gpus, slot_port(self.spec, 0), info.node_id)
-            mine = [t for t in live if t.instance is not None and _on(info, t.instance)]
+            mine = [t for t in live if t.instance is not None and _runs_on(info, t.instance)]
             leftovers = [self._leftover(t, info) for t in mine]
             stored = _stored_baseline(self.sweep, key)
             prepared = self.executor.prepare(
@@ -664,7 +665,7 @@ class Driver:
 
     def _confirm(self) -> None:
         """Relaunch the tied leaders round by round until they separate or the budget
-        is spent (``sweep.confirm`` decides; each step is stored, so a rerun goes on)."""
+        is spent (``sweep.core.confirm`` decides; each step is stored, so a rerun goes on)."""
         spec = self.spec.confirm_phase
         if spec is None or self.state.stopping:
             return
@@ -810,7 +811,7 @@ def max_slots(spec: SweepSpec, option: int | None = None) -> int:
     return max(1, min(fit, limit or fit))
 
 
-def _on(node: NodeInfo, instance: InstanceRecord) -> bool:
+def _runs_on(node: NodeInfo, instance: InstanceRecord) -> bool:
     """Whether a recorded instance runs on ``node`` (records of older servesweeps name
     no machine: they ran here)."""
     if instance.node_id:

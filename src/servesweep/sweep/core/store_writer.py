@@ -1,27 +1,18 @@
-"""The one narrow interface between a slot and the driver: events, in order.
+"""The driver's one writer of the results database: :class:`StoreWriter`.
 
-A slot (``sweep.slot``) does the work of a trial on the machine that owns its GPUs
-and sends every state change as a typed event through a :class:`TrialChannel`.
-The driver owns the results database: :class:`StoreWriter` applies each event to
-it — phase changes, instance identity, results, telemetry, evidence, the outcome —
-and passes it on to the observers. Two channels implement the interface:
-
-* :class:`QueueChannel` — slots in threads of ``servesweep run``: events go straight
-  into the driver's queue; the driver's thread writes them (one writer);
-* ``sweep.ray_exec`` — slots in Ray actors on other machines: events are streamed
-  back to the driver, which puts them into the same queue.
-
-Nothing else differs between one machine and many.
+A slot sends every state change as a typed event through its
+:class:`~servesweep.sweep.slots.channel.TrialChannel`; the driver owns the results
+database, and its ``StoreWriter`` alone applies each event to it — phase changes,
+instance identity, results, telemetry, evidence, the outcome — and passes it on to the
+observers. ``servesweep apply`` and ``servesweep stop`` write through it too.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
 
 from servesweep.models import Outcome
 from servesweep.store import Store
@@ -39,23 +30,7 @@ from servesweep.sweep.events import (
     TrialStarted,
 )
 
-__all__ = ["QueueChannel", "StoreWriter", "TrialChannel"]
-
-
-class TrialChannel(Protocol):
-    """Where a slot sends its events; ``send`` never blocks for long and never raises."""
-
-    def send(self, event: Event) -> None: ...
-
-
-class QueueChannel:
-    """A slot's channel to a driver in the same process (a thread-safe queue)."""
-
-    def __init__(self, sink: queue.Queue[Event]) -> None:
-        self._sink = sink
-
-    def send(self, event: Event) -> None:
-        self._sink.put(event)
+__all__ = ["StoreWriter"]
 
 
 class StoreWriter:

@@ -26,10 +26,10 @@ from servesweep.servers.release import stop_instance
 from servesweep.spec.load import load_sweep
 from servesweep.spec.schema import ServerSpec
 from servesweep.store import open_store
-from servesweep.sweep.channel import StoreWriter
+from servesweep.sweep.commands.run import store_path_for, sweep_lock
+from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import InstanceGone, LeftoverStopped, NullObserver, Observer
-from servesweep.sweep.orchestrator import store_path_for, sweep_lock
-from servesweep.sweep.slot import this_node
+from servesweep.sweep.slots.data import this_node
 
 __all__ = ["StopResult", "stop_instances"]
 

@@ -1,9 +1,9 @@
-"""A Ray cluster as a run's site (``sweep.executors.Site``), for ``servesweep run
+"""A Ray cluster as a run's site (``sweep.executors.site.Site``), for ``servesweep run
 --ray``: the plan checked against the cluster's nodes before anything is created, the
 run's leases (its slots' ports, each node's GPUs) held on every node by a small actor
 there while the run lives — Ray ends it with the driver, and the locks end with it —,
 the cluster described for the sweep's record, and the run's
-:class:`~servesweep.sweep.ray_exec.RayExecutor`.
+:class:`~servesweep.sweep.executors.ray.executor.RayExecutor`.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from servesweep.servers.leases import Busy, Holder, Lease, Resource, resources_f
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import slot_ports
-from servesweep.sweep.cluster import (
+from servesweep.sweep.events import Event
+from servesweep.sweep.executors.ray.actor import on_node
+from servesweep.sweep.executors.ray.executor import RayConnection, RayExecutor, leave
+from servesweep.sweep.executors.ray.nodes import (
     RemoteFailure,
     check_cluster,
     cluster_spec,
     node_host,
     short_error,
 )
-from servesweep.sweep.events import Event
-from servesweep.sweep.leases import busy_message, owner_of, waiting_message
-from servesweep.sweep.ray_actor import on_node
-from servesweep.sweep.ray_exec import RayConnection, RayExecutor, leave
-from servesweep.sweep.slot import SweepContext
+from servesweep.sweep.slots.data import SweepContext
+from servesweep.sweep.slots.leases import busy_message, owner_of, waiting_message
 
 __all__ = ["RaySite", "hold_node_leases"]
 
@@ -134,7 +134,7 @@ def hold_node_leases(
 
 
 class RaySite:
-    """A joined Ray cluster as a run's site (``sweep.executors.Site``)."""
+    """A joined Ray cluster as a run's site (``sweep.executors.site.Site``)."""
 
     def __init__(self, loaded: LoadedSweep, connection: RayConnection) -> None:
         self._loaded = loaded
