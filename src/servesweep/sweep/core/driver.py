@@ -36,8 +36,10 @@ from typing import Any, Protocol
 
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import FailureClass, InstanceRecord, LevelResult, Outcome
+from servesweep.report.screening import ScreenPolicy
 from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec
+from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.core.confirm import Done
@@ -55,6 +57,7 @@ from servesweep.sweep.core.scheduler import (
     Teardown,
     distances,
 )
+from servesweep.sweep.core.screen_run import screen_policy
 from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import (
     ConfirmStep,
@@ -257,6 +260,7 @@ class Driver:
         self.nodes: dict[str, NodeInfo] = {n.key: n for n in executor.nodes()}
         """The machines of this run, by key (see ``NodeInfo.key``)."""
         self.memory = MemoryGate(self.spec, enabled=settings.predict)
+        self.screening = screening_plan(self.spec)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -517,7 +521,14 @@ class Driver:
             prune=None if trial.id in self.state.relaunch else self.source.prune_policy(),
             number=trial.number,
             relaunch=self.state.relaunch.get(trial.id, ()),
+            screen=None if trial.id in self.state.relaunch else self._screen_policy(),
         )
+
+    def _screen_policy(self) -> ScreenPolicy | None:
+        """The screening snapshot for the next trial (None: no screening pass)."""
+        if self.screening is None:
+            return None
+        return screen_policy(self.store, self.sweep.id, self.spec, self.screening)
 
     def _wait_event(self) -> None:
         try:
