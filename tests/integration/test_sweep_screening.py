@@ -52,6 +52,12 @@ def test_a_clearly_worse_configuration_is_screened_out_and_the_saving_reported(
             wait_for_event(
                 events, lambda e: e.get("event") == "screening" and not e.get("kept"), 120
             )
+            # the decision is stored as it is made; the trial's outcome right after it
+            wait_for_event(
+                events,
+                lambda e: e.get("event") == "trial_finished" and e.get("outcome") == "pruned",
+                60,
+            )
             proc.send_signal(signal.SIGINT)  # Ctrl-C after the first configuration screened out
             proc.wait(timeout=60)
         with open_store(tmp_path / "servesweep.db", readonly=True) as store:

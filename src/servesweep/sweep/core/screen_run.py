@@ -8,7 +8,7 @@ decided yet."""
 
 from __future__ import annotations
 
-from servesweep.errors import ServesweepError
+from servesweep.errors import ConfigError
 from servesweep.models import usable
 from servesweep.report.best import find_best
 from servesweep.report.screening import Figure, Reference, ScreenPolicy, figure_of, screening_stats
@@ -32,8 +32,10 @@ def screen_policy(
     data = store.load_sweep_data(sweep_id, with_samples=False)
     try:
         ranking = find_best(data).ranking
-    except ServesweepError:
-        ranking = ()  # nothing measured yet to rank (no objective can be found)
+    except ConfigError:
+        # nothing measured yet to rank (no objective can be found); never an Interrupted
+        # (Ctrl-C raises it wherever the run is: it must stop the run, not the references)
+        ranking = ()
     for cand in ranking:
         levels = usable(data.screening.get(cand.trial.id, ()), spec.include_unreliable)
         figures: list[Figure] = []
