@@ -29,7 +29,8 @@ Every policy reads the same measurements and decides through servesweep's own
   (``--confirm-launches`` extra launches; by default as many as keep its GPU-hours
   within those of ``grid-repeats-3``).
 
-- ``screening+confirm``: ``screening: {requests: 25%}`` first, then as
+- ``screening+confirm``: ``screening: {requests: 25%}`` (its default threshold, 5 %;
+  ``--screen-threshold``) first, then as
   ``intervals+confirm``: each configuration's launch measures a short level (8 of the
   32 requests) first; servesweep's screening decision
   (``servesweep.report.screening.screen_reason``, what the slot runs, against the
@@ -180,6 +181,9 @@ class Decision:
     gpu_hours: float
     launches: int
     decided: bool
+    screened_out: int = 0
+    good_screened_out: bool = False
+    """A configuration within 2 % of the true best was screened out."""
 
 
 def _confirm(
@@ -231,6 +235,10 @@ def _references(
     return tuple(out)
 
 
+SCREEN_THRESHOLD = [0.05]
+"""``screening.threshold`` (``--screen-threshold``)."""
+
+
 def screen_then_confirm(
     ids: list[int], truth: list[float], rng: random.Random, noise: Noise, confirm_launches: int
 ) -> Decision:
@@ -242,14 +250,20 @@ def screen_then_confirm(
         factor = _launches(rng, noise)  # one launch: screening, then maybe the full level
         level = measure(truth[tid - 1], factor, 0, 0, rng, noise, requests=SCREEN_REQUESTS)
         short[tid] = replace(level, screening=True)
-        policy = ScreenPolicy(((ref, "max"),), references=_references(full, short))
+        policy = ScreenPolicy(
+            ((ref, "max"),), references=_references(full, short), threshold=SCREEN_THRESHOLD[0]
+        )
         if screen_reason(policy, [short[tid]]) is None:
             full[tid] = [measure(truth[tid - 1], factor, 0, 0, rng, noise)]
     now, extra = _confirm(full, truth, rng, noise, confirm_launches)
     assert now.trial is not None
     n = len(ids)
     levels = n * SCREEN_REQUESTS / REQUESTS + len(full) + extra
-    return Decision(now.trial.id, hours(n + extra, levels), n + extra, now.decided)
+    top = max(truth)
+    good = any(truth[t - 1] >= 0.98 * top for t in ids if t not in full)
+    return Decision(
+        now.trial.id, hours(n + extra, levels), n + extra, now.decided, n - len(full), good
+    )
 
 
 def run_seed(
@@ -298,9 +312,13 @@ def main() -> None:
         help="extra launches the confirm phase may spend (default: what keeps the "
         "GPU-hours within those of a grid with repeats: 3)",
     )
+    parser.add_argument(
+        "--screen-threshold", type=float, default=0.05, help="screening.threshold (0.05)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     noise = Noise(args.launch_sd, args.request_sd)
+    SCREEN_THRESHOLD[0] = args.screen_threshold
     if args.confirm_launches is None:
         # a grid with repeats 3 measures 2 more levels per configuration; one confirm
         # launch costs a launch and a level
@@ -309,6 +327,8 @@ def main() -> None:
     wrong: dict[str, int] = {}
     hours: dict[str, list[float]] = {}
     ties: dict[str, int] = {}
+    screened: list[int] = []
+    good_out = 0
     for seed in range(args.seeds):
         truth, outcomes = run_seed(seed, args.configs, noise, args.confirm_launches)
         top = max(truth)
@@ -316,6 +336,8 @@ def main() -> None:
             wrong[name] = wrong.get(name, 0) + (truth[o.chosen - 1] < 0.98 * top)
             hours.setdefault(name, []).append(o.gpu_hours)
             ties[name] = ties.get(name, 0) + (not o.decided)
+        screened.append(outcomes["screening+confirm"].screened_out)
+        good_out += outcomes["screening+confirm"].good_screened_out
     rows: list[dict[str, Any]] = []
     for name in wrong:
         lo, hi = wilson(wrong[name], args.seeds) or (0.0, 0.0)
@@ -329,8 +351,10 @@ def main() -> None:
                 "undecided": ties[name] / args.seeds,
             }
         )
+    mean_out = statistics.fmean(screened)
     if args.json:
-        print(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        extra = {"screened_out": mean_out, "good_screened_out": good_out / args.seeds}
+        print(json.dumps({"args": vars(args), "rows": rows, **extra}, indent=2))
         return
     print(
         f"{args.seeds} seeds, {args.configs} configurations, launch sd {args.launch_sd:.1%}, "
@@ -344,6 +368,10 @@ def main() -> None:
             f"({r['wrong_lo']:.1%}..{r['wrong_hi']:.1%}) "
             f"| {r['gpu_hours']:.1f} | {r['undecided']:.0%} |"
         )
+    print(
+        f"screening+confirm screened out {mean_out:.1f} of {args.configs} on average; "
+        f"a configuration within 2 % of the best in {good_out} of {args.seeds} seeds"
+    )
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ class ScreenPolicy:
     constraints: tuple[Constraint, ...] = ()
     references: tuple[Reference, ...] = ()
     confidence: float = 0.95
-    threshold: float = 0.01
+    threshold: float = 0.05
     include_unreliable: bool = False
 
 

@@ -611,9 +611,11 @@ class ScreeningSpec(_Frozen):
     requests: Annotated[int | float, BeforeValidator(_screen_requests)] = 0.25
     """Requests of a screening level: a count (``16``, at most the workload's own) or a
     fraction of the workload's ``requests`` (or ``duration``): ``0.25`` or ``25%``."""
-    threshold: Fraction | None = None
-    """The relative gap beyond which a screening result cannot win (default: the
-    sweep's ``decision.threshold``)."""
+    threshold: Fraction = 0.05
+    """The relative gap, beyond both intervals, under which a screening result cannot
+    win. Larger than ``decision.threshold`` by default: screening compares levels of
+    different launches, and one launch's interval does not hold the launch-to-launch
+    variation (about 2 % measured on an H200; docs/benchmarks.md)."""
 
     @model_validator(mode="after")
     def _requests_shape(self) -> ScreeningSpec:

@@ -94,5 +94,4 @@ def screening_plan(spec: SweepSpec) -> ScreeningPlan | None:
         for w in spec.workloads
         if isinstance(w, LoadWorkload) and w.name in named
     )
-    threshold = settings.threshold if settings.threshold is not None else spec.decision.threshold
-    return ScreeningPlan(settings, workloads, threshold)
+    return ScreeningPlan(settings, workloads, settings.threshold)
