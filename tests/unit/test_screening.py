@@ -224,3 +224,17 @@ def test_a_slower_configuration_screened_out_saved_more_than_the_kept_ones_cost(
     # a pass whose screening cost more than it saved says so
     costly = dataclasses.replace(summary, screening_gpu_s=50.0)
     assert "cost more than it saved: 16 requests, -10 GPU-s" in screening_note(costly)
+
+
+def test_the_launch_warms_up_once_with_the_screening_levels_first() -> None:
+    from servesweep.sweep.slots.measure import launch_workloads, screening_workloads
+
+    spec = _spec("objective: {maximize: chat.c8.output_throughput}\nscreening: true\n")
+    (short,) = screening_workloads(spec)
+    # the launch's warm-up goes with the first screening level ...
+    assert (short.name, short.warmup, short.requests) == ("chat", "launch", 10)
+    # ... and the full measurement after it in the same launch has none of its own
+    full = launch_workloads(spec, 0, warmed=True)
+    assert [w.warmup for w in full if w.name == "chat"] == ["auto"]
+    assert [w.warmup for w in launch_workloads(spec, 0) if w.name == "chat"] == ["launch"]
+    assert screening_workloads(_spec("")) == []
