@@ -4,6 +4,7 @@ configuration measured on short levels still win?) and the saving from the recor
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,26 @@ def test_the_launch_warms_up_once_with_the_screening_levels_first() -> None:
     assert [w.warmup for w in full if w.name == "chat"] == ["auto"]
     assert [w.warmup for w in launch_workloads(spec, 0) if w.name == "chat"] == ["launch"]
     assert screening_workloads(_spec("")) == []
+
+
+def test_the_snapshot_lets_ctrl_c_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C raises Interrupted wherever the run is: while the driver ranks the
+    references it must stop the run, never leave the snapshot without references."""
+    import servesweep.sweep.core.screen_run as screen_run
+    from servesweep.errors import Interrupted
+    from servesweep.spec.screening import screening_plan as plan_of
+    from servesweep.store import open_store
+
+    spec = _spec("screening: true\n")
+    plan = plan_of(spec)
+    assert plan is not None
+    with open_store(tmp_path / "s.db") as store:
+        sweep = store.create_sweep("s", "s.yaml", "", "hash", "0.1.0")
+        assert screen_run.screen_policy(store, sweep.id, spec, plan).references == ()
+
+        def interrupted(*args: object, **kwargs: object) -> None:
+            raise Interrupted("received SIGINT")
+
+        monkeypatch.setattr(screen_run, "find_best", interrupted)
+        with pytest.raises(Interrupted):
+            screen_run.screen_policy(store, sweep.id, spec, plan)
