@@ -1,6 +1,8 @@
 """Shape rules for servesweep's own code, checked on its source: no function outside
 the click commands takes more than :data:`MAX_PARAMS` parameters (a longer list is a
-spec spelled out field by field: pass the spec and one options object instead)."""
+spec spelled out field by field: pass the spec and one options object instead), and no
+module of ``servesweep.sweep`` is longer than :data:`MAX_SWEEP_LINES` lines (a longer
+one holds more than one idea: split it by them)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ SRC = ROOT / "src" / "servesweep"
 MAX_PARAMS = 10
 """Parameters a function may take (``self``/``cls`` not counted; ``*args`` and
 ``**kwargs`` count one each)."""
+
+MAX_SWEEP_LINES = 500
+"""Lines a module under ``src/servesweep/sweep`` may have (``wc -l``)."""
 
 _CLICK_DECORATORS = {"command", "group", "option", "argument"}
 
@@ -73,3 +78,27 @@ def command({params}, x): ...
         "too_many",
         "also_too_many",
     ]
+
+
+def long_modules(root: Path, limit: int) -> list[str]:
+    """``path (N lines)`` for each module under ``root`` longer than ``limit`` lines."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().count("\n")
+        if lines > limit:
+            found.append(f"{path.relative_to(root)} ({lines} lines)")
+    return found
+
+
+def test_no_module_of_the_sweep_package_is_over_500_lines() -> None:
+    root = SRC / "sweep"
+    assert len(list(root.rglob("*.py"))) > 30, "the sweep package is where it was"
+    found = long_modules(root, MAX_SWEEP_LINES)
+    assert not found, "split these by their ideas:\n" + "\n".join(found)
+
+
+def test_the_length_rule_counts_lines_as_wc_does(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "long.py").write_text("x = 1\n" * 6)
+    (tmp_path / "short.py").write_text("x = 1\n" * 5)
+    assert long_modules(tmp_path, 5) == ["sub/long.py (6 lines)"]

@@ -15,7 +15,8 @@ from servesweep.models import FailureClass, Outcome
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
 from servesweep.sweep.commands.run import open_sweep
-from servesweep.sweep.core.driver import Driver, RunSettings
+from servesweep.sweep.core.driver import Driver
+from servesweep.sweep.core.run_state import RunSettings
 from servesweep.sweep.core.search_source import SearchSource
 from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import (

@@ -34,13 +34,11 @@ from servesweep.spec.expand import expand_configs
 from servesweep.spec.load import LoadedSweep, load_sweep, load_sweep_text
 from servesweep.spec.schema import ServerSpec, SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord, open_store
-from servesweep.sweep.core.driver import (
-    Driver,
-    RunSettings,
-    TrialSource,
-    max_slots,
-)
+from servesweep.sweep.core.driver import Driver
 from servesweep.sweep.core.identity import changes
+from servesweep.sweep.core.rules import max_slots
+from servesweep.sweep.core.run_state import RunSettings
+from servesweep.sweep.core.seams import TrialSource
 from servesweep.sweep.core.search_source import SearchSource
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
 from servesweep.sweep.executors.site import Site, fake_gpu_dir, open_site

@@ -117,7 +117,8 @@ class SearchSource:
         )
 
     def prune_policy(self) -> PrunePolicy | None:
-        if self.planned:
-            return None  # a grid's plan of pending trials runs every level, as it always has
+        """The early-stop rule for the next trial handed to a slot (None: every level
+        runs): a snapshot of the best so far, taken when the trial starts, so a grid's
+        plan queued at once prunes against the trials finished before each one."""
         policy = self.search.prune_policy()
         return policy if policy.enabled else None

@@ -12,7 +12,7 @@ one it has (as an HTTP client never knows its transport):
   its nodes');
 * ``leases`` — the run's hold on the ports and GPUs of every machine it uses;
 * ``environment`` — what the run ran on, for the sweep's record;
-* ``executor`` — the driver's :class:`~servesweep.sweep.core.driver.Executor` for the run;
+* ``executor`` — the driver's :class:`~servesweep.sweep.core.seams.Executor` for the run;
 * ``close`` — leave (a cluster), also when the run ends before its executor does.
 
 :func:`fake_gpu_dir` is the fake GPUs the sweep file names for the machine that runs
@@ -31,7 +31,7 @@ from servesweep.errors import ConfigError
 from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
-from servesweep.sweep.core.driver import Executor
+from servesweep.sweep.core.seams import Executor
 from servesweep.sweep.events import Event
 from servesweep.sweep.executors.ray.nodes import check_ray_version
 from servesweep.sweep.slots.data import SweepContext
