@@ -90,8 +90,7 @@ class _Pruned(Exception):
     def __init__(self, reason: str, why: str = "pruned") -> None:
         super().__init__(reason)
         self.reason = reason
-        self.why = why
-        """The evidence's reason: ``pruned`` (the search's early stop) or ``screened``."""
+        self.why = why  # the evidence's reason: pruned (the search's early stop) or screened
 
 
 class SlotWorker:
@@ -422,11 +421,8 @@ class SlotWorker:
         assert order.screen is not None
         results = self._bench(order, model, screening=True)
         reason = screen_reason(order.screen, results, self._phase_seconds)
-        self.emit(
-            Screened(
-                trial=order.trial, kept=reason is None, reason=reason or "", attempt=order.attempt
-            )
-        )
+        self.emit(Screened(trial=order.trial, kept=reason is None, reason=reason or "",
+                           attempt=order.attempt))  # fmt: skip
         if reason is not None:
             raise _Pruned(reason, "screened")
 
