@@ -29,6 +29,16 @@ Every policy reads the same measurements and decides through servesweep's own
   (``--confirm-launches`` extra launches; by default as many as keep its GPU-hours
   within those of ``grid-repeats-3``).
 
+- ``screening+confirm``: ``screening: {requests: 25%}`` (its default threshold, 5 %;
+  ``--screen-threshold``) first, then as
+  ``intervals+confirm``: each configuration's launch measures a short level (8 of the
+  32 requests) first; servesweep's screening decision
+  (``servesweep.report.screening.screen_reason``, what the slot runs, against the
+  references the driver gives it: the candidates of ``best`` so far, by their own
+  screening figures) either screens it out or measures the full level in the same
+  launch (the same launch factor); then the confirm phase on the full results, with
+  the same budget.
+
 A winner is **wrong** when its true throughput is more than 2 % below the true best.
 GPU-hours come from a model of a large deployment: 8 GPUs, 7 min to stop, release and
 load, 3 min per measured level. Numbers over ``--seeds`` seeds (Wilson 95 % interval
@@ -44,13 +54,21 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from servesweep.intervals import wilson
 from servesweep.level_intervals import level_intervals
 from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
-from servesweep.report.best import find_best
+from servesweep.report.best import BestResult, find_best
+from servesweep.report.screening import (
+    Reference,
+    ScreenPolicy,
+    figure_of,
+    screen_reason,
+    screening_stats,
+)
+from servesweep.spec.constraints import parse_metric_ref
 from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
 from servesweep.store.records import SweepData, SweepRecord, TrialRecord
 from servesweep.sweep.core.confirm import Done, Round, cost, decide, spent_launches
@@ -84,15 +102,21 @@ def landscape(rng: random.Random, n: int) -> list[float]:
 
 
 def measure(
-    truth: float, launch_factor: float, repeat: int, launch: int, rng: random.Random, noise: Noise
+    truth: float,
+    launch_factor: float,
+    repeat: int,
+    launch: int,
+    rng: random.Random,
+    noise: Noise,
+    requests: int = REQUESTS,
 ) -> LevelResult:
-    """One level at concurrency 1: requests one after another, TTFT 30 ms, one token
-    per chunk, each request's decode rate noisy."""
+    """One level at concurrency 1: ``requests`` one after another, TTFT 30 ms, one
+    token per chunk, each request's decode rate noisy."""
     rate = truth * launch_factor * rng.gauss(1.0, noise.repeat_sd)
     samples: list[RequestSample] = []
     t = 0.0
     tokens_total = 0
-    for i in range(REQUESTS):
+    for i in range(requests):
         duration = TOKENS / max(1.0, rate * rng.gauss(1.0, noise.request_sd))
         ttft = min(0.5 * duration, max(0.005, rng.gauss(0.030, 0.003)))
         gaps = (max(1e-5, (duration - ttft) / (TOKENS - 1)),) * (TOKENS - 1)
@@ -142,7 +166,7 @@ def _data(results: dict[int, list[LevelResult]]) -> SweepData:
     )
 
 
-def hours(launches: int, levels: int) -> float:
+def hours(launches: int, levels: float) -> float:
     """GPU-hours of ``launches`` launches and ``levels`` measured levels."""
     return (launches * LAUNCH_MIN + levels * LEVEL_MIN) * GPUS / 60
 
@@ -157,6 +181,89 @@ class Decision:
     gpu_hours: float
     launches: int
     decided: bool
+    screened_out: int = 0
+    good_screened_out: bool = False
+    """A configuration within 2 % of the true best was screened out."""
+
+
+def _confirm(
+    results: dict[int, list[LevelResult]],
+    truth: list[float],
+    rng: random.Random,
+    noise: Noise,
+    confirm_launches: int,
+) -> tuple[BestResult, int]:
+    """The confirm phase as the driver decides it, on ``results`` (one level per launch,
+    grown in place): the result of ``best`` at its end and the extra launches spent."""
+    now = find_best(_data(results), OBJECTIVE)
+    if confirm_launches >= 2:
+        spec = ConfirmSpec(top=3, launches=1, budget=ConfirmBudget(launches=confirm_launches))
+        rounds: list[Round] = []
+        while True:
+            tied = [c.trial.id for c in now.ranking if c is now.winner or c in now.ties]
+            stored = {t: len(r) for t, r in results.items()}  # one level per launch
+            step = decide(spec, tied, stored, rounds)
+            if isinstance(step, Done):
+                break
+            for tid, more in step.more.items():
+                for k in range(more):
+                    factor = _launches(rng, noise)
+                    launch = stored[tid] + k
+                    results[tid].append(measure(truth[tid - 1], factor, 0, launch, rng, noise))
+            rounds.append(Round(step.round, step.targets, done=True, relaunches=cost(step)))
+            now = find_best(_data(results), OBJECTIVE)
+    return now, spent_launches({t: len(r) for t, r in results.items()}, 1)
+
+
+SCREEN_REQUESTS = REQUESTS // 4
+"""``screening: {requests: 25%}``."""
+
+
+def _references(
+    full: dict[int, list[LevelResult]], short: dict[int, LevelResult]
+) -> tuple[Reference, ...]:
+    """What the driver gives the slot: the candidates of ``best`` so far (measured in
+    full), by their own screening figures."""
+    if not full:
+        return ()
+    ref = parse_metric_ref(OBJECTIVE)
+    out = []
+    for cand in find_best(_data(full), OBJECTIVE).ranking:
+        stats = screening_stats([short[cand.trial.id]], ref)
+        if stats is not None:
+            out.append(Reference(cand.trial.id, cand.trial.id, (figure_of(stats, 0.95),)))
+    return tuple(out)
+
+
+SCREEN_THRESHOLD = [0.05]
+"""``screening.threshold`` (``--screen-threshold``)."""
+
+
+def screen_then_confirm(
+    ids: list[int], truth: list[float], rng: random.Random, noise: Noise, confirm_launches: int
+) -> Decision:
+    """Screening, then the confirm phase on what was measured in full."""
+    ref = parse_metric_ref(OBJECTIVE)
+    short: dict[int, LevelResult] = {}
+    full: dict[int, list[LevelResult]] = {}
+    for tid in ids:
+        factor = _launches(rng, noise)  # one launch: screening, then maybe the full level
+        level = measure(truth[tid - 1], factor, 0, 0, rng, noise, requests=SCREEN_REQUESTS)
+        short[tid] = replace(level, screening=True)
+        policy = ScreenPolicy(
+            ((ref, "max"),), references=_references(full, short), threshold=SCREEN_THRESHOLD[0]
+        )
+        if screen_reason(policy, [short[tid]]) is None:
+            full[tid] = [measure(truth[tid - 1], factor, 0, 0, rng, noise)]
+    now, extra = _confirm(full, truth, rng, noise, confirm_launches)
+    assert now.trial is not None
+    n = len(ids)
+    levels = n * SCREEN_REQUESTS / REQUESTS + len(full) + extra
+    top = max(truth)
+    good = any(truth[t - 1] >= 0.98 * top for t in ids if t not in full)
+    return Decision(
+        now.trial.id, hours(n + extra, levels), n + extra, now.decided, n - len(full), good
+    )
 
 
 def run_seed(
@@ -183,28 +290,12 @@ def run_seed(
     leader = best.ranking[0].trial.id
     out["intervals"] = Decision(leader, hours(n, n), n, best.decided)
     # confirm: the driver's decision, round by round, on everything measured so far
-    results = {t: list(r) for t, r in one.items()}
-    now = best
-    if confirm_launches >= 2:
-        spec = ConfirmSpec(top=3, launches=1, budget=ConfirmBudget(launches=confirm_launches))
-        rounds: list[Round] = []
-        while True:
-            tied = [c.trial.id for c in now.ranking if c is now.winner or c in now.ties]
-            stored = {t: len(r) for t, r in results.items()}  # one level per launch
-            step = decide(spec, tied, stored, rounds)
-            if isinstance(step, Done):
-                break
-            for tid, more in step.more.items():
-                for k in range(more):
-                    factor = _launches(rng, noise)
-                    launch = stored[tid] + k
-                    results[tid].append(measure(truth[tid - 1], factor, 0, launch, rng, noise))
-            rounds.append(Round(step.round, step.targets, done=True, relaunches=cost(step)))
-            now = find_best(_data(results), OBJECTIVE)
-    extra = spent_launches({t: len(r) for t, r in results.items()}, 1)
+    now, extra = _confirm({t: list(r) for t, r in one.items()}, truth, rng, noise,
+                          confirm_launches)  # fmt: skip
     assert now.trial is not None
     chosen, decided = now.trial.id, now.decided
     out["intervals+confirm"] = Decision(chosen, hours(n + extra, n + extra), n + extra, decided)
+    out["screening+confirm"] = screen_then_confirm(ids, truth, rng, noise, confirm_launches)
     return truth, out
 
 
@@ -221,9 +312,13 @@ def main() -> None:
         help="extra launches the confirm phase may spend (default: what keeps the "
         "GPU-hours within those of a grid with repeats: 3)",
     )
+    parser.add_argument(
+        "--screen-threshold", type=float, default=0.05, help="screening.threshold (0.05)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     noise = Noise(args.launch_sd, args.request_sd)
+    SCREEN_THRESHOLD[0] = args.screen_threshold
     if args.confirm_launches is None:
         # a grid with repeats 3 measures 2 more levels per configuration; one confirm
         # launch costs a launch and a level
@@ -232,6 +327,8 @@ def main() -> None:
     wrong: dict[str, int] = {}
     hours: dict[str, list[float]] = {}
     ties: dict[str, int] = {}
+    screened: list[int] = []
+    good_out = 0
     for seed in range(args.seeds):
         truth, outcomes = run_seed(seed, args.configs, noise, args.confirm_launches)
         top = max(truth)
@@ -239,6 +336,8 @@ def main() -> None:
             wrong[name] = wrong.get(name, 0) + (truth[o.chosen - 1] < 0.98 * top)
             hours.setdefault(name, []).append(o.gpu_hours)
             ties[name] = ties.get(name, 0) + (not o.decided)
+        screened.append(outcomes["screening+confirm"].screened_out)
+        good_out += outcomes["screening+confirm"].good_screened_out
     rows: list[dict[str, Any]] = []
     for name in wrong:
         lo, hi = wilson(wrong[name], args.seeds) or (0.0, 0.0)
@@ -252,8 +351,10 @@ def main() -> None:
                 "undecided": ties[name] / args.seeds,
             }
         )
+    mean_out = statistics.fmean(screened)
     if args.json:
-        print(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        extra = {"screened_out": mean_out, "good_screened_out": good_out / args.seeds}
+        print(json.dumps({"args": vars(args), "rows": rows, **extra}, indent=2))
         return
     print(
         f"{args.seeds} seeds, {args.configs} configurations, launch sd {args.launch_sd:.1%}, "
@@ -267,6 +368,10 @@ def main() -> None:
             f"({r['wrong_lo']:.1%}..{r['wrong_hi']:.1%}) "
             f"| {r['gpu_hours']:.1f} | {r['undecided']:.0%} |"
         )
+    print(
+        f"screening+confirm screened out {mean_out:.1f} of {args.configs} on average; "
+        f"a configuration within 2 % of the best in {good_out} of {args.seeds} seeds"
+    )
 
 
 if __name__ == "__main__":

@@ -374,6 +374,9 @@ class LevelResult:
     """Why the load generator could not time this level (``bench.health``): its
     numbers are kept and shown, marked, but ``best``, constraints and pruning leave
     them out unless told to take them in. None: the level is reliable."""
+    screening: bool = False
+    """Measured in the screening pass (short levels, ``screening`` in the sweep file):
+    stored apart from the full measurement, never taken for it."""
 
 
 def usable(results: Iterable[LevelResult], include_unreliable: bool = False) -> list[LevelResult]:

@@ -230,3 +230,26 @@ def test_the_phase_reads_its_rounds_from_the_store_and_starts_anew_after_a_reset
         assert isinstance(fresh, Relaunch) and fresh.new and fresh.round == 1
         best = find_best(store.load_sweep_data(sweep.id, with_samples=False))
         assert best.confirm is None  # the reset phase says nothing yet
+
+
+def test_ctrl_c_while_the_phase_reads_its_standing_stops_the_run(tmp_path: Path) -> None:
+    """The signal handler raises Interrupted wherever the run is; inside the phase's
+    reading of the store it must stop the run, not end the phase as undecidable."""
+    from servesweep.errors import Interrupted
+
+    with open_store(tmp_path / "s.db") as store:
+        sweep = store.create_sweep("s", "s.yaml", "", "hash", "0.1.0")
+        writer = StoreWriter(store, sweep.id, NullObserver())
+        phase = ConfirmRun(store, sweep.id, ConfirmSpec(), writer.note)  # type: ignore[arg-type]
+
+        def interrupted(*args: object, **kwargs: object) -> None:
+            raise Interrupted("received SIGINT")
+
+        store_load = store.load_sweep_data
+        store.load_sweep_data = interrupted  # type: ignore[method-assign, assignment]
+        try:
+            with pytest.raises(Interrupted):
+                phase.next()
+        finally:
+            store.load_sweep_data = store_load  # type: ignore[method-assign]
+        assert not store.events(sweep.id, "confirm")  # nothing recorded as decided

@@ -25,6 +25,7 @@ from servesweep.sweep.events import (
     Event,
     PhaseEntered,
     Progress,
+    Screened,
     SweepStarted,
     SweepWarning,
     TrialFinished,
@@ -105,6 +106,8 @@ class ProgressDisplay:
                 self._on_warning(event)
             elif isinstance(event, ConfirmStep):
                 self._on_confirm(event)
+            elif isinstance(event, Screened):
+                self._on_screened(event)
             self._refresh()
 
     def close(self) -> None:
@@ -212,6 +215,14 @@ class ProgressDisplay:
                 style="dim",
             )
         self._print(text)
+
+    def _on_screened(self, event: Screened) -> None:
+        """What screening decided on a trial's short levels (docs/sweep-file.md)."""
+        trial = self._n(event.trial) if event.trial is not None else "?"
+        if event.kept:
+            self._print(f"screening: trial {trial} can still win: measured in full")
+        else:
+            self._print(f"screening: trial {trial} screened out: {event.reason}")
 
     def _on_confirm(self, event: ConfirmStep) -> None:
         """The confirm phase's rounds and end (docs/sweep-file.md, ``confirm``)."""

@@ -21,7 +21,11 @@ How it decides (also in docs/reports.md):
    Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
    GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
    said in one line. Values equal within ``rel_tol`` are ranked by run order.
-5. When the sweep ran a confirm phase (``confirm`` in the sweep file: the tied
+5. When the sweep ran a screening pass (``screening`` in the sweep file: short
+   levels first, full measurement only for those that could still win), the
+   configurations it screened out are excluded as ``screened`` with the reason, and a
+   note says what it decided and what it saved (:mod:`servesweep.report.screened`).
+   When the sweep ran a confirm phase (``confirm`` in the sweep file: the tied
    leaders relaunched until they separate or its budget is spent), a note says what
    it did and what it changed (:mod:`servesweep.report.confirmed`).
 6. With several objectives the Pareto set (candidates no other candidate beats
@@ -56,6 +60,7 @@ from servesweep.report.data import (
 )
 from servesweep.report.refs import ResultIndex, objective_of, stored_spec
 from servesweep.report.resources import trial_gpus
+from servesweep.report.screened import ScreeningSummary, screening_note, summarise_screening
 from servesweep.report.uncertainty import (
     Margin,
     Rules,
@@ -105,7 +110,8 @@ class Exclusion:
     label: str
     kind: str
     """``failed``, ``not_measured``, ``not_in_plan``, ``missing_metric``, ``unreliable``
-    (a level it needs could not be timed by the load generator) or ``constraint``."""
+    (a level it needs could not be timed by the load generator), ``constraint`` or
+    ``screened`` (the screening pass found it could not win)."""
     reason: str
     """One line a person can read."""
     metric: str | None = None
@@ -147,6 +153,9 @@ class BestResult:
     untrusted: tuple[Untrusted, ...] = ()
     """The winner's figures that rest on an untrusted acceptance length (one note per
     workload)."""
+    screening: ScreeningSummary | None = None
+    """What the sweep's screening pass decided and saved (None: it had none)."""
+    screening_note: str = ""
 
     @property
     def feasible(self) -> bool:
@@ -227,6 +236,9 @@ def _exclude_unfinished(trial: TrialRecord, label: str) -> Exclusion | None:
         cls = trial.failure_class.value if trial.failure_class else "unclassified"
         why = trial.evidence.summary() if trial.evidence else "no evidence recorded"
         return Exclusion(trial, label, "failed", f"failed: {cls}: {why}")
+    evidence = trial.evidence
+    if trial.outcome is Outcome.PRUNED and evidence is not None and evidence.reason == "screened":
+        return Exclusion(trial, label, "screened", f"screened out: {evidence.message}")
     if trial.outcome is not Outcome.OK:
         return Exclusion(trial, label, "not_measured", f"not measured: {trial.outcome.value}")
     return None
@@ -373,6 +385,13 @@ def find_best(
             note = confirm_note(confirmed, leader.trial.id, [c.trial.id for c in tied], beaten)
             notes.append(note)
         notes.extend(_uncertain_notes(winner, parsed))
+    screened = summarise_screening(data)
+    screened_note = ""
+    if screened is not None:
+        screened_note = screening_note(screened)
+        notes.append(screened_note)
+    if ranking:
+        assert winner is not None
         untrusted = untrusted_figures(index, winner.trial, [r for r, _ in objs] +
                                       [c.ref for c in parsed])  # fmt: skip
         notes.extend(untrusted_notes(untrusted))
@@ -398,6 +417,8 @@ def find_best(
         confirm=confirmed if ranking else None,
         confirm_note=note if ranking and confirmed is not None else "",
         untrusted=tuple(untrusted),
+        screening=screened,
+        screening_note=screened_note,
     )
 
 
@@ -618,6 +639,9 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
         "confirm": None
         if result.confirm is None
         else {**result.confirm.to_dict(), "note": result.confirm_note},
+        "screening": None
+        if result.screening is None
+        else {**result.screening.to_dict(), "note": result.screening_note},
         "best": None if result.winner is None else _candidate_json(result, result.winner),
         "ties": [_candidate_json(result, c) for c in result.ties],
         "pareto": [_candidate_json(result, c) for c in result.pareto],

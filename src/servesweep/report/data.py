@@ -32,6 +32,7 @@ __all__ = [
     "MetricStats",
     "PhaseCost",
     "aggregate_levels",
+    "aggregate_results",
     "config_label",
     "fixed_args",
     "format_number",
@@ -266,8 +267,14 @@ def aggregate_levels(data: SweepData, trial_id: int) -> list[LevelStats]:
 
     Workloads keep their order of appearance; levels are sorted (c1, c8, r2...).
     """
+    return aggregate_results(trial_id, data.results.get(trial_id, ()))
+
+
+def aggregate_results(trial_id: int, results: Iterable[LevelResult]) -> list[LevelStats]:
+    """``results`` (one trial's) grouped by (workload, level), repeats aggregated, as
+    :func:`aggregate_levels` does for a trial of a sweep."""
     groups: dict[tuple[str, str], list[LevelResult]] = {}
-    for res in data.results.get(trial_id, ()):
+    for res in results:
         groups.setdefault((res.workload, res.level), []).append(res)
     workload_order = {w: i for i, w in enumerate(dict.fromkeys(k[0] for k in groups))}
     out: list[LevelStats] = []

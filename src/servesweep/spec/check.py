@@ -16,6 +16,7 @@ from servesweep.errors import ConfigError
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.expand import Expansion, expand_params
 from servesweep.spec.schema import SweepSpec
+from servesweep.spec.screening import screening_plan
 from servesweep.spec.space import ZIP_DIMENSION, SearchSpace, build_space
 from servesweep.spec.templates import check_templates
 
@@ -110,4 +111,5 @@ def check_spec(spec: SweepSpec) -> None:
     _check_strategy(spec)
     resolve_objectives(spec)
     validate_constraints(spec)
+    screening_plan(spec)
     check_templates(spec, configs)

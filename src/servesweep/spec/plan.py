@@ -13,7 +13,7 @@ strategy, the trials cap and the budget).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from servesweep.spec.schema import (
     WorkloadSpec,
 )
 from servesweep.spec.schema_search import SearchBudget
+from servesweep.spec.screening import ScreeningPlan, screening_plan
 from servesweep.spec.space import build_space, describe_dimensions
 
 __all__ = [
@@ -119,6 +120,8 @@ class Plan:
     """A sampling search's outline (then ``trials`` is empty)."""
     confirm: ConfirmSpec | None = None
     """The confirm phase after the trials (None: none)."""
+    screening: ScreeningPlan | None = None
+    """The screening pass of each trial (None: none)."""
 
     @property
     def measurements(self) -> int:
@@ -177,6 +180,7 @@ def build_plan(spec: SweepSpec) -> Plan:
             params=param_names(spec.params),
             search=outline,
             confirm=spec.confirm_phase,
+            screening=screening_plan(spec),
         )
     trials: list[PlanTrial] = []
     previous: Mapping[str, Any] | None = None
@@ -190,6 +194,7 @@ def build_plan(spec: SweepSpec) -> Plan:
         restarts=len(trials) * spec.max_launches,
         params=param_names(spec.params),
         confirm=spec.confirm_phase,
+        screening=screening_plan(spec),
     )
 
 
@@ -380,6 +385,25 @@ def _describe_confirm(confirm: ConfirmSpec) -> str:
     )
 
 
+def _describe_screening(plan: ScreeningPlan, workloads: Sequence[PlanWorkload]) -> str:
+    """The screening pass in one line (docs/sweep-file.md, ``screening``)."""
+    own = {w.name: w.spec for w in workloads}
+    parts = []
+    for short in plan.workloads:
+        levels = ", ".join(f"{short.name}.{lvl}" for lvl in workload_levels(short))
+        full = own[short.name]
+        if short.requests is not None:
+            of = f" (of {full.requests})" if full.requests is not None else ""
+            parts.append(f"{levels} with {short.requests} requests{of}")
+        else:
+            parts.append(f"{levels} for {format_duration(short.duration or 0.0)}")
+    return (
+        f"first screening: {'; '.join(parts)}, one repeat; full measurement only for the "
+        f"configurations that can still win (beyond both intervals and the "
+        f"{plan.threshold:.0%} threshold)"
+    )
+
+
 def _format_tail(plan: Plan, estimate_s: float | None, history_note: str | None) -> list[str]:
     lines = ["", "workloads (every trial, no restart between them):"]
     name_width = max((len(w.name) for w in plan.workloads), default=0)
@@ -390,6 +414,8 @@ def _format_tail(plan: Plan, estimate_s: float | None, history_note: str | None)
     else:
         starts = f"at most {plan.restarts}" if plan.restarts else "as the budget allows"
         lines += ["", f"server starts: {starts}"]
+    if plan.screening is not None:
+        lines.append(_describe_screening(plan.screening, plan.workloads))
     if plan.confirm is not None:
         lines.append(_describe_confirm(plan.confirm))
     note = f" ({history_note})" if history_note else ""

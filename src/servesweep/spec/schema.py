@@ -52,6 +52,7 @@ __all__ = [
     "ParamRange",
     "ParamsSpec",
     "ReleaseSpec",
+    "ScreeningSpec",
     "SearchSpec",
     "ServerSpec",
     "Size",
@@ -593,6 +594,43 @@ class ConfirmSpec(_Frozen):
         return None if self.budget is None else self.budget.time
 
 
+def _screen_requests(value: Any) -> Any:
+    """``"25%"`` as 0.25; a whole number as a count; a number as it is."""
+    if isinstance(value, bool):
+        raise ValueError("give a number of requests (16) or a fraction (0.25 or 25%)")
+    value = _fraction(value)
+    if isinstance(value, float) and value >= 1 and value.is_integer():
+        return int(value)
+    return value
+
+
+class ScreeningSpec(_Frozen):
+    """The screening pass (docs/sweep-file.md): every configuration is first measured
+    with short levels; only those that can still win are measured in full."""
+
+    requests: Annotated[int | float, BeforeValidator(_screen_requests)] = 0.25
+    """Requests of a screening level: a count (``16``, at most the workload's own) or a
+    fraction of the workload's ``requests`` (or ``duration``): ``0.25`` or ``25%``."""
+    threshold: Fraction = 0.05
+    """The relative gap, beyond both intervals, under which a screening result cannot
+    win. Larger than ``decision.threshold`` by default: screening compares levels of
+    different launches, and one launch's interval does not hold the launch-to-launch
+    variation (about 2 % measured on an H200; docs/benchmarks.md)."""
+
+    @model_validator(mode="after")
+    def _requests_shape(self) -> ScreeningSpec:
+        value = self.requests
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("screening.requests: at least 1 request")
+        elif not 0 < value < 1:
+            raise ValueError(
+                "screening.requests: a whole number of requests (16) or a fraction "
+                f"between 0 and 1 (0.25 or 25%), got {value:g}"
+            )
+        return self
+
+
 class SweepSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -621,6 +659,18 @@ class SweepSpec(_Frozen):
     confirm: ConfirmSpec | bool | None = None
     """The confirm phase: ``true`` or a mapping turns it on, ``false`` off; unset, it
     is on for a search and off for a grid. Read it with :attr:`confirm_phase`."""
+
+    screening: ScreeningSpec | bool | None = None
+    """A first pass with short levels, full measurement only for the configurations
+    that can still win: ``true`` or a mapping turns it on; off by default. Read it
+    with :attr:`screening_pass`."""
+
+    @property
+    def screening_pass(self) -> ScreeningSpec | None:
+        """The screening pass this sweep runs (None: none)."""
+        if isinstance(self.screening, ScreeningSpec):
+            return self.screening
+        return ScreeningSpec() if self.screening else None
 
     @property
     def confirm_phase(self) -> ConfirmSpec | None:

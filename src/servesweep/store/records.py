@@ -124,3 +124,9 @@ class SweepData:
     confirm: tuple[Mapping[str, Any], ...] = ()
     """The confirm phase's stored steps, in order (``confirm`` events: rounds, the
     relaunches that failed, how it ended; see ``sweep.core.confirm``)."""
+    screening: Mapping[int, tuple[LevelResult, ...]] = field(default_factory=dict)
+    """The levels of the screening pass by trial id (latest attempt; only trials that
+    had one): stored apart from ``results``, which they never enter."""
+    screened: tuple[Mapping[str, Any], ...] = ()
+    """What screening decided, one ``screening`` event per decision (``kept`` or
+    not, why, when), in order."""

@@ -7,7 +7,7 @@ rather than guessed at.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 CREATE_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -129,5 +129,10 @@ ALTER TABLE results ADD COLUMN launch INTEGER NOT NULL DEFAULT 0;
     # a level the load generator could not time: why (NULL: reliable)
     3: """
 ALTER TABLE results ADD COLUMN unreliable TEXT;
+""",
+    # a level of the screening pass (short levels, stored apart from the full
+    # measurement): 1; 0 for every level stored before
+    4: """
+ALTER TABLE results ADD COLUMN screening INTEGER NOT NULL DEFAULT 0;
 """,
 }

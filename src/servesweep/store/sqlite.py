@@ -446,8 +446,8 @@ class Store:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO results(trial_id, attempt, workload, level, repeat, metrics, info, "
-                "warnings, started_at, duration_s, intervals, confidence, launch, unreliable) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "warnings, started_at, duration_s, intervals, confidence, launch, unreliable, "
+                "screening) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     trial_id,
                     trial.attempts,
@@ -463,6 +463,7 @@ class Store:
                     result.confidence,
                     result.launch,
                     result.unreliable,
+                    1 if result.screening else 0,
                 ),
             )
             result_id = cur.lastrowid
@@ -501,14 +502,21 @@ class Store:
             )
         return result_id
 
-    def results(self, trial_id: int, *, with_samples: bool = True) -> list[LevelResult]:
-        """The level results of a trial's latest attempt."""
+    def results(
+        self, trial_id: int, *, with_samples: bool = True, screening: bool = False
+    ) -> list[LevelResult]:
+        """The level results of a trial's latest attempt: its full measurement, or with
+        ``screening`` the levels of its screening pass (never mixed)."""
         rows = self._query(
             "SELECT * FROM results WHERE trial_id=? AND attempt=(SELECT attempts FROM trials "
             "WHERE id=?) ORDER BY id",
             (trial_id, trial_id),
         )
-        return [self._result(row, with_samples) for row in rows]
+        return [
+            self._result(row, with_samples)
+            for row in rows
+            if bool(_column(row, "screening", 0)) == screening
+        ]
 
     def _result(self, row: sqlite3.Row, with_samples: bool) -> LevelResult:
         samples: tuple[RequestSample, ...] = ()
@@ -563,6 +571,7 @@ class Store:
             confidence=_column(row, "confidence", None),
             launch=_column(row, "launch", 0),
             unreliable=_column(row, "unreliable", None),
+            screening=bool(_column(row, "screening", 0)),
         )
 
     def add_telemetry(self, points: Iterable[TelemetryPoint]) -> None:
@@ -646,6 +655,9 @@ class Store:
             sweep = found
         trials = self.trials(sweep.id)
         results = {t.id: tuple(self.results(t.id, with_samples=with_samples)) for t in trials}
+        screening = {t.id: tuple(self.results(t.id, with_samples=False, screening=True))
+                     for t in trials}  # fmt: skip
+        screening = {k: v for k, v in screening.items() if v}
         objective: dict[str, Any] | None = None
         constraints: tuple[str, ...] = ()
         include_unreliable = False
@@ -673,6 +685,8 @@ class Store:
                 if e["trial"] is not None
             },
             confirm=tuple(self.events(sweep.id, "confirm")),
+            screening=screening,
+            screened=tuple(self.events(sweep.id, "screening")),
         )
 
 

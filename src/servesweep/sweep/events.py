@@ -404,6 +404,18 @@ class ConfirmStep(Fact):
 
 
 @dataclass(frozen=True)
+class Screened(Fact):
+    """What screening decided on one trial's short levels (``report.screening``):
+    ``kept`` (it can still win: measured in full) or not, with ``reason``; ``attempt``
+    is the trial's attempt it decided in (a decision of an earlier one no longer counts)."""
+
+    kind: ClassVar[str] = "screening"
+    kept: bool = True
+    reason: str = ""
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
 class SweepWarning(Fact):
     kind: ClassVar[str] = "warning"
     message: str = ""

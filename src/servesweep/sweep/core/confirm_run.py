@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from servesweep.errors import ServesweepError
+from servesweep.errors import Interrupted, ServesweepError
 from servesweep.report.best import find_best
 from servesweep.report.confirmed import steps_since_reset
 from servesweep.spec.schema import ConfirmSpec
@@ -64,6 +64,8 @@ class ConfirmRun:
                 dropped.add(int(step["trial"]))
         try:
             self._standing()
+        except Interrupted:
+            raise  # Ctrl-C raises it wherever the run is: it stops the run, decides nothing
         except ServesweepError as exc:
             return Done(f"undecidable: {exc}")
         return decide(

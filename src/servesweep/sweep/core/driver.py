@@ -39,6 +39,8 @@ from pathlib import Path
 
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import Phase
+from servesweep.report.screening import ScreenPolicy
+from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.core.confirm import Done
@@ -59,6 +61,7 @@ from servesweep.sweep.core.scheduler import (
     Teardown,
     distances,
 )
+from servesweep.sweep.core.screen_run import screen_policy
 from servesweep.sweep.core.seams import Executor, SlotHandle, TrialSource
 from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.core.trial_ends import TrialEnds
@@ -119,6 +122,7 @@ class Driver:
         self.ends = TrialEnds(
             store, self.writer, self.state, self.machines, self.memory, self.need, settings
         )
+        self.screening = screening_plan(self.spec)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -313,7 +317,14 @@ class Driver:
             prune=None if trial.id in self.state.relaunch else self.source.prune_policy(),
             number=trial.number,
             relaunch=self.state.relaunch.get(trial.id, ()),
+            screen=None if trial.id in self.state.relaunch else self._screen_policy(),
         )
+
+    def _screen_policy(self) -> ScreenPolicy | None:
+        """The screening snapshot for the next trial (None: no screening pass)."""
+        if self.screening is None:
+            return None
+        return screen_policy(self.store, self.sweep.id, self.spec, self.screening)
 
     def _wait_event(self) -> None:
         try:

@@ -15,6 +15,7 @@ from typing import Any
 
 from servesweep.bench.target import Target
 from servesweep.models import InstanceRecord, LevelResult
+from servesweep.report.screening import ScreenPolicy
 from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec, WorkloadSpec
 
@@ -112,6 +113,10 @@ class TrialOrder:
     ``search.prune``): the outcome is ``pruned`` with the reason."""
     number: int = 0
     """The trial's number within its sweep, for people (0: use ``trial``)."""
+    screen: ScreenPolicy | None = None
+    """The screening pass (``screening`` in the sweep file): measure the launch's short
+    levels first, then in full only when :func:`servesweep.report.screening.screen_reason`
+    finds no reason it cannot win (else the outcome is ``pruned``, reason ``screened``)."""
     relaunch: tuple[int, ...] = ()
     """The confirm phase: measure the finished trial again in launches of these
     numbers (each a fresh start of its configuration), appended to its results."""

@@ -22,29 +22,51 @@ from servesweep.spec.schema import (
     SweepSpec,
     WorkloadSpec,
 )
+from servesweep.spec.screening import screening_plan
 
-__all__ = ["DYING_GRACE_S", "LevelGate", "check_errors", "launch_workloads", "slot_target"]
+__all__ = [
+    "DYING_GRACE_S",
+    "LevelGate",
+    "check_errors",
+    "launch_workloads",
+    "screening_workloads",
+    "slot_target",
+]
 
 DYING_GRACE_S = 2.0
 """How long a server whose requests failed may take to show that it exited."""
 
 
-def launch_workloads(spec: SweepSpec, launch: int, *, relaunch: bool = False) -> list[WorkloadSpec]:
+def launch_workloads(
+    spec: SweepSpec, launch: int, *, relaunch: bool = False, warmed: bool = False
+) -> list[WorkloadSpec]:
     """The workloads measured in launch ``launch`` of a configuration (all in the
     first; in a later one those whose ``launches`` reach it; ``relaunch``: the confirm
     phase, every workload a launch can measure again). The launch's first load workload
-    with ``warmup: auto`` warms the fresh server until it settles."""
+    with ``warmup: auto`` warms the fresh server until it settles, unless the launch is
+    ``warmed`` already (its screening levels ran first, warm-up included)."""
     if relaunch:
         workloads: list[WorkloadSpec] = [
             w for w in spec.workloads if not isinstance(w, CapacityWorkload)
         ]
     else:
         workloads = [w for w in spec.workloads if spec.launches_of(w) > launch]
+    return workloads if warmed else _warm_first(workloads)
+
+
+def _warm_first(workloads: list[WorkloadSpec]) -> list[WorkloadSpec]:
     loads = [w for w in workloads if isinstance(w, LoadWorkload)]
     if loads and loads[0].warmup == "auto":
         warm = loads[0].model_copy(update={"warmup": "launch"})
         workloads = [warm if w is loads[0] else w for w in workloads]
     return workloads
+
+
+def screening_workloads(spec: SweepSpec) -> list[WorkloadSpec]:
+    """The short levels of the screening pass (``spec.screening``), measured first in
+    a configuration's first launch: the launch's warm-up goes with the first of them."""
+    plan = screening_plan(spec)
+    return [] if plan is None else _warm_first(list(plan.workloads))
 
 
 def _levels(workload: WorkloadSpec) -> int:

@@ -35,6 +35,7 @@ from servesweep.models import (
     Outcome,
     Phase,
 )
+from servesweep.report.screening import screen_reason
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
@@ -46,6 +47,7 @@ from servesweep.sweep.events import (
     PhaseEntered,
     PhaseSeconds,
     Progress,
+    Screened,
     SweepWarning,
     TelemetrySampled,
     TrialFinished,
@@ -76,6 +78,7 @@ from servesweep.sweep.slots.measure import (
     LevelGate,
     check_errors,
     launch_workloads,
+    screening_workloads,
     slot_target,
 )
 from servesweep.sweep.slots.telemetry import SlotTelemetry
@@ -84,9 +87,10 @@ __all__ = ["SlotWorker"]
 
 
 class _Pruned(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, why: str = "pruned") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.why = why  # the evidence's reason: pruned (the search's early stop) or screened
 
 
 class SlotWorker:
@@ -306,6 +310,8 @@ class SlotWorker:
             if not order.relaunch:
                 model = self._bring_up(order, log_path)
                 self._enter(order.trial, Phase.BENCH)
+                if order.screen is not None:
+                    self._screen(order, model)
                 self._bench(order, model)
             for launch in launches:
                 # measured again in a launch of its own: stop, release, start, ready
@@ -320,7 +326,7 @@ class SlotWorker:
             )
         except _Pruned as pruned:
             outcome = Outcome.PRUNED
-            evidence = Evidence(message=pruned.reason, reason="pruned")
+            evidence = Evidence(message=pruned.reason, reason=pruned.why)
         finally:
             points = self._telemetry.drain(order.trial)
             if points:
@@ -409,14 +415,36 @@ class SlotWorker:
         run started (the gate sends the same one)."""
         return slot_target(self.server, self.preset, model, self.context.api_key)
 
-    def _bench(self, order: TrialOrder, model: str, launch: int = 0) -> None:
+    def _screen(self, order: TrialOrder, model: str) -> None:
+        """The screening pass of the launch: its short levels, then the decision
+        (stored as a ``Screened`` fact); ``_Pruned`` (``screened``) when it cannot win."""
+        assert order.screen is not None
+        results = self._bench(order, model, screening=True)
+        reason = screen_reason(order.screen, results, self._phase_seconds)
+        self.emit(Screened(trial=order.trial, kept=reason is None, reason=reason or "",
+                           attempt=order.attempt))  # fmt: skip
+        if reason is not None:
+            raise _Pruned(reason, "screened")
+
+    def _bench(
+        self, order: TrialOrder, model: str, launch: int = 0, *, screening: bool = False
+    ) -> list[LevelResult]:
         """The workloads measured in launch ``launch`` of the configuration (all in the
-        first; in a later one those whose ``launches`` reach it)."""
+        first; in a later one those whose ``launches`` reach it), or with ``screening``
+        the screening pass's short levels (stored as such, never pruned by the search).
+        Returns the level results."""
         assert self.current is not None
         target = self._target(model)
         instance = self.current.instance
-        workloads = launch_workloads(self.context.spec, launch, relaunch=bool(order.relaunch))
-        after_level = LevelGate(workloads, order.prune, self._cancel.is_set, self._phase_seconds)
+        spec = self.context.spec
+        if screening:
+            workloads = screening_workloads(spec)
+        else:
+            warmed = order.screen is not None and launch == 0
+            workloads = launch_workloads(spec, launch, relaunch=bool(order.relaunch), warmed=warmed)
+        prune = None if screening else order.prune
+        after_level = LevelGate(workloads, prune, self._cancel.is_set, self._phase_seconds)
+        measured: list[LevelResult] = []
 
         for workload in workloads:
             self._check_cancel()
@@ -437,7 +465,11 @@ class SlotWorker:
                 ) from exc
             self._check_cancel()
             # what was measured is kept, even when the server died during the workload
-            results = [replace(r, launch=launch) if launch else r for r in results]
+            results = [
+                replace(r, launch=launch, screening=screening) if launch or screening else r
+                for r in results
+            ]
+            measured += results
             for result in results:
                 self.emit(LevelMeasured(trial=order.trial, result=result))
                 for warning in result.warnings:
@@ -445,7 +477,7 @@ class SlotWorker:
             self.emit(
                 WorkloadDone(
                     trial=order.trial,
-                    workload=workload.name,
+                    workload=f"{workload.name} (screening)" if screening else workload.name,
                     levels={r.level: headline(r) for r in results},
                 )
             )
@@ -463,3 +495,4 @@ class SlotWorker:
                     self.lifecycle.check_alive(instance)
                     time.sleep(0.05)
                 raise
+        return measured
