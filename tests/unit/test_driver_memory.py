@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from helpers.fake_executor import FakeExecutor
 from helpers.gguf_model import write_tiny_gguf
 from servesweep.models import Outcome, Phase
 from servesweep.servers.memory import Capacity, MemoryModel
@@ -40,7 +41,6 @@ from servesweep.sweep.slots.data import (
     SweepContext,
     TrialOrder,
 )
-from servesweep.sweep.slots.node import Leftover, NodePrepared
 
 GiB, MiB = 2**30, 2**20
 BASELINE = 2 * GiB
@@ -115,42 +115,15 @@ class _Slot:
         return True
 
 
-class _Executor:
+class _Executor(FakeExecutor):
     def __init__(self, machine: _Machine) -> None:
+        super().__init__([NodeInfo("host-A", (0,), "A")], {0: BASELINE})
         self._m = machine
-
-    def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo("host-A", (0,), "A")]
-
-    def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
-        return None
-
-    def check(self) -> None:
-        return None
-
-    def warnings(self) -> list[str]:
-        return []
-
-    def context_for(self, node: NodeInfo) -> SweepContext:
-        raise AssertionError("no leftovers here")
-
-    def prepare(
-        self,
-        node: NodeInfo,
-        pool: Placement,
-        leftovers: Sequence[Leftover],
-        stored: Mapping[int, int] | None,
-        service_slots: Sequence[int],
-    ) -> NodePrepared:
-        return NodePrepared(baseline={0: BASELINE})
 
     def open(
         self, placement: Placement, *, current: CurrentInstance | None, baseline: Mapping[int, int]
     ) -> _Slot:
         return _Slot(placement, self._m)
-
-    def close(self) -> None:
-        return None
 
 
 def _text(tmp_path: Path, capacity: int) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from helpers.fake_executor import FakeExecutor
 from servesweep.models import FailureClass, Outcome
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
@@ -35,7 +36,6 @@ from servesweep.sweep.slots.data import (
     SweepContext,
     TrialOrder,
 )
-from servesweep.sweep.slots.node import Leftover, NodePrepared
 
 _SWEEP = """
 name: lost
@@ -105,7 +105,7 @@ class _Slot:
         return True
 
 
-class _Cluster:
+class _Cluster(FakeExecutor):
     def __init__(
         self,
         events: queue.Queue[Event],
@@ -114,37 +114,12 @@ class _Cluster:
         gpus: Mapping[str, int] | None = None,
         slot: type[_Slot] = _Slot,
     ) -> None:
+        sizes = gpus or {}
+        super().__init__([NodeInfo(f"host-{n}", tuple(range(sizes.get(n, 1))), n) for n in nodes])
         self._events = events
         self._slot = slot
-        sizes = gpus or {}
-        self._nodes = [NodeInfo(f"host-{n}", tuple(range(sizes.get(n, 1))), n) for n in nodes]
         self._doomed = doomed
         self.log: list[tuple[int, str]] = []
-
-    def nodes(self) -> list[NodeInfo]:
-        return list(self._nodes)
-
-    def links(self, node: NodeInfo) -> dict[tuple[int, int], int] | None:
-        return None
-
-    def check(self) -> None:
-        return None
-
-    def warnings(self) -> list[str]:
-        return []
-
-    def context_for(self, node: NodeInfo) -> SweepContext:
-        raise AssertionError("no leftovers here")
-
-    def prepare(
-        self,
-        node: NodeInfo,
-        pool: Placement,
-        leftovers: Sequence[Leftover],
-        stored: Mapping[int, int] | None,
-        service_slots: Sequence[int],
-    ) -> NodePrepared:
-        return NodePrepared(baseline={})
 
     def open(
         self,
@@ -154,9 +129,6 @@ class _Cluster:
         baseline: Mapping[int, int],
     ) -> _Slot:
         return self._slot(placement, self._events, self._doomed, self.log)
-
-    def close(self) -> None:
-        return None
 
 
 def _run(
