@@ -32,9 +32,8 @@ from servesweep.sweep.commands.run import (
     sweep_lock,
 )
 from servesweep.sweep.core.store_writer import StoreWriter
-from servesweep.sweep.events import Event, InstanceStarted, NullObserver, Observer
+from servesweep.sweep.events import Event, NullObserver, Observer
 from servesweep.sweep.slots.data import CurrentInstance, Placement, TrialOrder, this_node
-from servesweep.sweep.slots.instance import placed
 from servesweep.sweep.slots.node import leftover_of, prepare_node
 from servesweep.sweep.slots.worker import SlotWorker
 
@@ -108,20 +107,7 @@ def _serve(worker: SlotWorker, order: TrialOrder) -> tuple[str, float]:
         info = worker.lifecycle.wait_ready(current.instance)
         return info.model, 0.0
     worker.stop_current()
-    instance = placed(
-        worker.lifecycle.start(
-            launch.argv, launch.env, log_path, worker.trial_key(order.trial), launch.fingerprint
-        ),
-        worker.placement,
-    )
-    worker.current = CurrentInstance(order.trial, instance)
-    worker.emit(
-        InstanceStarted(
-            trial=order.trial,
-            instance=instance,
-            launch_command=worker.lifecycle.launch_command(launch.argv, launch.env),
-        )
-    )
+    instance = worker.start_instance(order, launch, log_path)
     info = worker.lifecycle.wait_ready(instance)
     worker.current = CurrentInstance(order.trial, instance, info.model)
     return info.model, info.ready_s

@@ -31,6 +31,7 @@ from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
 from servesweep.models import (
     Evidence,
     FailureClass,
+    InstanceRecord,
     LevelResult,
     Outcome,
     Phase,
@@ -161,6 +162,16 @@ class SlotWorker:
 
     def trial_key(self, trial: int) -> str:
         return f"{self.context.spec.name}-{trial}"
+
+    def start_instance(self, order: TrialOrder, launch: Launch, log_path: Path) -> InstanceRecord:
+        """Start ``launch`` as the slot's current instance, told to the driver."""
+        key = self.trial_key(order.trial)
+        started = self.lifecycle.start(launch.argv, launch.env, log_path, key, launch.fingerprint)
+        instance = placed(started, self.placement)
+        self.current = CurrentInstance(order.trial, instance)
+        command = self.lifecycle.launch_command(launch.argv, launch.env)
+        self.emit(InstanceStarted(trial=order.trial, instance=instance, launch_command=command))
+        return instance
 
     def launch_of(self, order: TrialOrder) -> Launch:
         """The launch of a trial's configuration here."""
@@ -367,18 +378,7 @@ class SlotWorker:
 
         self.stop_current(order.trial)
         self._enter(order.trial, Phase.START)
-        instance = self.lifecycle.start(
-            launch.argv, launch.env, log_path, self.trial_key(order.trial), launch.fingerprint
-        )
-        instance = placed(instance, self.placement)
-        self.current = CurrentInstance(order.trial, instance)
-        self.emit(
-            InstanceStarted(
-                trial=order.trial,
-                instance=instance,
-                launch_command=self.lifecycle.launch_command(launch.argv, launch.env),
-            )
-        )
+        instance = self.start_instance(order, launch, log_path)
         self._enter(order.trial, Phase.LOAD)
         load_started = time.time()
         in_ready = False
