@@ -139,6 +139,8 @@ def test_telemetry_and_sweep_data(tmp_path: Path) -> None:
     data = store.load_sweep_data(name="demo")
     assert data.sweep.id == sweep.id
     assert data.telemetry[0].used_bytes == 2**30
+    levels_only = store.load_sweep_data(sweep.id, with_samples=False, with_telemetry=False)
+    assert levels_only.telemetry == () and levels_only.trials == data.trials
     with pytest.raises(StoreError, match="no sweep named 'other'"):
         store.load_sweep_data(name="other")
 

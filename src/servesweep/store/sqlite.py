@@ -642,9 +642,16 @@ class Store:
         return {phase: statistics.fmean(v) for phase, v in values.items() if v}
 
     def load_sweep_data(
-        self, sweep_id: int | None = None, name: str | None = None, *, with_samples: bool = True
+        self,
+        sweep_id: int | None = None,
+        name: str | None = None,
+        *,
+        with_samples: bool = True,
+        with_telemetry: bool = True,
     ) -> SweepData:
-        """Everything a report needs about one sweep (latest one when none is named)."""
+        """Everything a report needs about one sweep (latest one when none is named);
+        without the requests' samples or the GPU telemetry when the caller needs only
+        the levels (a decision taken while the sweep runs: telemetry grows with it)."""
         if sweep_id is not None:
             sweep = self.sweep(sweep_id)
         else:
@@ -675,7 +682,7 @@ class Store:
             sweep=sweep,
             trials=tuple(trials),
             results=results,
-            telemetry=tuple(self.telemetry(sweep.id)),
+            telemetry=tuple(self.telemetry(sweep.id)) if with_telemetry else (),
             objective=objective,
             constraints=constraints,
             include_unreliable=include_unreliable,

@@ -29,7 +29,7 @@ def screen_policy(
     objectives = resolve_objectives(spec)
     confidence = spec.decision.confidence
     references: list[Reference] = []
-    data = store.load_sweep_data(sweep_id, with_samples=False)
+    data = store.load_sweep_data(sweep_id, with_samples=False, with_telemetry=False)
     try:
         ranking = find_best(data).ranking
     except ConfigError:
