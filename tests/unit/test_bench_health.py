@@ -39,6 +39,23 @@ def test_a_lag_as_large_as_the_time_per_token_is_unreliable() -> None:
     assert ttft.state == "unreliable" and "TTFT p50 of 40.0 ms" in ttft.reason
 
 
+def test_a_stream_seen_in_one_read_behind_a_lagging_loop_is_unreliable() -> None:
+    # seen in a full test run on a loaded 2-core machine: a 1 ms/token server, the
+    # loop 42.5 ms late, every stream's 16 tokens read at once (TPOT 0): nothing per
+    # token to judge the lag by, and the TTFT (121 ms) alone made it only mild
+    seen = {"loop_lag_p99_ms": 42.5, "tpot_median_ms": 0.0, "ttft_median_ms": 121.4}
+    health = assess(seen)
+    assert health.state == "unreliable"
+    assert "event loop lagged 42.5 ms (p99)" in health.reason
+    assert "arrived at once (TPOT p50 of 0 ms)" in health.reason
+    assert "ITL p50 of 0 ms" in assess({**seen, "itl_median_ms": 0.0}).reason
+    # whole answers (stream: false) have no time per token: the TTFT alone decides
+    assert assess(seen, stream=False).state == "mild"
+    # under the 5 ms floor never unreliable; a time per token measured decides as before
+    assert assess({**seen, "loop_lag_p99_ms": 4.0}).state == "ok"
+    assert assess({**seen, "tpot_median_ms": 20.0}).state == "mild"
+
+
 def test_mild_lag_and_a_healthy_generator() -> None:
     mild = assess({"loop_lag_p99_ms": 3.0, "itl_median_ms": 20.0, "ttft_median_ms": 200.0})
     assert mild.state == "mild" and "3.0 ms" in mild.reason

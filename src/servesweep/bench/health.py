@@ -9,7 +9,10 @@ can be) and, for an arrival rate, how late it sent requests against their plan
   above ``UNRELIABLE_TOKEN_SHARE`` (4) times the median time per token (ITL p50,
   else TPOT p50: chunks then pile up and the token timings are the generator's, not
   the server's) or above ``UNRELIABLE_TTFT_SHARE`` (0.5) of the median TTFT; or when
-  an arrival rate's schedule lag p99 is above 5 ms and above
+  a streamed level's time per token was measured as zero (every stream's tokens seen
+  in one read: ITL or TPOT p50 of 0) while the loop lag p99 was above the 5 ms floor
+  (the lag can have merged the chunks, so there is no time per token to judge it by);
+  or when an arrival rate's schedule lag p99 is above 5 ms and above
   ``UNRELIABLE_ARRIVAL_SHARE`` (0.5) of the mean time between arrivals. The level is
   stored with the reason (``LevelResult.unreliable``); ``best``, constraints and
   pruning leave it out unless ``include_unreliable`` takes it in.
@@ -53,6 +56,9 @@ MILD_SCHEDULE_MS = 5.0
 
 State = Literal["ok", "mild", "unreliable"]
 
+_PER_TOKEN = (("ITL", Latency.ITL), ("TPOT", Latency.TPOT))
+"""The times per token a level can measure, in the order the rule reads them."""
+
 
 @dataclass(frozen=True)
 class GeneratorHealth:
@@ -79,8 +85,11 @@ def _positive(metrics: Mapping[str, float], name: str) -> float | None:
     return float(value) if value is not None and value > 0 else None
 
 
-def assess(metrics: Mapping[str, float], *, rate: float | None = None) -> GeneratorHealth:
-    """The generator's health at one level (see the module doc)."""
+def assess(
+    metrics: Mapping[str, float], *, rate: float | None = None, stream: bool = True
+) -> GeneratorHealth:
+    """The generator's health at one level (see the module doc); ``stream`` False for a
+    level of whole answers, which has no time per token to measure."""
     loop = metrics.get(mc.LOOP_LAG_P99_MS.name)
     sched = metrics.get(mc.SCHEDULE_LAG_P99_MS.name) if rate is not None else None
     ttft = _positive(metrics, latency(Latency.TTFT, Stat.MEDIAN).name)
@@ -98,6 +107,12 @@ def assess(metrics: Mapping[str, float], *, rate: float | None = None) -> Genera
             return health("unreliable", f"{lagged} against a {token_name} p50 of {token:.2f} ms")
         if ttft is not None and loop > UNRELIABLE_TTFT_SHARE * ttft:
             return health("unreliable", f"{lagged} against a TTFT p50 of {ttft:.1f} ms")
+        zero = [n for n, k in _PER_TOKEN if metrics.get(latency(k, Stat.MEDIAN).name) == 0]
+        if stream and token is None and zero:
+            return health(
+                "unreliable",
+                f"{lagged} while each stream's tokens arrived at once ({zero[0]} p50 of 0 ms)",
+            )
     if rate is not None and rate > 0 and sched is not None and sched > MILD_SCHEDULE_MS:
         gap = 1000.0 / rate
         if sched > UNRELIABLE_ARRIVAL_SHARE * gap:

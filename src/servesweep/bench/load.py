@@ -459,7 +459,7 @@ class _Runner:
             stream=self.w.stream,
         )
         metrics, info, samples, warnings = compute_level(raws, ctx)
-        health = assess(metrics, rate=rate)
+        health = assess(metrics, rate=rate, stream=self.w.stream)
         info["generator_health"] = health.to_info()
         info.update(self.data_info)
         if self.warm is not None and not self.warm.get("reported"):
