@@ -6,7 +6,9 @@ the rejected flag) may not be stored yet. ``wait_complete`` returns once they ar
 
 1. ``journalctl --sync`` asks journald to write everything queued. journald handles
    that request at a lower priority than its input sockets, so when it returns, every
-   line the process wrote before it exited has been stored.
+   line the process wrote before it exited has been stored — except, seen on a loaded
+   machine (1 start in 10), a stream journald had not read at all: when ``--sync``
+   returns and the invocation has no line yet, the wait goes on as in 2.
 2. Where ``--sync`` is not allowed (journald is signalled: root only), the journal is
    read until systemd's own record of the invocation's end (``UNIT_RESULT``,
    ``EXIT_CODE``) is there and the invocation's lines have not changed for a moment.
@@ -39,6 +41,14 @@ def sync(journalctl: Sequence[str], timeout: float) -> bool:
     return done.returncode == 0
 
 
+def _lines(lines_argv: Sequence[str], deadline: float) -> str:
+    try:
+        left = max(deadline - time.monotonic(), 0.1)
+        return run_tool(lines_argv, timeout=left, check=False).stdout
+    except LaunchError:
+        return ""
+
+
 def end_recorded(journalctl: Sequence[str], unit: str, invocation: str, timeout: float) -> bool:
     """Whether the journal has systemd's record of how the invocation ended."""
     argv = [*journalctl, "-u", unit, f"INVOCATION_ID={invocation}", "-o", "json", "-q"]
@@ -64,7 +74,7 @@ def wait_complete(
     """Block (at most ``timeout``) until the journal holds every line the exited
     invocation wrote; ``lines_argv`` prints those lines. Returns whether it does."""
     deadline = time.monotonic() + timeout
-    if sync(journalctl, timeout):
+    if sync(journalctl, timeout) and _lines(lines_argv, deadline).strip():
         return True
     last: str | None = None
     quiet_since = time.monotonic()

@@ -247,5 +247,6 @@ class SubprocessLauncher(Launcher):
         return bool(instance.invocation_id and procs.tagged(instance.invocation_id))
 
     def _reap(self) -> None:
-        for child in self._children.values():
+        # a copy: slots or gates on other threads may start children meanwhile
+        for child in list(self._children.values()):
             child.poll()
