@@ -9,9 +9,10 @@ the rejected flag) may not be stored yet. ``wait_complete`` returns once they ar
    line the process wrote before it exited has been stored — except, seen on a loaded
    machine (1 start in 10), a stream journald had not read at all: when ``--sync``
    returns and the invocation has no line yet, the wait goes on as in 2.
-2. Where ``--sync`` is not allowed (journald is signalled: root only), the journal is
-   read until systemd's own record of the invocation's end (``UNIT_RESULT``,
-   ``EXIT_CODE``) is there and the invocation's lines have not changed for a moment.
+2. Where ``--sync`` is not allowed (journald is signalled: root only), or found no line,
+   the journal is read until systemd's own record of the invocation's end
+   (``UNIT_RESULT``, ``EXIT_CODE``) is there and the invocation's lines have not changed
+   for 0.3 s (2 s while it has none).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ __all__ = ["end_recorded", "sync", "wait_complete"]
 
 _QUIET = 0.3
 """Seconds the invocation's lines must stay unchanged (fallback without --sync)."""
+_QUIET_EMPTY = 2.0
+"""As ``_QUIET`` while the invocation has no line at all: journald may not have read an
+exited process's stream yet (seen on a loaded machine after 0.3 s); a server that
+exits without a word costs this much more."""
 _POLL = 0.05
 _END_FIELDS = ("UNIT_RESULT", "EXIT_CODE", "EXIT_STATUS")
 
@@ -89,7 +94,7 @@ def wait_complete(
         now = time.monotonic()
         if text != last:
             last, quiet_since = text, now
-        elif now - quiet_since >= _QUIET and end_recorded(
+        elif now - quiet_since >= (_QUIET if text.strip() else _QUIET_EMPTY) and end_recorded(
             journalctl, unit, invocation, deadline - now
         ):
             return True
