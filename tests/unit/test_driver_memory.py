@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import queue
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers.fake_executor import FakeExecutor
+from helpers.fake_executor import FakeExecutor, FakeSlot
 from helpers.gguf_model import write_tiny_gguf
 from servesweep.models import Outcome, Phase
 from servesweep.servers.memory import Capacity, MemoryModel
@@ -29,7 +29,6 @@ from servesweep.sweep.events import (
     Event,
     NullObserver,
     PhaseEntered,
-    SlotIdle,
     TelemetrySampled,
     TrialFinished,
     TrialStarted,
@@ -60,15 +59,10 @@ class _Machine:
     ran: list[int] = field(default_factory=list)
 
 
-class _Slot:
+class _Slot(FakeSlot):
     def __init__(self, placement: Placement, machine: _Machine) -> None:
-        self.placement = placement
-        self.error: BaseException | None = None
+        super().__init__(placement, machine.events)
         self._m = machine
-
-    def _idle(self) -> None:
-        p = self.placement
-        self._m.events.put(SlotIdle(node=p.node, node_id=p.node_id, slot=p.slot, gpus=p.gpus))
 
     def run(self, order: TrialOrder) -> None:
         put, p = self._m.events.put, self.placement
@@ -98,21 +92,6 @@ class _Slot:
             put(TelemetrySampled(trial=order.trial, points=tuple(points)))
         put(TrialFinished(trial=order.trial, outcome=Outcome.OK))
         self._idle()
-
-    def teardown(self) -> None:
-        self._idle()
-
-    def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
-        self._idle()
-
-    def interrupt(self) -> None:
-        return None
-
-    def restore(self, restart_units: Sequence[str] = ()) -> None:
-        return None
-
-    def close(self, timeout: float = 30.0) -> bool:
-        return True
 
 
 class _Executor(FakeExecutor):

@@ -5,13 +5,13 @@ that report what a cluster's slots report (no processes)."""
 from __future__ import annotations
 
 import queue
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.fake_executor import FakeExecutor
+from helpers.fake_executor import FakeExecutor, FakeSlot
 from servesweep.models import FailureClass, Outcome
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
@@ -24,7 +24,6 @@ from servesweep.sweep.events import (
     Event,
     NodeLost,
     NullObserver,
-    SlotIdle,
     SweepWarning,
     TrialFinished,
     TrialStarted,
@@ -53,22 +52,16 @@ workloads:
 """
 
 
-class _Slot:
+class _Slot(FakeSlot):
     """Answers each command at once through the driver's queue; a trial in ``doomed``
     loses the slot's node (which then dies)."""
 
     def __init__(
         self, placement: Placement, events: queue.Queue[Event], doomed: set[int], log: list[Any]
     ) -> None:
-        self.placement = placement
-        self.error: BaseException | None = None
-        self._events = events
+        super().__init__(placement, events)
         self._doomed = doomed
         self._log = log
-
-    def _idle(self) -> None:
-        p = self.placement
-        self._events.put(SlotIdle(node=p.node, node_id=p.node_id, slot=p.slot, gpus=p.gpus))
 
     def run(self, order: TrialOrder) -> None:
         p = self.placement
@@ -88,21 +81,6 @@ class _Slot:
         else:
             self._events.put(TrialFinished(trial=order.trial, outcome=Outcome.OK))
         self._idle()
-
-    def teardown(self) -> None:
-        self._idle()
-
-    def finish(self, keep_running: bool, restart_units: Sequence[str] = ()) -> None:
-        self._idle()
-
-    def interrupt(self) -> None:
-        return None
-
-    def restore(self, restart_units: Sequence[str] = ()) -> None:
-        return None
-
-    def close(self, timeout: float = 30.0) -> bool:
-        return True
 
 
 class _Cluster(FakeExecutor):
