@@ -65,12 +65,12 @@ from landscape_memory import GPU_BYTES, engine_memory, sweep_server, write_model
 
 from servesweep.bench.capacity_search import Probe, estimate, next_load
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
+from servesweep.records import TrialRecord
 from servesweep.search import Search, prune_reason
 from servesweep.servers.memory import Capacity, MemoryModel
 from servesweep.servers.memory.calibrate import Calibrator
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.schema_search import CapacitySpec
-from servesweep.store.records import TrialRecord
 
 SEQS = [32, 64, 128, 256]
 TOKENS = [2048, 4096, 8192, 16384]

@@ -60,6 +60,7 @@ from typing import Any
 from servesweep.intervals import wilson
 from servesweep.level_intervals import level_intervals
 from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
+from servesweep.records import SweepData, SweepRecord, TrialRecord
 from servesweep.report.best import BestResult, find_best
 from servesweep.report.screening import (
     Reference,
@@ -70,7 +71,6 @@ from servesweep.report.screening import (
 )
 from servesweep.spec.constraints import parse_metric_ref
 from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
-from servesweep.store.records import SweepData, SweepRecord, TrialRecord
 from servesweep.sweep.core.confirm import Done, Round, cost, decide, spent_launches
 
 GPUS = 8

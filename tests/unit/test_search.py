@@ -11,12 +11,12 @@ import pytest
 from optuna.trial import TrialState
 
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
+from servesweep.records import TrialRecord
 from servesweep.search import Search, VerdictKind
 from servesweep.search.grid import GridSearch
 from servesweep.search.sampled import ENV_ATTEMPTS, SampledSearch
 from servesweep.spec import load_sweep_text
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import TrialRecord
 
 HEAD = """\
 name: s

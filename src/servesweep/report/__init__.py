@@ -1,6 +1,6 @@
 """Reports and decisions: from a sweep's results to the configuration to deploy.
 
-Everything is built from :class:`servesweep.store.records.SweepData`, so a report
+Everything is built from :class:`servesweep.records.SweepData`, so a report
 renders from any store, finished or still running.
 
 - :func:`render` - ``table`` | ``markdown`` | ``csv`` | ``json`` | ``html``
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servesweep.errors import ConfigError
+from servesweep.records import SweepData
 from servesweep.report.best import (
     BestResult,
     Candidate,
@@ -30,7 +31,6 @@ from servesweep.report.export import JSON_FORMAT, JSON_VERSION, render_csv, rend
 from servesweep.report.html import render_html
 from servesweep.report.numbers import format_number
 from servesweep.report.tables import render_markdown, render_table
-from servesweep.store.records import SweepData
 
 __all__ = [
     "FORMATS",

@@ -21,10 +21,10 @@ from typing import Any
 
 from servesweep.acceptance import REAL_TEXT, UNTRUSTED_MARK, AcceptanceContext
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
+from servesweep.records import TrialRecord
 from servesweep.report.data import LevelStats
 from servesweep.report.refs import ResultIndex
 from servesweep.spec.constraints import MetricRef
-from servesweep.store.records import TrialRecord
 
 __all__ = ["Untrusted", "untrusted_figures", "untrusted_notes"]
 

@@ -48,6 +48,7 @@ from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import Latency, Stat
 from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.acceptance import Untrusted, untrusted_figures, untrusted_notes
 from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
 from servesweep.report.data import (
@@ -71,7 +72,6 @@ from servesweep.report.uncertainty import (
     tie_set,
 )
 from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "BestResult",

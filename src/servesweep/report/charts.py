@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.data import (
     KEY_METRICS,
     config_label,
@@ -25,7 +26,6 @@ from servesweep.report.data import (
 )
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.refs import ResultIndex
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "FAILED_COLOR",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import CLIENT_HEALTH, Better, Scope, lookup
 from servesweep.models import EvalTaskResult
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.data import (
     LevelStats,
     MetricStats,
@@ -38,7 +39,6 @@ from servesweep.report.data import (
 from servesweep.report.evals import TaskFlip, task_status
 from servesweep.report.refs import ResultIndex, objective_of
 from servesweep.spec.constraints import Constraint, parse_constraint
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "UNKNOWN_NOISE_THRESHOLD",

@@ -1,4 +1,4 @@
-"""Views of a :class:`~servesweep.store.records.SweepData` that every report format shares.
+"""Views of a :class:`~servesweep.records.SweepData` that every report format shares.
 
 One place decides how results are flattened (trial x workload x level x repeat), how
 repeats are aggregated (mean with min/max/stdev), which params were swept, how many
@@ -20,10 +20,10 @@ from servesweep.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
 from servesweep.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, Outcome, parse_level
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.resources import trial_gpus
 from servesweep.spec.load import load_sweep_text
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "GPU_PHASES",

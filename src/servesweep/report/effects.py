@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from servesweep.records import SweepData
 from servesweep.report.best import BestResult
 from servesweep.report.charts import (
     FAILED_COLOR,
@@ -29,7 +30,6 @@ from servesweep.report.data import format_value, swept_params
 from servesweep.report.refs import ResultIndex
 from servesweep.report.standing import Standing, Status, objective_ref, standings
 from servesweep.spec.constraints import MetricRef
-from servesweep.store.records import SweepData
 
 __all__ = [
     "DRAFT_PARAM",

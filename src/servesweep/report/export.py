@@ -14,6 +14,7 @@ from servesweep.intervals import DEFAULT_CONFIDENCE
 from servesweep.level_intervals import INTERVAL_METRICS
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
 from servesweep.models import LevelResult
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best import best_to_json, find_best
 from servesweep.report.data import (
     GPU_PHASES,
@@ -30,7 +31,6 @@ from servesweep.report.data import (
 )
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.refs import ResultIndex
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["JSON_FORMAT", "JSON_VERSION", "render_csv", "render_json", "report_document"]
 

@@ -33,6 +33,7 @@ from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ServesweepError
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
 from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best import BestResult, Candidate, find_best, untrusted_suffix
 from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.data import (
@@ -62,7 +63,6 @@ from servesweep.report.tables import acceptance_lines, column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
 from servesweep.report.uncertainty import margin
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ECHARTS_VERSION", "Cell", "render_html"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servesweep.records import SweepData
 from servesweep.report.best import BestResult
 from servesweep.report.charts import (
     FAILED_COLOR,
@@ -21,7 +22,6 @@ from servesweep.report.charts import (
 from servesweep.report.refs import ResultIndex
 from servesweep.report.resources import trial_gpu_seconds
 from servesweep.report.standing import Status, best_so_far, objective_ref, standings
-from servesweep.store.records import SweepData
 
 __all__ = ["progress_charts"]
 

@@ -18,6 +18,7 @@ from servesweep import metrics_catalog as mc
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
 from servesweep.models import LevelResult, level_label, usable
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.spec.constraints import (
     Constraint,
@@ -30,7 +31,6 @@ from servesweep.spec.constraints import (
 )
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "ResultIndex",

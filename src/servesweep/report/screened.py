@@ -29,9 +29,9 @@ from typing import Any
 
 from servesweep.metrics_catalog import COMPLETED, FAILED
 from servesweep.models import LevelResult, Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.numbers import format_number
 from servesweep.report.refs import stored_spec
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ScreeningSummary", "decisions", "screening_note", "summarise_screening"]
 

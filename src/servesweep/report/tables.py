@@ -18,6 +18,7 @@ from rich.text import Text
 from servesweep.acceptance import UNTRUSTED_MARK
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best import find_best, untrusted_suffix
 from servesweep.report.data import (
     KEY_METRICS,
@@ -35,7 +36,6 @@ from servesweep.report.data import (
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.refs import ResultIndex, objective_of
 from servesweep.spec.constraints import parse_constraint
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "TableView",

@@ -10,11 +10,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from servesweep.models import LevelResult, Outcome, ServerConfig
+from servesweep.records import TrialRecord
 from servesweep.search.prune import Incumbent, PrunePolicy
 from servesweep.search.verdict import Goal, Verdict, VerdictKind, judge
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import TrialRecord
 
 __all__ = ["History", "Search", "Told", "goal_of"]
 

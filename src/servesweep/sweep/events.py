@@ -31,7 +31,7 @@ from servesweep.models import (
     Outcome,
     Phase,
 )
-from servesweep.store.records import TelemetryPoint
+from servesweep.records import TelemetryPoint
 
 __all__ = [
     "BaselineTaken",

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from servesweep.models import Evidence, Outcome
+from servesweep.records import TelemetryPoint
 from servesweep.servers.memory import Calibration, MemoryModel, MemoryPrediction
 from servesweep.servers.memory.calibrate import Calibrator, MeasuredMemory, read_measured
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import params_label
 from servesweep.store import TrialRecord
-from servesweep.store.records import TelemetryPoint
 from servesweep.sweep.events import Fact, TrialFinished
 
 __all__ = ["PREDICTED_OOM", "MemoryChecked", "MemoryGate"]
