@@ -480,8 +480,8 @@ def best(
     configuration lost. Exit 1 when none is feasible.
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
+    from servesweep.decide.refs import check_constraint, check_ref
     from servesweep.report import best_to_json, find_best, format_best
-    from servesweep.report.refs import check_constraint, check_ref
 
     default = "min" if minimize else "max"
     parsed: list[tuple[str, str]] = []

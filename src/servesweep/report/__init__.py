@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servesweep.errors import ConfigError
-from servesweep.records import SweepData
-from servesweep.report.best import (
+from servesweep.decide.best import (
     BestResult,
     Candidate,
     Exclusion,
@@ -26,10 +24,12 @@ from servesweep.report.best import (
     find_best,
     format_best,
 )
+from servesweep.decide.numbers import format_number
+from servesweep.errors import ConfigError
+from servesweep.records import SweepData
 from servesweep.report.compare import Comparison, MetricChange, compare, format_comparison
 from servesweep.report.export import JSON_FORMAT, JSON_VERSION, render_csv, render_json
 from servesweep.report.html import render_html
-from servesweep.report.numbers import format_number
 from servesweep.report.tables import render_markdown, render_table
 
 __all__ = [

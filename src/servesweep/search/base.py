@@ -9,10 +9,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from servesweep.decide.verdict import Goal, Verdict, VerdictKind, judge
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
 from servesweep.search.prune import Incumbent, PrunePolicy
-from servesweep.search.verdict import Goal, Verdict, VerdictKind, judge
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.schema import SweepSpec
 

@@ -37,13 +37,13 @@ import queue
 import time
 from pathlib import Path
 
+from servesweep.decide.confirm import Done
+from servesweep.decide.screening import ScreenPolicy
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import Phase
-from servesweep.report.screening import ScreenPolicy
 from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
-from servesweep.sweep.core.confirm import Done
 from servesweep.sweep.core.confirm_run import ConfirmRun
 from servesweep.sweep.core.health_notes import HealthNotes
 from servesweep.sweep.core.machines import Machines

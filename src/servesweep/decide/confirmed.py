@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.report.uncertainty import Margin
+from servesweep.decide.uncertainty import Margin
 
 __all__ = ["ConfirmSummary", "confirm_note", "steps_since_reset", "summarise"]
 

@@ -17,23 +17,23 @@ How it decides (also in docs/reports.md):
 4. The leader is the winner only when it leads every other candidate by more than
    the uncertainty of the difference *and* by more than the practical threshold
    (the sweep file's ``decision.threshold``, default 1 %); objective by objective,
-   :func:`servesweep.report.uncertainty.tie_set` keeps those it does not beat so.
+   :func:`servesweep.decide.uncertainty.tie_set` keeps those it does not beat so.
    Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
    GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
    said in one line. Values equal within ``rel_tol`` are ranked by run order.
 5. When the sweep ran a screening pass (``screening`` in the sweep file: short
    levels first, full measurement only for those that could still win), the
    configurations it screened out are excluded as ``screened`` with the reason, and a
-   note says what it decided and what it saved (:mod:`servesweep.report.screened`).
+   note says what it decided and what it saved (:mod:`servesweep.decide.screened`).
    When the sweep ran a confirm phase (``confirm`` in the sweep file: the tied
    leaders relaunched until they separate or its budget is spent), a note says what
-   it did and what it changed (:mod:`servesweep.report.confirmed`).
+   it did and what it changed (:mod:`servesweep.decide.confirmed`).
 6. With several objectives the Pareto set (candidates no other candidate beats
    on every objective) is given too.
 7. When a figure the winner was decided on comes from a level whose acceptance
    length is not trusted (random-token prompts or ``ignore_eos``,
-   :mod:`servesweep.acceptance`), the winner is still named, marked, and a note says
-   which figure and why (:mod:`servesweep.report.acceptance`).
+   :mod:`servesweep.decide.acceptance`), the winner is still named, marked, and a note says
+   which figure and why (:mod:`servesweep.decide.trusted`).
 """
 
 from __future__ import annotations
@@ -44,14 +44,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep import metrics_catalog as mc
-from servesweep.acceptance import UNTRUSTED_MARK
-from servesweep.errors import ConfigError
-from servesweep.metrics_catalog import Latency, Stat
-from servesweep.models import Outcome
-from servesweep.records import SweepData, TrialRecord
-from servesweep.report.acceptance import Untrusted, untrusted_figures, untrusted_notes
-from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
-from servesweep.report.data import (
+from servesweep.decide.acceptance import UNTRUSTED_MARK
+from servesweep.decide.confirmed import ConfirmSummary, confirm_note, summarise
+from servesweep.decide.refs import ResultIndex, objective_of, stored_spec
+from servesweep.decide.resources import trial_gpus
+from servesweep.decide.screened import ScreeningSummary, screening_note, summarise_screening
+from servesweep.decide.stats import (
     MetricStats,
     config_label,
     fixed_args,
@@ -59,10 +57,8 @@ from servesweep.report.data import (
     printable,
     swept_params,
 )
-from servesweep.report.refs import ResultIndex, objective_of, stored_spec
-from servesweep.report.resources import trial_gpus
-from servesweep.report.screened import ScreeningSummary, screening_note, summarise_screening
-from servesweep.report.uncertainty import (
+from servesweep.decide.trusted import Untrusted, untrusted_figures, untrusted_notes
+from servesweep.decide.uncertainty import (
     Margin,
     Rules,
     Verdict,
@@ -71,6 +67,10 @@ from servesweep.report.uncertainty import (
     prefer,
     tie_set,
 )
+from servesweep.errors import ConfigError
+from servesweep.metrics_catalog import Latency, Stat
+from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
 
 __all__ = [

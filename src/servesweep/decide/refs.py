@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from servesweep import metrics_catalog as mc
+from servesweep.decide.stats import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
 from servesweep.models import LevelResult, level_label, usable
 from servesweep.records import SweepData, TrialRecord
-from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.spec.constraints import (
     Constraint,
     MetricRef,

@@ -8,10 +8,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from servesweep.decide.best import BestResult
+from servesweep.decide.refs import ResultIndex
 from servesweep.models import Outcome
 from servesweep.records import SweepData, TrialRecord
-from servesweep.report.best import BestResult
-from servesweep.report.refs import ResultIndex
 from servesweep.spec.constraints import MetricRef, parse_metric_ref
 
 __all__ = ["Standing", "Status", "objective_ref", "standings"]
