@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from servesweep.decide.acceptance import AcceptanceContext
-from servesweep.decide.best import best_to_json, find_best
+from servesweep.decide.best import find_best
 from servesweep.decide.intervals import DEFAULT_CONFIDENCE
 from servesweep.decide.level_intervals import INTERVAL_METRICS
 from servesweep.decide.refs import ResultIndex
@@ -30,6 +30,7 @@ from servesweep.errors import ServesweepError
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
 from servesweep.models import LevelResult
 from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import best_to_json
 from servesweep.report.evals import eval_rates, task_flips
 
 __all__ = ["JSON_FORMAT", "JSON_VERSION", "render_csv", "render_json", "report_document"]

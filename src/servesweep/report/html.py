@@ -30,7 +30,7 @@ import jinja2
 from markupsafe import Markup
 
 from servesweep.decide.acceptance import UNTRUSTED_MARK
-from servesweep.decide.best import BestResult, Candidate, find_best, untrusted_suffix
+from servesweep.decide.best import BestResult, Candidate, find_best
 from servesweep.decide.numbers import format_number, format_stats
 from servesweep.decide.refs import ResultIndex, is_search
 from servesweep.decide.standing import objective_ref
@@ -50,6 +50,7 @@ from servesweep.errors import ServesweepError
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
 from servesweep.models import Outcome
 from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import untrusted_suffix
 from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.effects import (
     acceptance_charts,

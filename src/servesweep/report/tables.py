@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servesweep.decide.acceptance import UNTRUSTED_MARK
-from servesweep.decide.best import find_best, untrusted_suffix
+from servesweep.decide.best import find_best
 from servesweep.decide.refs import ResultIndex, objective_of
 from servesweep.decide.stats import (
     KEY_METRICS,
@@ -34,6 +34,7 @@ from servesweep.decide.stats import (
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.models import Outcome
 from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import untrusted_suffix
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.spec.constraints import parse_constraint
 
