@@ -32,9 +32,9 @@ The driver's contract (the driver's side is ``servesweep.sweep.core.search_sourc
   per sweep with ``search.prune: false``).
 """
 
+from servesweep.decide.prune import NOISE_MARGIN, Incumbent, PrunePolicy, prune_reason
 from servesweep.decide.verdict import Goal, Measured, Verdict, VerdictKind, judge, measure
 from servesweep.search.base import History, Search, goal_of
-from servesweep.search.prune import NOISE_MARGIN, Incumbent, PrunePolicy, prune_reason
 
 __all__ = [
     "NOISE_MARGIN",

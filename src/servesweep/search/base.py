@@ -9,10 +9,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from servesweep.decide.prune import Incumbent, PrunePolicy
 from servesweep.decide.verdict import Goal, Verdict, VerdictKind, judge
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
-from servesweep.search.prune import Incumbent, PrunePolicy
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.schema import SweepSpec
 
@@ -153,7 +153,7 @@ class Search(ABC):
         )
 
     def prune_policy(self) -> PrunePolicy:
-        """What the slot needs to decide :func:`~servesweep.search.prune.prune_reason`
+        """What the slot needs to decide :func:`~servesweep.decide.prune.prune_reason`
         for the next trial: a snapshot of the goal and the best so far."""
         repeats = {w.name: w.repeats for w in self.spec.workloads}
         return PrunePolicy(

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 
+from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult, Outcome
 from servesweep.search import Search
-from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord
 

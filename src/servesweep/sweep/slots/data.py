@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep.bench.target import Target
+from servesweep.decide.prune import PrunePolicy
 from servesweep.decide.screening import ScreenPolicy
 from servesweep.models import InstanceRecord, LevelResult
-from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec, WorkloadSpec
 
 __all__ = [
