@@ -6,7 +6,7 @@ trials cap and the budget. :class:`Search` is the driver's one interface; the gr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servesweep.decide.prune import Incumbent, PrunePolicy
@@ -70,24 +70,6 @@ class Search(ABC):
         """What the search noticed while it was rebuilt from the stored trials (a
         sampler's replay that diverged), for the driver to show as warnings; a grid
         notices nothing."""
-
-    @classmethod
-    def create(
-        cls, spec: SweepSpec, history: History = (), only: Collection[str] | None = None
-    ) -> Search:
-        """The search of this sweep, continued from its stored trials.
-
-        A grid continues in its order (``only``: exactly the configurations of these
-        fingerprints, see :mod:`servesweep.search.grid`); a sampler replays the stored
-        trials so that the same seed gives the same sequence of proposals, and nothing
-        measured is proposed again."""
-        if spec.search.samples:
-            from servesweep.search.sampled import SampledSearch
-
-            return SampledSearch(spec, history)
-        from servesweep.search.grid import GridSearch
-
-        return GridSearch(spec, history, only)
 
     @property
     def planned(self) -> bool:
