@@ -415,7 +415,7 @@ class Driver:
 
     def _confirm(self) -> None:
         """Relaunch the tied leaders round by round until they separate or the budget
-        is spent (``sweep.core.confirm`` decides; each step is stored, so a rerun goes on)."""
+        is spent (``decide.confirm`` decides; each step is stored, so a rerun goes on)."""
         spec = self.spec.confirm_phase
         if spec is None or self.state.stopping:
             return
