@@ -14,14 +14,14 @@ tokens), with the noise a real server shows:
   (default 6 %), each repeat of a level adds N(1, 0.5 %).
 
 Every policy reads the same measurements and decides through servesweep's own
-``find_best`` (intervals from ``servesweep.level_intervals``, the decision from
-``servesweep.report.uncertainty``):
+``find_best`` (intervals from ``servesweep.decide.level_intervals``, the decision from
+``servesweep.decide.uncertainty``):
 
 - ``mean``: one launch, one repeat, the highest mean wins (servesweep before intervals);
 - ``grid-repeats-3``: one launch, three repeats, the highest mean (the usual remedy);
 - ``intervals``: one launch, one repeat, ``best`` with intervals (a tie: the leader);
 - ``intervals+confirm``: as ``intervals``; then servesweep's confirm phase decides
-  (``servesweep.sweep.core.confirm.decide``, what the driver runs after a sweep, with
+  (``servesweep.decide.confirm.decide``, what the driver runs after a sweep, with
   ``confirm: {top: 3, launches: 1, budget: N}``): the tie set's leading candidates are
   relaunched, one launch each per round, stored as further launches of their trials,
   and ``best`` decides again on all the results (successive elimination: a candidate
@@ -33,7 +33,7 @@ Every policy reads the same measurements and decides through servesweep's own
   ``--screen-threshold``) first, then as
   ``intervals+confirm``: each configuration's launch measures a short level (8 of the
   32 requests) first; servesweep's screening decision
-  (``servesweep.report.screening.screen_reason``, what the slot runs, against the
+  (``servesweep.decide.screening.screen_reason``, what the slot runs, against the
   references the driver gives it: the candidates of ``best`` so far, by their own
   screening figures) either screens it out or measures the full level in the same
   launch (the same launch factor); then the confirm phase on the full results, with
@@ -57,21 +57,21 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from servesweep.intervals import wilson
-from servesweep.level_intervals import level_intervals
-from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
-from servesweep.report.best import BestResult, find_best
-from servesweep.report.screening import (
+from servesweep.decide.best import BestResult, find_best
+from servesweep.decide.confirm import Done, Round, cost, decide, spent_launches
+from servesweep.decide.intervals import wilson
+from servesweep.decide.level_intervals import level_intervals
+from servesweep.decide.screening import (
     Reference,
     ScreenPolicy,
     figure_of,
     screen_reason,
     screening_stats,
 )
+from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
+from servesweep.records import SweepData, SweepRecord, TrialRecord
 from servesweep.spec.constraints import parse_metric_ref
 from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
-from servesweep.store.records import SweepData, SweepRecord, TrialRecord
-from servesweep.sweep.core.confirm import Done, Round, cost, decide, spent_launches
 
 GPUS = 8
 LAUNCH_MIN = 7.0

@@ -365,7 +365,7 @@ class LevelResult:
     eval_results: tuple[EvalTaskResult, ...] = ()
     intervals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """``{metric: (lo, hi)}``: the confidence interval of each key metric, computed
-    from this level's own requests (see ``servesweep.level_intervals``)."""
+    from this level's own requests (see ``servesweep.decide.level_intervals``)."""
     confidence: float | None = None
     """The confidence of ``intervals`` (0.95); None when the level has none."""
     launch: int = 0

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from helpers.report_data import T0, sweep_data, trial
+from servesweep.decide.best import find_best
+from servesweep.decide.confirm import Done, Relaunch, Round, cost, decide, spent_launches
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult, Outcome, ServerConfig
-from servesweep.report.best import best_to_json, find_best, format_best
+from servesweep.report.best_view import best_to_json, format_best
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import open_store
-from servesweep.sweep.core.confirm import Done, Relaunch, Round, cost, decide, spent_launches
 from servesweep.sweep.core.confirm_run import ConfirmRun
 from servesweep.sweep.core.store_writer import StoreWriter
 from servesweep.sweep.events import NullObserver

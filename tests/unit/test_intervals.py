@@ -9,7 +9,7 @@ import time
 import pytest
 from tests.helpers.samples import sequential_level
 
-from servesweep.intervals import (
+from servesweep.decide.intervals import (
     bootstrap_ratio,
     bootstrap_stats,
     combine,
@@ -17,7 +17,7 @@ from servesweep.intervals import (
     t_quantile,
     wilson,
 )
-from servesweep.level_intervals import eval_intervals, level_intervals
+from servesweep.decide.level_intervals import eval_intervals, level_intervals
 from servesweep.models import EvalTaskResult, RequestSample
 
 pytestmark = pytest.mark.unit
@@ -152,7 +152,7 @@ def test_a_big_level_costs_well_under_a_second() -> None:
 
 
 def test_acceptance_is_marked_untrusted_on_synthetic_text_or_ignore_eos() -> None:
-    from servesweep.acceptance import acceptance_caveat
+    from servesweep.decide.acceptance import acceptance_caveat
 
     assert acceptance_caveat("builtin:math", False) is None
     assert "ignore_eos" in (acceptance_caveat("builtin:chat", True) or "")

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from helpers.report_data import T0, level, sweep_data, throughput_sweep, trial
+from servesweep.decide.best import find_best
+from servesweep.decide.uncertainty import Rules
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult
-from servesweep.report.best import best_to_json, find_best, format_best
-from servesweep.report.uncertainty import Rules
+from servesweep.report.best_view import best_to_json, format_best
 from servesweep.spec.load import load_sweep_text
 
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import aiohttp
 
-from servesweep.acceptance import AcceptanceContext
 from servesweep.bench.capacity import CapacityPlan
 from servesweep.bench.client import build_headers, get_text, make_session, post_json
 from servesweep.bench.datasets import (
@@ -36,9 +35,10 @@ from servesweep.bench.specdecode import acceptance_from_counters, counter_names,
 from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.bench.workers import WorkerPool
+from servesweep.decide.acceptance import AcceptanceContext
+from servesweep.decide.intervals import DEFAULT_CONFIDENCE
+from servesweep.decide.level_intervals import level_intervals
 from servesweep.errors import BenchError
-from servesweep.intervals import DEFAULT_CONFIDENCE
-from servesweep.level_intervals import level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, level_label
 from servesweep.servers.gpu.base import GpuProbe

@@ -19,7 +19,7 @@ from typing import Any
 from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
 from servesweep.bench.specdecode import estimate_from_chunks
-from servesweep.level_intervals import SLO_KEYS, meets_slo
+from servesweep.decide.level_intervals import SLO_KEYS, meets_slo
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.models import RequestSample
 

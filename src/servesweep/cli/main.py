@@ -204,7 +204,8 @@ def run(
 
 def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
     """The results table (it ends with the best configuration) and its launch command."""
-    from servesweep.report import find_best, render
+    from servesweep.decide.best import find_best
+    from servesweep.report import render
     from servesweep.store import open_store
 
     with open_store(store_path, readonly=True) as store:
@@ -480,8 +481,9 @@ def best(
     configuration lost. Exit 1 when none is feasible.
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
-    from servesweep.report import best_to_json, find_best, format_best
-    from servesweep.report.refs import check_constraint, check_ref
+    from servesweep.decide.best import find_best
+    from servesweep.decide.refs import check_constraint, check_ref
+    from servesweep.report import best_to_json, format_best
 
     default = "min" if minimize else "max"
     parsed: list[tuple[str, str]] = []

@@ -29,13 +29,12 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from servesweep.acceptance import UNTRUSTED_MARK
-from servesweep.errors import ServesweepError
-from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
-from servesweep.models import Outcome
-from servesweep.report.best import BestResult, Candidate, find_best, untrusted_suffix
-from servesweep.report.charts import Chart, outcome_text, trial_catalog
-from servesweep.report.data import (
+from servesweep.decide.acceptance import UNTRUSTED_MARK
+from servesweep.decide.best import BestResult, Candidate, find_best
+from servesweep.decide.numbers import format_number, format_stats
+from servesweep.decide.refs import ResultIndex, is_search
+from servesweep.decide.standing import objective_ref
+from servesweep.decide.stats import (
     LevelStats,
     MetricStats,
     format_value,
@@ -46,6 +45,13 @@ from servesweep.report.data import (
     phase_costs,
     swept_params,
 )
+from servesweep.decide.uncertainty import margin
+from servesweep.errors import ServesweepError
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
+from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import untrusted_suffix
+from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.effects import (
     acceptance_charts,
     heatmap_chart,
@@ -54,15 +60,10 @@ from servesweep.report.effects import (
 )
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.importance import MIN_TRIALS, importance_chart
-from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.progress import progress_charts
-from servesweep.report.refs import ResultIndex, is_search
-from servesweep.report.standing import objective_ref
 from servesweep.report.tables import acceptance_lines, column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
-from servesweep.report.uncertainty import margin
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ECHARTS_VERSION", "Cell", "render_html"]
 

@@ -41,7 +41,8 @@ from servesweep.sweep.core.run_state import RunSettings
 from servesweep.sweep.core.seams import TrialSource
 from servesweep.sweep.core.search_source import SearchSource
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
-from servesweep.sweep.executors.site import Site, fake_gpu_dir, open_site
+from servesweep.sweep.executors.fake_gpus import fake_gpu_dir
+from servesweep.sweep.executors.site import Site, open_site
 from servesweep.sweep.slots.data import SweepContext, this_node
 
 __all__ = [

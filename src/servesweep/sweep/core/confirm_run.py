@@ -1,6 +1,6 @@
 """The confirm phase as the driver runs it: what the store says (the rounds so far,
 the launches stored, the tie set) turned into the inputs of
-:func:`servesweep.sweep.core.confirm.decide`, and each step written back as a
+:func:`servesweep.decide.confirm.decide`, and each step written back as a
 :class:`~servesweep.sweep.events.ConfirmStep` (committed, so a rerun continues)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from servesweep.decide.best import find_best
+from servesweep.decide.confirm import Done, Relaunch, Round, cost, decide
+from servesweep.decide.confirmed import steps_since_reset
 from servesweep.errors import Interrupted, ServesweepError
-from servesweep.report.best import find_best
-from servesweep.report.confirmed import steps_since_reset
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import Store
-from servesweep.sweep.core.confirm import Done, Relaunch, Round, cost, decide
 from servesweep.sweep.events import ConfirmStep, Event
 
 __all__ = ["ConfirmRun"]

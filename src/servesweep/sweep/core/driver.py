@@ -37,13 +37,13 @@ import queue
 import time
 from pathlib import Path
 
+from servesweep.decide.confirm import Done
+from servesweep.decide.screening import ScreenPolicy
 from servesweep.errors import ConfigError, Interrupted, ServesweepError
 from servesweep.models import Phase
-from servesweep.report.screening import ScreenPolicy
 from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
-from servesweep.sweep.core.confirm import Done
 from servesweep.sweep.core.confirm_run import ConfirmRun
 from servesweep.sweep.core.health_notes import HealthNotes
 from servesweep.sweep.core.machines import Machines
@@ -415,7 +415,7 @@ class Driver:
 
     def _confirm(self) -> None:
         """Relaunch the tied leaders round by round until they separate or the budget
-        is spent (``sweep.core.confirm`` decides; each step is stored, so a rerun goes on)."""
+        is spent (``decide.confirm`` decides; each step is stored, so a rerun goes on)."""
         spec = self.spec.confirm_phase
         if spec is None or self.state.stopping:
             return

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+from servesweep.records import TelemetryPoint
 from servesweep.servers.lifecycle import ServerLifecycle
-from servesweep.store.records import TelemetryPoint
 
 __all__ = ["SlotTelemetry"]
 

@@ -27,6 +27,7 @@ from typing import Any
 from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.bench.workers import WorkerPool
+from servesweep.decide.screening import screen_reason
 from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
 from servesweep.models import (
     Evidence,
@@ -36,7 +37,6 @@ from servesweep.models import (
     Outcome,
     Phase,
 )
-from servesweep.report.screening import screen_reason
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher

@@ -1,6 +1,6 @@
 """What the confirm phase did, read from its stored steps, in words for ``best``.
 
-The steps are the ``confirm`` events the driver stored (``sweep.core.confirm`` decides
+The steps are the ``confirm`` events the driver stored (``decide.confirm`` decides
 them): a ``round`` with the candidates it relaunched, ``round_done``, ``dropped``
 (a relaunch that failed), ``done`` with why it ended, and ``reset`` when trials ran
 after an earlier phase (the steps before it no longer count).
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.report.uncertainty import Margin
+from servesweep.decide.uncertainty import Margin
 
 __all__ = ["ConfirmSummary", "confirm_note", "steps_since_reset", "summarise"]
 

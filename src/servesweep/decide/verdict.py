@@ -27,8 +27,8 @@ from enum import Enum
 from typing import Literal
 
 from servesweep.models import LevelResult, Outcome, usable
+from servesweep.records import TrialRecord
 from servesweep.spec.constraints import TRIAL_METRICS, Constraint, MetricRef
-from servesweep.store.records import TrialRecord
 
 __all__ = [
     "FAILED_CONSTRAINT",

@@ -17,23 +17,23 @@ How it decides (also in docs/reports.md):
 4. The leader is the winner only when it leads every other candidate by more than
    the uncertainty of the difference *and* by more than the practical threshold
    (the sweep file's ``decision.threshold``, default 1 %); objective by objective,
-   :func:`servesweep.report.uncertainty.tie_set` keeps those it does not beat so.
+   :func:`servesweep.decide.uncertainty.tie_set` keeps those it does not beat so.
    Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
    GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
    said in one line. Values equal within ``rel_tol`` are ranked by run order.
 5. When the sweep ran a screening pass (``screening`` in the sweep file: short
    levels first, full measurement only for those that could still win), the
    configurations it screened out are excluded as ``screened`` with the reason, and a
-   note says what it decided and what it saved (:mod:`servesweep.report.screened`).
+   note says what it decided and what it saved (:mod:`servesweep.decide.screened`).
    When the sweep ran a confirm phase (``confirm`` in the sweep file: the tied
    leaders relaunched until they separate or its budget is spent), a note says what
-   it did and what it changed (:mod:`servesweep.report.confirmed`).
+   it did and what it changed (:mod:`servesweep.decide.confirmed`).
 6. With several objectives the Pareto set (candidates no other candidate beats
    on every objective) is given too.
 7. When a figure the winner was decided on comes from a level whose acceptance
    length is not trusted (random-token prompts or ``ignore_eos``,
-   :mod:`servesweep.acceptance`), the winner is still named, marked, and a note says
-   which figure and why (:mod:`servesweep.report.acceptance`).
+   :mod:`servesweep.decide.acceptance`), the winner is still named, marked, and a note says
+   which figure and why (:mod:`servesweep.decide.trusted`).
 """
 
 from __future__ import annotations
@@ -41,27 +41,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from servesweep import metrics_catalog as mc
-from servesweep.acceptance import UNTRUSTED_MARK
-from servesweep.errors import ConfigError
-from servesweep.metrics_catalog import Latency, Stat
-from servesweep.models import Outcome
-from servesweep.report.acceptance import Untrusted, untrusted_figures, untrusted_notes
-from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
-from servesweep.report.data import (
+from servesweep.decide.confirmed import ConfirmSummary, confirm_note, summarise
+from servesweep.decide.refs import ResultIndex, objective_of, stored_spec
+from servesweep.decide.resources import trial_gpus
+from servesweep.decide.screened import ScreeningSummary, screening_note, summarise_screening
+from servesweep.decide.stats import (
     MetricStats,
     config_label,
     fixed_args,
     format_number,
-    printable,
     swept_params,
 )
-from servesweep.report.refs import ResultIndex, objective_of, stored_spec
-from servesweep.report.resources import trial_gpus
-from servesweep.report.screened import ScreeningSummary, screening_note, summarise_screening
-from servesweep.report.uncertainty import (
+from servesweep.decide.trusted import Untrusted, untrusted_figures, untrusted_notes
+from servesweep.decide.uncertainty import (
     Margin,
     Rules,
     Verdict,
@@ -70,17 +64,17 @@ from servesweep.report.uncertainty import (
     prefer,
     tie_set,
 )
+from servesweep.errors import ConfigError
+from servesweep.metrics_catalog import Latency, Stat
+from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.constraints import Constraint, MetricRef, parse_constraint, parse_metric_ref
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "BestResult",
     "Candidate",
     "Exclusion",
-    "best_to_json",
     "find_best",
-    "format_best",
-    "untrusted_suffix",
 ]
 
 DEFAULT_REL_TOL = 1e-6
@@ -533,131 +527,3 @@ def _better(a: Candidate, b: Candidate, dirs: Sequence[str], rel_tol: float) -> 
         if cmp:
             return cmp > 0
     return False
-
-
-def untrusted_suffix(result: BestResult) -> str:
-    """After the winner's name when it rests on an untrusted acceptance length."""
-    if not result.untrusted:
-        return ""
-    what = "on" if any(u.direct for u in result.untrusted) else "with speculative decoding on"
-    return f" ({UNTRUSTED_MARK} decided {what} an untrusted acceptance figure: see note)"
-
-
-def format_best(result: BestResult) -> str:
-    """A plain-text explanation of the decision, for the terminal."""
-    objs = ", ".join(f"{d} {k}" for k, d in result.objectives)
-    cons = "; ".join(result.constraints) or "none"
-    lines: list[str] = []
-    if result.winner is None:
-        lines.append(f"no feasible configuration (objective: {objs}; constraints: {cons})")
-    else:
-        win = result.winner
-        lines.append(f"best: {win.label}{untrusted_suffix(result)}")
-        for (key, d), stats in zip(result.objectives, win.stats, strict=True):
-            bits = []
-            if stats.lo is not None and stats.hi is not None:
-                bits.append(
-                    f"{(stats.confidence or 0.95):.0%} interval "
-                    f"{format_number(stats.lo)}..{format_number(stats.hi)}"
-                )
-            if stats.spread is not None:
-                bits.append(
-                    f"repeats {stats.n}: {format_number(stats.min)}..{format_number(stats.max)}"
-                )
-            shown = f" ({'; '.join(bits)})" if bits else ""
-            lines.append(f"  {d} {key} = {format_number(stats.mean)}{shown}")
-        for con, verdict in zip(result.constraints, win.verdicts, strict=True):
-            lines.append(f"  constraint {con}: {verdict.describe()}")
-        if win.trial.launch_command:
-            lines.append(f"  launch: {win.trial.launch_command}")
-    for note in result.notes:
-        lines.append(f"note: {note}")
-    if result.pareto:
-        lines.append(f"Pareto set ({objs}):")
-        for cand in result.pareto:
-            vals = ", ".join(format_number(v) for v in cand.values)
-            lines.append(f"  {cand.label}: {vals}")
-    if len(result.ranking) > 1:
-        lines.append("ranking:")
-        for i, cand in enumerate(result.ranking, 1):
-            vals = ", ".join(format_number(v) for v in cand.values)
-            lines.append(f"  {i}. {cand.label}: {vals}")
-    if result.excluded:
-        lines.append("excluded:")
-        for exc in result.excluded:
-            lines.append(f"  {exc.label}: {exc.reason}")
-    if result.winner is None:
-        lines.append(
-            "try: loosen a constraint (--constraint), check the failures above "
-            "(servesweep report), or rerun failed trials (servesweep run --retry-failed)"
-        )
-    return "\n".join(printable(" ".join(line.splitlines())) for line in lines)
-
-
-def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:
-    return {
-        "trial": cand.trial.id,
-        "seq": cand.trial.seq,
-        "fingerprint": cand.trial.fingerprint,
-        "params": dict(cand.trial.params),
-        "label": cand.label,
-        "values": {k: v for (k, _), v in zip(result.objectives, cand.values, strict=True)},
-        "stats": {k: s.to_dict() for (k, _), s in zip(result.objectives, cand.stats, strict=True)},
-        "constraint_values": dict(zip(result.constraints, cand.constraint_values, strict=True)),
-        "constraint_verdicts": {
-            con: {"state": v.state, "value": v.value, "lo": v.lo, "hi": v.hi, "advice": v.advice}
-            for con, v in zip(result.constraints, cand.verdicts, strict=True)
-        },
-        "launch_command": cand.trial.launch_command,
-    }
-
-
-def best_to_json(result: BestResult) -> dict[str, Any]:
-    """The decision as JSON-ready data (``servesweep best --json``)."""
-    return {
-        "sweep": result.sweep_name,
-        "feasible": result.feasible,
-        "objectives": [{"metric": k, "direction": d} for k, d in result.objectives],
-        "constraints": list(result.constraints),
-        "rel_tol": result.rel_tol,
-        "decision": {
-            "decided": result.decided,
-            "why": result.why,
-            "confidence": result.rules.confidence,
-            "threshold": result.rules.threshold,
-            "prefer": list(result.rules.prefer),
-            "acceptance_trusted": not result.untrusted,
-            "untrusted_acceptance": [u.to_dict() for u in result.untrusted],
-            "runner_up_margin": None
-            if result.runner_up is None
-            else {
-                "lead": result.runner_up.lead,
-                "relative": result.runner_up.relative,
-                "uncertainty": result.runner_up.uncertainty,
-            },
-        },
-        "confirm": None
-        if result.confirm is None
-        else {**result.confirm.to_dict(), "note": result.confirm_note},
-        "screening": None
-        if result.screening is None
-        else {**result.screening.to_dict(), "note": result.screening_note},
-        "best": None if result.winner is None else _candidate_json(result, result.winner),
-        "ties": [_candidate_json(result, c) for c in result.ties],
-        "pareto": [_candidate_json(result, c) for c in result.pareto],
-        "ranking": [_candidate_json(result, c) for c in result.ranking],
-        "excluded": [
-            {
-                "trial": e.trial.id,
-                "label": e.label,
-                "kind": e.kind,
-                "reason": e.reason,
-                "failure_class": e.trial.failure_class.value if e.trial.failure_class else None,
-                "metric": e.metric,
-                "value": e.value,
-                "constraint": e.constraint,
-            }
-            for e in result.excluded
-        ],
-        "notes": list(result.notes),
-    }

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from servesweep.decide.verdict import Goal, Measured, measure
 from servesweep.models import LevelResult, usable
-from servesweep.search.verdict import Goal, Measured, measure
 from servesweep.spec.constraints import TRIAL_METRICS, MetricRef
 
 __all__ = ["NOISE_MARGIN", "Incumbent", "PrunePolicy", "prune_reason"]

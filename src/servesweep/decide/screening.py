@@ -33,11 +33,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from servesweep.decide.numbers import format_number
+from servesweep.decide.stats import MetricStats, aggregate_results
+from servesweep.decide.uncertainty import Rules, judge, rescaled
 from servesweep.metrics_catalog import phase_of
 from servesweep.models import LevelResult, usable
-from servesweep.report.data import MetricStats, aggregate_results
-from servesweep.report.numbers import format_number
-from servesweep.report.uncertainty import Rules, judge, rescaled
 from servesweep.spec.constraints import Constraint, MetricRef
 
 __all__ = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 
 from servesweep.errors import ServesweepError
+from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.load import load_sweep_text
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["sweep_gpus", "trial_gpu_seconds", "trial_gpus"]
 

@@ -123,7 +123,7 @@ class SweepData:
     (``{"predicted": {...}, "measured": {...}}``, bytes; the latest attempt)."""
     confirm: tuple[Mapping[str, Any], ...] = ()
     """The confirm phase's stored steps, in order (``confirm`` events: rounds, the
-    relaunches that failed, how it ended; see ``sweep.core.confirm``)."""
+    relaunches that failed, how it ended; see ``decide.confirm``)."""
     screening: Mapping[int, tuple[LevelResult, ...]] = field(default_factory=dict)
     """The levels of the screening pass by trial id (latest attempt; only trials that
     had one): stored apart from ``results``, which they never enter."""

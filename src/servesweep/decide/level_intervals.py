@@ -5,7 +5,7 @@ reports call it on the samples a results database kept when the level was stored
 without intervals (a database from before intervals existed), so both give the same
 numbers. Pure functions over :class:`~servesweep.models.RequestSample` and
 :class:`~servesweep.models.EvalTaskResult`; the statistics are
-:mod:`servesweep.intervals`. docs/metrics.md ("Uncertainty") says the same in words:
+:mod:`servesweep.decide.intervals`. docs/metrics.md ("Uncertainty") says the same in words:
 
 - latency statistics (mean, median, p90, p99 of TTFT, TPOT, ITL, E2E): a bootstrap
   over the completed requests (a request's inter-token latencies travel together);
@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from servesweep import metrics_catalog as mc
-from servesweep.intervals import (
+from servesweep.decide.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
     bootstrap_ratio,

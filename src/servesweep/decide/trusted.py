@@ -3,7 +3,7 @@
 ``best`` asks :func:`untrusted_figures` which of the levels it decided on (the
 objectives' and the constraints') measured speculative decoding on text real traffic
 does not look like (random-token prompts, ``ignore_eos``: the rule is
-:mod:`servesweep.acceptance`). Two cases:
+:mod:`servesweep.decide.acceptance`). Two cases:
 
 - *direct*: the decision reads ``acceptance_length`` itself;
 - *indirect*: it reads another metric (throughput, latency) of a level whose
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.acceptance import REAL_TEXT, UNTRUSTED_MARK, AcceptanceContext
+from servesweep.decide.acceptance import REAL_TEXT, UNTRUSTED_MARK, AcceptanceContext
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.stats import LevelStats
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
-from servesweep.report.data import LevelStats
-from servesweep.report.refs import ResultIndex
+from servesweep.records import TrialRecord
 from servesweep.spec.constraints import MetricRef
-from servesweep.store.records import TrialRecord
 
 __all__ = ["Untrusted", "untrusted_figures", "untrusted_notes"]
 

@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from servesweep import metrics_catalog as mc
+from servesweep.decide.stats import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
 from servesweep.models import LevelResult, level_label, usable
-from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
+from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.constraints import (
     Constraint,
     MetricRef,
@@ -30,7 +31,6 @@ from servesweep.spec.constraints import (
 )
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "ResultIndex",

@@ -8,11 +8,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from servesweep.decide.best import BestResult
+from servesweep.decide.refs import ResultIndex
 from servesweep.models import Outcome
-from servesweep.report.best import BestResult
-from servesweep.report.refs import ResultIndex
+from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.constraints import MetricRef, parse_metric_ref
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["Standing", "Status", "objective_ref", "standings"]
 

@@ -27,11 +27,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servesweep.decide.numbers import format_number
+from servesweep.decide.refs import stored_spec
 from servesweep.metrics_catalog import COMPLETED, FAILED
 from servesweep.models import LevelResult, Outcome
-from servesweep.report.numbers import format_number
-from servesweep.report.refs import stored_spec
-from servesweep.store.records import SweepData, TrialRecord
+from servesweep.records import SweepData, TrialRecord
 
 __all__ = ["ScreeningSummary", "decisions", "screening_note", "summarise_screening"]
 

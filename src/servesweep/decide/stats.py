@@ -1,4 +1,4 @@
-"""Views of a :class:`~servesweep.store.records.SweepData` that every report format shares.
+"""Views of a :class:`~servesweep.records.SweepData` that every report format shares.
 
 One place decides how results are flattened (trial x workload x level x repeat), how
 repeats are aggregated (mean with min/max/stdev), which params were swept, how many
@@ -14,16 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.acceptance import AcceptanceContext
+from servesweep.decide.acceptance import AcceptanceContext
+from servesweep.decide.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
+from servesweep.decide.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
+from servesweep.decide.numbers import format_number, format_stats
+from servesweep.decide.resources import trial_gpus
 from servesweep.errors import ConfigError
-from servesweep.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
-from servesweep.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, Outcome, parse_level
-from servesweep.report.numbers import format_number, format_stats
-from servesweep.report.resources import trial_gpus
+from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.load import load_sweep_text
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "GPU_PHASES",
@@ -117,7 +117,7 @@ class MetricStats:
     ) -> MetricStats:
         """The stats of ``values`` (one per repeat); with ``bounds`` (each repeat's own
         interval at ``confidence``, or None), the interval of their mean
-        (:func:`servesweep.intervals.combine`). With ``launches`` (the launch of each
+        (:func:`servesweep.decide.intervals.combine`). With ``launches`` (the launch of each
         value), repeats are combined within each launch first, then the launches'
         means: the interval holds both the variation inside a launch and between
         launches."""
@@ -433,7 +433,7 @@ def format_value(value: Any) -> str:
 
 
 def trial_gpu_count(data: SweepData, trial: TrialRecord) -> int | None:
-    """How many GPUs the trial held (see :func:`servesweep.report.resources.trial_gpus`)."""
+    """How many GPUs the trial held (see :func:`servesweep.decide.resources.trial_gpus`)."""
     return trial_gpus(data, trial)
 
 

@@ -1,7 +1,7 @@
 """Deciding with uncertainty: is one configuration really better, is a constraint
 really met.
 
-:mod:`servesweep.report.best` ranks; this module says what the ranking is worth:
+:mod:`servesweep.decide.best` ranks; this module says what the ranking is worth:
 
 - :func:`margin`: how far one candidate leads another on one objective, against the
   uncertainty of the difference (the two intervals combined) and the practical
@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.intervals import DEFAULT_CONFIDENCE, standard_error, z_quantile
-from servesweep.report.data import MetricStats
-from servesweep.report.numbers import format_number
+from servesweep.decide.intervals import DEFAULT_CONFIDENCE, standard_error, z_quantile
+from servesweep.decide.numbers import format_number
+from servesweep.decide.stats import MetricStats
 from servesweep.spec.constraints import Constraint
 
 __all__ = [
