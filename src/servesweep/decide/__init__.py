@@ -1,0 +1,1 @@
+"""Pure decisions over plain records: what servesweep decides for its users."""
