@@ -131,8 +131,15 @@ def _measured(configs: list[dict[str, int]]) -> list[Measured]:
 
 def test_far_from_anything_measured_the_prediction_is_unknown() -> None:
     got = predict(OBJ, GRID, _measured([{"seqs": 64, "tokens": 4096}]))
-    unknown = [g["chat.c8.output_throughput"] for g in got]
-    assert sum(p.known for p in unknown) == 1  # only the measured one
+    known = set()
+    for config, prediction in zip(GRID, got, strict=True):
+        p = prediction["chat.c8.output_throughput"]
+        if p.known:
+            known.add((config["seqs"], config["tokens"]))
+            assert p.low is not None and p.high is not None
+            assert p.low <= _landscape(config["seqs"], config["tokens"]) <= p.high
+    # the measured one and one step along one knob; two steps or both knobs: unknown
+    assert known == {(64, 4096), (32, 4096), (128, 4096), (64, 2048), (64, 8192)}
     assert Prediction("m").reaches(1e9, maximize=True)  # unknown can still win
     assert not predict(OBJ, GRID, [])[0]["chat.c8.output_throughput"].known
 

@@ -3,12 +3,13 @@
 Each knob is a few features of its normalized value (a numeric one on a log scale when
 its values span a factor of 4 or more, quadratic when it takes three values or more; a
 draft length as "speculation on" and ``log2(1 + k)``; any other value one-hot), and the
-metric's log is their sum, fitted by least squares. A configuration is predicted only
-when the measurements identify it: its features lie in the span of the measured ones
-(otherwise the answer would be the fit's guess, and the prediction says unknown). The
-interval is two standard errors of the prediction, from the residuals with two
-pseudo-observations of the measurement noise (so that an exact fit of few trials is
-not taken as exact), and the leverage of the configuration.
+metric's log is their sum: a Bayesian linear regression with a prior on each effect
+(:data:`PRIOR_SD`), so a few measurements already give a trend near them and nothing
+far from them. The interval is two standard deviations of the prediction, from the
+residuals (with two pseudo-observations of the measurement noise, so that an exact fit
+of few trials is not taken as exact) and the posterior of the effects; where it would
+be wider than :data:`UNKNOWN_SD` allows, the prediction says unknown instead of
+guessing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ __all__ = ["Features", "fit_predict"]
 
 PSEUDO = 2.0
 """Pseudo-observations of the measurement noise in the residual variance."""
+PRIOR_SD = 0.5
+"""Prior standard deviation of each feature's effect on the log of the metric: a knob
+moved over its whole range changes the metric by a factor within ``e**(+-1)`` (0.37 to
+2.7) at two standard deviations. The intercept has no prior (flat)."""
+UNKNOWN_SD = 0.25
+"""A prediction whose standard deviation (log scale) is above this is ``unknown``: its
+two-standard-deviation interval would span more than a factor of ``e**(+-0.5)``."""
 
 
 @dataclass(frozen=True)
@@ -78,28 +86,34 @@ def fit_predict(
     noise: float,
 ) -> list[tuple[float, float, float] | None]:
     """(value, low, high) per target configuration, or None where the measurements
-    ``data`` (params, value) do not identify it."""
+    ``data`` (params, value) leave it too uncertain (:data:`UNKNOWN_SD`)."""
     if not data:
         return [None] * len(targets)
     log = all(v > 0 for _, v in data)
     x = np.array([features.row(p) for p, _ in data])
     y = np.array([math.log(v) if log else v for _, v in data])
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    rss = float(((x @ coef - y) ** 2).sum())
-    rank = int(np.linalg.matrix_rank(x))
     scale = 1.0 if log else max(abs(float(y.mean())), 1e-9)
     floor = noise * scale
-    variance = (rss + PSEUDO * floor**2) / (max(len(data) - rank, 0) + PSEUDO)
-    gram = np.linalg.pinv(x.T @ x)
-    projector = np.linalg.pinv(x) @ x
+    prior = np.diag([1e6] + [(PRIOR_SD * scale) ** 2] * (x.shape[1] - 1))
+    prior_inv = np.linalg.inv(prior)
+
+    def posterior(sigma2: float) -> tuple[np.ndarray, np.ndarray]:
+        cov = np.linalg.inv(x.T @ x / sigma2 + prior_inv)
+        return cov @ x.T @ y / sigma2, cov
+
+    mean, cov = posterior(floor**2)
+    used = float(np.trace(x @ cov @ x.T)) / floor**2  # the parameters the data pinned
+    rss = float(((x @ mean - y) ** 2).sum())
+    sigma2 = (rss + PSEUDO * floor**2) / (max(len(data) - used, 0.0) + PSEUDO)
+    mean, cov = posterior(sigma2)
     out: list[tuple[float, float, float] | None] = []
     for params in targets:
         row = np.array(features.row(params))
-        if np.linalg.norm(row - row @ projector) > 1e-6 * max(1.0, float(np.linalg.norm(row))):
+        sd = math.sqrt(sigma2 + float(row @ cov @ row))
+        if sd > UNKNOWN_SD * scale:
             out.append(None)
             continue
-        mu = float(row @ coef)
-        half = 2 * math.sqrt(variance * (1 + float(row @ gram @ row)))
+        mu, half = float(row @ mean), 2 * sd
         if log:
             out.append((math.exp(mu), math.exp(mu - half), math.exp(mu + half)))
         else:

@@ -10,6 +10,7 @@ from typing import Any
 from servesweep.decide.perf.empirical import Features, fit_predict
 from servesweep.decide.perf.records import Measured, Prediction, Setting, Trust
 from servesweep.decide.perf.speculative import (
+    AcceptanceFit,
     StepTime,
     fit_acceptance,
     fit_step_cost,
@@ -51,11 +52,32 @@ def _measured(setting: Setting, metric: str, values: Sequence[float]) -> Predict
     return Prediction(metric, value, value - spread, value + spread, "measured")
 
 
+def _acceptance(
+    setting: Setting, workload: str, trials: Sequence[Measured]
+) -> AcceptanceFit | None:
+    """The workload's acceptance curve: it does not depend on the other knobs (nor on
+    the batch), so every trial's levels of the workload tell."""
+    lengths: dict[int, list[float]] = {}
+    rates: tuple[float, ...] = ()
+    for t in trials:
+        for lv, rate in t.rates.items():
+            if lv.split(".")[0] == workload and len(rate) > len(rates):
+                rates = rate
+        for m, v in t.metrics.items():
+            lv, n = _split(m)
+            if n == setting.acceptance and lv.split(".")[0] == workload:
+                lengths.setdefault(_draft(setting, t.params), []).append(v)
+    return fit_acceptance(
+        {k: statistics.fmean(v) for k, v in lengths.items()}, rates, setting.noise
+    )
+
+
 def _speculative(
     setting: Setting,
     metric: str,
     params: Mapping[str, Any],
     trials: Sequence[Measured],
+    acceptances: dict[str, AcceptanceFit | None],
 ) -> Prediction | None:
     """Acceptance length from the acceptance curve; throughput from it and the step
     cost, when the configuration's other knobs were measured at two draft lengths or
@@ -65,17 +87,10 @@ def _speculative(
     if knob is None or name not in (setting.throughput, setting.acceptance):
         return None
     draft = _draft(setting, params)
-    lengths: dict[int, list[float]] = {}
-    rates: tuple[float, ...] = ()
-    for t in trials:  # acceptance does not depend on the other knobs: every trial tells
-        for lv, rate in t.rates.items():
-            if lv.split(".")[0] == level.split(".")[0] and len(rate) > len(rates):
-                rates = rate
-        for m, v in t.metrics.items():
-            lv, n = _split(m)
-            if n == setting.acceptance and lv.split(".")[0] == level.split(".")[0]:
-                lengths.setdefault(_draft(setting, t.params), []).append(v)
-    acceptance = fit_acceptance({k: statistics.fmean(v) for k, v in lengths.items()}, rates)
+    workload = level.split(".")[0]
+    if workload not in acceptances:
+        acceptances[workload] = _acceptance(setting, workload, trials)
+    acceptance = acceptances[workload]
     if acceptance is None:
         return None
     if name == setting.acceptance:
@@ -116,6 +131,7 @@ def predict(
     ``trials`` and ``earlier`` sweeps' (same engine, model and GPUs: a warm start)."""
     trust = trust or Trust()
     known = [*trials, *earlier]
+    acceptances: dict[str, AcceptanceFit | None] = {}
     features = Features.of([*configs, *(t.params for t in known)], setting.draft_param)
     out: list[dict[str, Prediction]] = [{} for _ in configs]
     for metric in setting.metrics:
@@ -133,7 +149,7 @@ def predict(
                 p = _measured(setting, metric, alike)
                 found: Prediction | None = Prediction(metric, p.value, p.low, p.high, "invariant")
             else:
-                found = _speculative(setting, metric, params, known)
+                found = _speculative(setting, metric, params, known, acceptances)
             if found is None and empirical[i] is not None:
                 value, low, high = empirical[i]  # type: ignore[misc]
                 found = Prediction(metric, value, low, high, "empirical")

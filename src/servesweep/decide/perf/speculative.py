@@ -72,14 +72,6 @@ def alphas_from_rates(rates: Sequence[float]) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _geometric(a: float, d: float, k: int) -> float:
-    total, run = 1.0, 1.0
-    for i in range(k):
-        run *= a * d**i
-        total += run
-    return total
-
-
 _A_GRID = tuple(i / 200 for i in range(1, 200))
 _D_GRID = tuple(0.5 + i / 100 for i in range(51))
 
@@ -119,13 +111,20 @@ def fit_acceptance(
         return AcceptanceFit(alphas, (alphas,), measured)
     if not measured:
         return None
-    fits: list[tuple[float, float, float]] = []
-    for a, d in itertools.product(_A_GRID, _D_GRID):
-        sse = sum(((_geometric(a, d, k) - v) / (v * noise)) ** 2 for k, v in measured.items())
-        fits.append((sse, a, d))
-    least, best_a, best_d = min(fits)
+    a, d = np.meshgrid(np.array(_A_GRID), np.array(_D_GRID), indexing="ij")
+    sse = np.zeros_like(a)
+    for k, v in measured.items():
+        run, length = np.ones_like(a), np.ones_like(a)
+        for i in range(k):
+            run = run * a * d**i
+            length = length + run
+        sse += ((length - v) / (v * noise)) ** 2
+    least = float(sse.min())
+    at = np.unravel_index(int(sse.argmin()), sse.shape)
+    best_a, best_d = float(a[at]), float(d[at])
     # the curves within the noise: chi-square with 2 parameters, 95 % (5.99) above the best
-    kept = [(a, d) for sse, a, d in fits if sse <= least + 5.99]
+    keep = sse <= least + 5.99
+    kept = list(zip(a[keep].tolist(), d[keep].tolist(), strict=True))
     depth = max(32, max(measured) * 2)
 
     def curve(a: float, d: float) -> tuple[float, ...]:
