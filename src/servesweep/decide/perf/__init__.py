@@ -20,8 +20,9 @@ Three kinds of knowledge, tried in this order for each configuration and metric:
    levels of the configurations that share every other knob; throughput is accepted
    tokens per step over the step time.
 3. *An empirical model over every knob* (:mod:`.empirical`): additive in the log of the
-   metric, fitted by least squares; a configuration is predicted only where the
-   measurements identify it, with two standard errors as its interval.
+   metric, a Bayesian linear regression whose prior keeps each knob's effect within a
+   factor of ``e**(+-1)`` over its range; two standard deviations are the interval, and
+   a configuration whose interval would be wider than ``e**(+-0.5)`` is unknown.
 
 Otherwise: unknown. Earlier sweeps' trials (the same engine, model and GPUs) join the
 evidence as if measured in this sweep: a warm start.
