@@ -38,7 +38,12 @@ concurrency, and that acceptance depends on the draft length only):
 - each launch's prediction of the objective and the constraint is verified against
   what it measured (``decide.perf.verify``: a miss widens the intervals for the rest).
 
+``--warm``: the policy started from an earlier sweep's trials (the policy on the
+landscape as an earlier engine version measured it, another seed): only the new sweep's
+GPU-hours count. ``--h100``: issue 34's H100 draft lengths predicted from a few.
+
 Run:  .venv/bin/python bench/predict_search.py [--seeds 100] [--landscapes L,..] [--order ucb]
+      .venv/bin/python bench/predict_search.py --warm | --h100
 """
 
 from __future__ import annotations
@@ -203,7 +208,11 @@ def _can_win(p: Mapping[str, Prediction], leader: float | None) -> bool:
     return p[CONSTRAINT].reaches(se.TTFT_LIMIT_MS, maximize=False)
 
 
-def run_policy(land: Landscape, seed: int) -> Run:
+def run_policy(
+    land: Landscape, seed: int, earlier: Sequence[Measured] = (), out: list[Measured] | None = None
+) -> Run:
+    """The policy on ``land`` with ``earlier`` sweeps' trials as a warm start; the
+    trials it measured are added to ``out``."""
     spec = se.sweep_spec("grid", seed, predict="skip")
     pruner = Search.create(spec, [])  # its early stop, told every trial as the driver does
     gate = se.Predictor(spec)
@@ -222,10 +231,10 @@ def run_policy(land: Landscape, seed: int) -> Run:
         if not fits:
             own += time.perf_counter() - started
             break
-        if not measured:
+        if not measured and not earlier:
             pick, forecast = rng.choice(fits), None
         else:
-            preds = predict(SETTING, [_params(k) for k in fits], measured, trust=trust)
+            preds = predict(SETTING, [_params(k) for k in fits], measured, earlier, trust)
             best = leader[0] if leader else None
             able = [(k, p) for k, p in zip(fits, preds, strict=True) if _can_win(p, best)]
             if not able:
@@ -251,7 +260,8 @@ def run_policy(land: Landscape, seed: int) -> Run:
                     ),
                 )
             elif unknown:
-                anchor = _position(leader[1] if leader else keys[-1], land)
+                at = leader[1] if leader else keys[-1] if keys else None
+                anchor = _position(at, land) if at else (0.5, 0.5, 0.5)
                 pick, forecast = min(
                     unknown,
                     key=lambda kp: (math.dist(_position(kp[0], land), anchor), rng.random()),
@@ -288,6 +298,8 @@ def run_policy(land: Landscape, seed: int) -> Run:
         if record.outcome is Outcome.OK and pick in se.NEAR_BEST and reached is None:
             reached = (gpu_s / 3600, launched)
     wrong = leader is None or leader[1] not in se.NEAR_BEST
+    if out is not None:
+        out.extend(measured)
     return Run(
         seed,
         reached[0] if reached else None,
@@ -347,6 +359,43 @@ def _trial(
         gpus=tuple(range(se.GPUS)),
     )
     return record, results, seconds
+
+
+def drifted(land: Landscape) -> Landscape:
+    """``land`` as an earlier engine version measured it: throughput 5 % lower at the
+    smallest ``max-num-seqs`` to 5 % higher at the largest, the TTFT 5 % higher."""
+
+    def level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
+        metrics = land.level(label, key, rng)
+        drift = 1 + 0.1 * (_position(key, land)[0] - 0.5)
+        metrics["output_throughput"] *= drift
+        metrics["ttft_p99_ms"] *= 1.05
+        return metrics
+
+    return Landscape(f"{land.name} (earlier)", land.drafts, land.truth, level)
+
+
+def warm(name: str, seeds: int) -> dict[str, Any]:
+    """The policy started warm: before each seed's sweep, an earlier sweep (the policy
+    on the :func:`drifted` landscape, another seed) gives its trials as ``earlier``."""
+    land = landscape(name)
+    full = se.grid_cost()
+    runs = []
+    for seed in range(seeds):
+        earlier: list[Measured] = []
+        run_policy(drifted(land), 1000 + seed, out=earlier)
+        runs.append(run_policy(land, seed, earlier))
+    hours = _hours([r.gpu_hours for r in runs])
+    return {
+        "landscape": name,
+        "warm_median": statistics.median(hours) / full,
+        "warm_p90": _pct(hours, 0.9) / full,
+        "warm_total_median": statistics.median(r.total_gpu_hours for r in runs) / full,
+        "warm_launched_median": statistics.median(r.launched for r in runs),
+        "wrong_winners": sum(r.wrong_winner for r in runs) / len(runs),
+        "never": sum(r.gpu_hours is None for r in runs),
+        "misses_per_run": statistics.mean(r.misses for r in runs),
+    }
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -441,9 +490,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--order", choices=("ucb", "near", "far"), default="ucb")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="only the policy started warm from an earlier sweep of a drifted landscape",
+    )
+    parser.add_argument(
         "--h100", action="store_true", help="only the H100 draft-length figures, predicted"
     )
     args = parser.parse_args(argv)
+    if args.warm:
+        print(
+            f"{'landscape':<14} {'warm p50':>8} {'p90':>6} {'to its end p50':>14} "
+            f"{'launches p50':>12} {'wrong winners':>13} {'never':>5} {'misses/run':>10}"
+        )
+        for name in (n for n in args.landscapes.split(",") if n):
+            w = warm(name, args.seeds)
+            print(
+                f"{name:<14} {w['warm_median']:>8.1%} {w['warm_p90']:>6.1%} "
+                f"{w['warm_total_median']:>14.1%} {w['warm_launched_median']:>12g} "
+                f"{w['wrong_winners']:>13.0%} {w['never']:>5} {w['misses_per_run']:>10.2f}"
+            )
+        return 0
     if args.h100:
         print("| measured | level | draft | measured tok/s | predicted | error | interval | in |")
         print("|---|---|---|---|---|---|---|---|")

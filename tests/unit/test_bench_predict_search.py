@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,16 @@ def test_the_policy_reaches_the_best_and_names_it(bench: ModuleType, name: str) 
         assert run.restarts <= run.launched < len(land.truth)
         assert not run.wrong_winner
         assert run.seconds / run.launched < 1.0  # the search's own time per launch
+
+
+def test_a_warm_start_from_a_drifted_earlier_sweep(bench: ModuleType) -> None:
+    land = bench.landscape("original")
+    earlier: list[Any] = []
+    first = bench.run_policy(bench.drifted(land), 1000, out=earlier)
+    assert 1 <= len(earlier) <= first.launched  # an OOM crash measured nothing
+    assert all(bench.OBJECTIVE in m.metrics for m in earlier)
+    run = bench.run_policy(land, 0, earlier)
+    assert run.gpu_hours is not None and not run.wrong_winner
+    # the earlier trials predict the configurations: no random first launch, and the
+    # best is reached with fewer GPU-hours than the earlier sweep needed from cold
+    assert run.gpu_hours < first.gpu_hours
