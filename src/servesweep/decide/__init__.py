@@ -12,5 +12,6 @@ cli): only spec, models, metrics_catalog, records and errors (tests/unit/test_la
 - the rules that act on them: ``screening`` (screened out), ``confirm`` (the confirm
   rounds), ``memory`` (fit or skip), ``verdict`` and ``prune`` (what a search learns,
   an early stop); ``screened`` and ``confirmed`` read their stored steps back
-- ``perf/`` (next): the performance prediction that decides what not to launch
+- ``perf/``: the performance prediction before a launch (each configuration's metrics
+  with an interval, or unknown)
 """

@@ -102,6 +102,9 @@ class EnginePreset:
     """Environment the engine needs from the spec (under ``server.env`` and ``env.*``)."""
     spec_params: tuple[str, ...] = ()
     """The speculative-decoding params of this engine (documentation and hints)."""
+    draft_length_param: str | None = None
+    """The param that sets how many tokens are drafted per step (the performance
+    prediction's draft length), when the engine has one."""
     description: str = ""
     program: tuple[str, ...] = ()
     """The default program (``server.executable`` replaces it): what precedes the flags."""
@@ -324,6 +327,7 @@ _VLLM_COUNTERS = {
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",
+        draft_length_param="speculative_config.num_speculative_tokens",
         build_argv=_vllm_argv,
         health_path="/health",
         fatal_patterns=VLLM_FATAL,
@@ -346,6 +350,7 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "sglang": EnginePreset(
         name="sglang",
+        draft_length_param="speculative_num_steps",
         build_argv=_sglang_argv,
         health_path="/health_generate",
         fatal_patterns=SGLANG_FATAL,
@@ -378,6 +383,7 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "trtllm": EnginePreset(
         name="trtllm",
+        draft_length_param="extra_llm_api_options.speculative_config.max_draft_len",
         build_argv=_trtllm_argv,
         health_path="/health",
         metrics_path=None,
@@ -394,6 +400,7 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "llamacpp": EnginePreset(
         name="llamacpp",
+        draft_length_param="draft_model_num_pred_tokens",
         build_argv=_llamacpp_py_argv,
         health_path=None,
         metrics_path=None,
@@ -413,6 +420,7 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "llama-server": EnginePreset(
         name="llama-server",
+        draft_length_param="spec_draft_n_max",
         build_argv=_llama_server_argv,
         health_path="/health",
         fatal_patterns=LLAMA_SERVER_FATAL,
