@@ -69,8 +69,8 @@ from landscape_memory import engine_memory
 
 from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
-from servesweep.search import Search, prune_reason
-from servesweep.store.records import TrialRecord
+from servesweep.records import TrialRecord
+from servesweep.search import Search, create_search, prune_reason
 
 Key = tuple[int, int, int]
 OBJECTIVE = "chat.c8.output_throughput"
@@ -214,7 +214,7 @@ def run_policy(
     """The policy on ``land`` with ``earlier`` sweeps' trials as a warm start; the
     trials it measured are added to ``out``."""
     spec = se.sweep_spec("grid", seed, predict="skip")
-    pruner = Search.create(spec, [])  # its early stop, told every trial as the driver does
+    pruner = create_search(spec, [])  # its early stop, told every trial as the driver does
     gate = se.Predictor(spec)
     rng, noise = random.Random(f"policy:{seed}"), random.Random(f"noise:{seed}")
     todo = list(land.truth)
