@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from servesweep.cli.main import main
+from servesweep.decide.perf.inputs import perf_setting
 from servesweep.models import LevelResult, Outcome, ServerConfig
-from servesweep.report.predicted import perf_setting
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import open_store
 

@@ -124,7 +124,8 @@ def cli() -> None:
 @click.option(
     "--no-predict",
     is_flag=True,
-    help="Launch every configuration, also those predicted not to fit in memory.",
+    help="Launch every configuration, also those predicted not to fit in memory or not "
+    "to beat the best so far.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No live progress; print the results only.")
 @click.option(

@@ -13,5 +13,6 @@ cli): only spec, models, metrics_catalog, records and errors (tests/unit/test_la
   rounds), ``memory`` (fit or skip), ``verdict`` and ``prune`` (what a search learns,
   an early stop); ``screened`` and ``confirmed`` read their stored steps back
 - ``perf/``: the performance prediction before a launch (each configuration's metrics
-  with an interval, or unknown)
+  with an interval, or unknown), its inputs (``perf.inputs``) and the rule that acts
+  on it (``perf.gate``: launch or skip as predicted worse)
 """

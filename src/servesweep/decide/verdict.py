@@ -11,7 +11,9 @@ the sampler should count it.
   ``stop_failed``, ``node_lost``) -> ``retry``: never blamed on the configuration.
 - ``pruned`` -> ``pruned`` with the objective value measured before the stop.
 - ``skipped`` -> ``ignored``, except ``skipped`` with reason ``predicted_oom`` (the
-  memory prediction said it cannot fit) -> ``infeasible``; a trial not finished
+  memory prediction said it cannot fit) -> ``infeasible``, and ``skipped`` with reason
+  ``predicted_worse`` (the performance prediction said it cannot beat the best,
+  ``decide.perf.gate``) -> ``pruned`` at its predicted values; a trial not finished
   (pending, running, interrupted) -> ``retry``.
 
 A level the load generator could not time (``LevelResult.unreliable``) is left out
@@ -21,11 +23,12 @@ as if not measured, unless the goal's ``include_unreliable`` takes it in.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
+from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.models import LevelResult, Outcome, usable
 from servesweep.records import TrialRecord
 from servesweep.spec.constraints import TRIAL_METRICS, Constraint, MetricRef
@@ -156,6 +159,20 @@ def _infeasible(goal: Goal, reason: str) -> Verdict:
     )
 
 
+def _predicted(goal: Goal, details: Mapping[str, Any]) -> Verdict:
+    """A configuration not launched as predicted worse: stopped early, at its predicted
+    objective values (None where not predicted)."""
+    predicted = details.get("predicted_performance")
+    table = predicted if isinstance(predicted, Mapping) else {}
+    values: list[float | None] = []
+    for ref, _ in goal.objectives:
+        entry = table.get(ref.key)
+        value = entry.get("value") if isinstance(entry, Mapping) else None
+        values.append(float(value) if isinstance(value, int | float) else None)
+    zeros = (0.0,) * (len(goal.constraints) + 1)
+    return Verdict(VerdictKind.PRUNED, tuple(values), (0.0,) * len(values), zeros, PREDICTED_WORSE)
+
+
 def judge(goal: Goal, record: TrialRecord, results: Sequence[LevelResult]) -> Verdict:
     """How a finished trial counts for the search (see the module docstring)."""
     count = len(goal.objectives)
@@ -174,6 +191,8 @@ def judge(goal: Goal, record: TrialRecord, results: Sequence[LevelResult]) -> Ve
     if outcome is Outcome.SKIPPED:
         if record.evidence is not None and record.evidence.reason == "predicted_oom":
             return _infeasible(goal, "predicted_oom")  # not launched: it would not fit
+        if record.evidence is not None and record.evidence.reason == PREDICTED_WORSE:
+            return _predicted(goal, record.evidence.details)
         return Verdict(VerdictKind.IGNORED, (None,) * count, (0.0,) * count, (), "skipped")
     if outcome not in (Outcome.OK, Outcome.PRUNED):
         return Verdict(

@@ -9,82 +9,32 @@ With nothing measured every prediction is ``unknown``.
 
 from __future__ import annotations
 
-import re
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.decide.perf import Measured, Prediction, Setting, predict
-from servesweep.models import Outcome, ServerConfig
-from servesweep.spec.constraints import resolve_objectives, validate_constraints
+from servesweep.decide.perf.inputs import measured_of, perf_setting
+from servesweep.models import ServerConfig
 from servesweep.spec.schema import SweepSpec
-from servesweep.spec.space import build_space
 from servesweep.store import Store
 
 __all__ = [
     "format_predicted",
     "measured_trials",
-    "perf_setting",
     "predict_configs",
     "predicted_json",
 ]
 
-_LEVEL = re.compile(r"^c(\d+)$")
-
-
-def _norm(name: str) -> str:
-    return name.replace("-", "_")
-
-
-def perf_setting(spec: SweepSpec, draft: str | None = None) -> Setting:
-    """What the predictor is told: the objectives' and the constraints' metrics, the
-    engine's draft-length param ``draft`` when the sweep varies it, the concurrency of each
-    closed-loop level, and that acceptance depends on nothing but the draft length."""
-    metrics = [ref.key for ref, _ in resolve_objectives(spec)]
-    metrics += [c.ref.key for c in validate_constraints(spec) if c.ref.key not in metrics]
-    swept = {_norm(k): k for k in _swept(spec)}
-    draft_param = swept.get(_norm(draft)) if draft else None
-    concurrency: dict[str, float] = {}
-    for metric in metrics:
-        workload, _, rest = metric.partition(".")
-        level = rest.partition(".")[0]
-        match = _LEVEL.match(level)
-        if match:
-            concurrency[f"{workload}.{level}"] = float(match.group(1))
-    others = frozenset(k for k in swept.values() if k != draft_param)
-    return Setting(
-        metrics=tuple(metrics),
-        draft_param=draft_param,
-        concurrency=concurrency,
-        invariant={"acceptance_length": others} if draft_param else {},
-    )
-
-
-def _swept(spec: SweepSpec) -> set[str]:
-    space = build_space(spec.params)
-    if not space.enumerable:
-        return set()
-    return {k for c in space.allowed() for k in c.params}
-
 
 def measured_trials(store: Store, sweep_ids: Sequence[int]) -> list[Measured]:
-    """The trials of these sweeps that measured levels (ok or stopped early): each
-    level's metrics, the mean over its repeats."""
-    out = []
-    for sweep_id in sweep_ids:
-        for trial in store.trials(sweep_id):
-            if trial.outcome not in (Outcome.OK, Outcome.PRUNED):
-                continue
-            values: dict[str, list[float]] = {}
-            for result in store.results(trial.id, with_samples=False):
-                for name, value in result.metrics.items():
-                    if isinstance(value, int | float) and value == value:
-                        key = f"{result.workload}.{result.level}.{name}"
-                        values.setdefault(key, []).append(float(value))
-            if values:
-                metrics = {k: statistics.fmean(v) for k, v in values.items()}
-                out.append(Measured(dict(trial.params), metrics))
-    return out
+    """The trials of these sweeps that measured levels (``decide.perf.inputs``)."""
+    return measured_of(
+        [
+            (trial, store.results(trial.id, with_samples=False))
+            for sweep_id in sweep_ids
+            for trial in store.trials(sweep_id)
+        ]
+    )
 
 
 def predict_configs(

@@ -462,6 +462,7 @@ PRESETS: dict[str, EnginePreset] = {
             "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
         },
         tokenize_path="/tokenize",
+        draft_length_param="budget",
         description="the simulated engine (python -m servesweep.sim)",
         program=_SIM_PROGRAM,
         dist="servesweep",

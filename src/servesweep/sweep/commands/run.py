@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from servesweep import __version__
+from servesweep.decide.memory import PREDICTED_OOM
+from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.errors import ConfigError, StoreError
 from servesweep.models import Outcome
 from servesweep.servers.engines import engine_version
@@ -57,6 +59,9 @@ __all__ = [
     "sweep_context",
     "sweep_lock",
 ]
+
+PREDICTED = (PREDICTED_OOM, PREDICTED_WORSE)
+"""The reasons of trials skipped on a prediction: ``--no-predict`` runs them."""
 
 
 @dataclass(frozen=True)
@@ -360,7 +365,7 @@ def _run(
                 store.reset_trial(trial.id)
     if not options.predict:  # --no-predict: what the prediction skipped runs now
         for trial in trials:
-            if trial.evidence is not None and trial.evidence.reason == "predicted_oom":
+            if trial.evidence is not None and trial.evidence.reason in PREDICTED:
                 store.reset_trial(trial.id)
         trials = store.trials(sweep.id, in_plan_only=True)
     for trial in store.trials(sweep.id):

@@ -25,9 +25,9 @@ second loss is its final outcome.
 
 Its pieces: what it is given (``seams``: an executor of slots, a source of trials), the
 pure rules it follows (``scheduler``: where trials go; ``rules``: when to stop, retry,
-skip), its bookkeeping (``run_state``), its machines (``machines``) and what follows a
-trial's end (``trial_ends``). This module carries out what they decide and applies the
-slots' events.
+skip), the gates at placement (``memory_gate``, ``predict_gate``: not launched as
+predicted not to fit, or worse than the best), its bookkeeping (``run_state``), its
+machines (``machines``) and what follows a trial's end (``trial_ends``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from servesweep.sweep.core.confirm_run import ConfirmRun
 from servesweep.sweep.core.health_notes import HealthNotes
 from servesweep.sweep.core.machines import Machines
 from servesweep.sweep.core.memory_gate import MemoryGate
+from servesweep.sweep.core.predict_gate import PredictGate
 from servesweep.sweep.core.rules import max_slots, skipped_too_often
 from servesweep.sweep.core.run_state import RunSettings, RunState, SlotKey, SlotState
 from servesweep.sweep.core.scheduler import (
@@ -119,9 +120,9 @@ class Driver:
         self._trials: dict[int, TrialRecord] = {}
         self._sched: Scheduler | None = None
         self.memory = MemoryGate(self.spec, enabled=settings.predict)
-        self.ends = TrialEnds(
-            store, self.writer, self.state, self.machines, self.memory, self.need, settings
-        )
+        self.perf = PredictGate(self.spec, store, sweep, enabled=settings.predict)
+        ends = (self.state, self.machines, self.memory, self.need, settings, self.perf)
+        self.ends = TrialEnds(store, self.writer, *ends)
         self.screening = screening_plan(self.spec)
 
     # -- the run ------------------------------------------------------------------------
@@ -142,13 +143,15 @@ class Driver:
                 at_most=not source.planned,
             )
         )
-        self._say_executor_warnings()
+        for line in self.executor.warnings():  # slots that share CPU cores
+            self.writer.note(SweepWarning(message=line))
         try:
             if todo_count or not source.exhausted():
                 self._queue_more()
                 if self.state.jobs:
                     self._prepare_nodes()
                     self._loop()
+            self._launch_open()
             self._confirm()
             self._finish_slots()
         except (KeyboardInterrupt, Interrupted):
@@ -187,25 +190,18 @@ class Driver:
             assert left.adopt_for is not None
             self.state.first(left.adopt_for)
 
-    def _say_executor_warnings(self) -> None:
-        """What the executor says as the run starts (slots that share CPU cores)."""
-        for line in self.executor.warnings():
-            self.writer.note(SweepWarning(message=line))
-
     # -- the queue ----------------------------------------------------------------------
 
     def _queue_more(self) -> None:
-        # a search proposes only for slots that are free (it learns from each result);
-        # the memory gate decides when a trial is placed (_carry_out), so one skipped
-        # there frees its room and the search proposes again on the next round
+        # a search proposes only for free slots (it learns from each result); the gates
+        # decide at placement (_carry_out): a skip frees room for the next proposal
         capacity = self.machines.slots * max(1, len(self.machines.nodes))
         room = capacity - len(self.state.running) - len(self.state.jobs)
         if room > 0 and not self.state.stopping:
             for trial in self.source.take(room):
                 self._queue(trial)
 
-    def _queue(self, trial: TrialRecord) -> None:
-        """Queue one trial (the memory gate decides when it is placed)."""
+    def _queue(self, trial: TrialRecord) -> None:  # the gates decide when it is placed
         self._trials[trial.id] = trial
         need = self.need.of(trial.params)
         capacity = self.machines.largest() or 1
@@ -286,12 +282,13 @@ class Driver:
         return True
 
     def _skipped(self, trial_id: int) -> bool:
-        """The memory gate's decision for a trial about to be placed, with the
-        calibration the trials measured so far give now (a grid queues its plan at
-        the start, before any trial calibrated the predictor): True when it is
-        finished ``skipped`` (predicted_oom) instead. A search that keeps proposing
-        what cannot fit stops (``rules.skipped_too_often``)."""
-        end = self.memory.check(self._trials.get(trial_id) or self.store.trial(trial_id))
+        """The memory and performance gates' decision for a trial about to be placed,
+        with what the trials measured so far give now (a grid queues its plan at the
+        start): True when it is finished ``skipped`` (predicted_oom, predicted_worse)
+        instead. A search that keeps proposing what it skips stops
+        (``rules.skipped_too_often``)."""
+        trial = self._trials.get(trial_id) or self.store.trial(trial_id)
+        end = self.memory.check(trial) or self.perf.check(trial)
         if end is None:
             self.state.skips_in_row = 0
             return False
@@ -320,11 +317,9 @@ class Driver:
             screen=None if trial.id in self.state.relaunch else self._screen_policy(),
         )
 
-    def _screen_policy(self) -> ScreenPolicy | None:
-        """The screening snapshot for the next trial (None: no screening pass)."""
-        if self.screening is None:
-            return None
-        return screen_policy(self.store, self.sweep.id, self.spec, self.screening)
+    def _screen_policy(self) -> ScreenPolicy | None:  # None: no screening pass
+        plan = self.screening
+        return None if plan is None else screen_policy(self.store, self.sweep.id, self.spec, plan)
 
     def _wait_event(self) -> None:
         try:
@@ -411,6 +406,19 @@ class Driver:
     def _finished(self, event: TrialFinished) -> None:
         self.ends.finished(event, self.source)
 
+    def _launch_open(self) -> None:
+        """Launch the trials skipped as predicted worse that could still win
+        (``PredictGate.still_open``), round by round, before the sweep ends."""
+        while not self.state.stopping and (again := self.perf.still_open()):
+            for trial in again:
+                self.store.reset_trial(trial.id)
+                self.perf.forced.add(trial.id)
+                self._trials[trial.id] = self.store.trial(trial.id)
+                self.state.jobs.append(Job(trial.id, self.need.of(trial.params)))
+            if not self.machines.prepared:
+                self._prepare_nodes()
+            self._loop()
+
     # -- the confirm phase --------------------------------------------------------------
 
     def _confirm(self) -> None:
@@ -450,7 +458,7 @@ class Driver:
         for key, slot in self.state.slots.items():
             slot.busy = True
             slot.handle.finish(self.settings.keep_running, self.machines.restart_units(key[0]))
-        deadline = time.monotonic() + self._finish_timeout()
+        deadline = time.monotonic() + stop_timeout(self.spec.server)
         while self.state.busy:
             if time.monotonic() > deadline:
                 raise ServesweepError("slots did not finish stopping their instances in time")
@@ -460,9 +468,6 @@ class Driver:
         for handle in self._closing:
             handle.close()
         self.state.slots.clear()
-
-    def _finish_timeout(self) -> float:
-        return stop_timeout(self.spec.server)
 
     def _abort(self) -> bool:
         """Stop everything now: instances stopped, trials in flight ``interrupted``.

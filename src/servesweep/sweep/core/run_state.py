@@ -26,7 +26,8 @@ class RunSettings:
     """``--slots``: at most this many slots per machine (None: the sweep file's
     ``parallel``, else as many as fit)."""
     predict: bool = True
-    """Predict each configuration's memory (``run --no-predict``: False)."""
+    """Predict each configuration's memory and performance, and skip what cannot fit
+    or cannot win (``run --no-predict``: False, everything runs)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """What follows the end of each trial, in the driver's thread, as the store writer
-writes it: the memory predictor calibrated by what the trial measured; a trial that
+writes it: the memory predictor calibrated by what the trial measured, the performance
+prediction made at its placement verified (``PredictGate.learn``); a trial that
 lost its node queued once more (``rules.lost_trial``); ``--fail-fast`` and the same
 environment failure twice in a row (``rules.repeated_environment``) stop the sweep;
 the search told. A confirm relaunch that failed is dropped from the confirm phase.
@@ -12,6 +13,7 @@ from servesweep.spec.slots import GpuNeed
 from servesweep.store import Store, TrialRecord
 from servesweep.sweep.core.machines import Machines
 from servesweep.sweep.core.memory_gate import MemoryGate
+from servesweep.sweep.core.predict_gate import PredictGate
 from servesweep.sweep.core.rules import (
     NotAgain,
     RunAgain,
@@ -41,6 +43,7 @@ class TrialEnds:
         memory: MemoryGate,
         need: GpuNeed,
         settings: RunSettings,
+        perf: PredictGate | None = None,
     ) -> None:
         self.store = store
         self.writer = writer
@@ -49,6 +52,8 @@ class TrialEnds:
         self.memory = memory
         self.need = need
         self.settings = settings
+        self.perf = perf
+        """The performance gate: it verifies each launched trial's prediction."""
 
     def finished(self, event: TrialFinished, source: TrialSource) -> None:
         """What follows trial ``event.trial``'s end (see the module doc)."""
@@ -59,6 +64,9 @@ class TrialEnds:
         checked = self.memory.learn(trial)
         if checked is not None:
             self.writer.note(checked)
+        verified = self.perf.learn(trial) if self.perf is not None else None
+        if verified is not None:
+            self.writer.note(verified)
         while self.memory.notes:
             self.writer.note(SweepWarning(message=self.memory.notes.pop(0)))
         if self._retry_lost(trial):

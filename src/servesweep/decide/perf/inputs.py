@@ -1,0 +1,104 @@
+"""What the predictor is given, built once for every caller (``servesweep plan``, the
+sweep's performance gate): the :class:`Setting` of a sweep file and the
+:class:`Measured` trials of stored sweeps.
+
+Pure functions over the sweep file and stored records; the callers read the store.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servesweep.decide.perf.records import Measured, Setting
+from servesweep.models import LevelResult, Outcome
+from servesweep.records import TrialRecord
+from servesweep.spec.constraints import resolve_objectives, validate_constraints
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.space import build_space
+
+__all__ = ["History", "level_rates", "measured_of", "perf_setting"]
+
+History = Sequence[tuple[TrialRecord, Sequence[LevelResult]]]
+"""Stored trials with their level results."""
+
+_LEVEL = re.compile(r"^c(\d+)$")
+
+
+def _norm(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def _swept(spec: SweepSpec) -> set[str]:
+    space = build_space(spec.params)
+    if not space.enumerable:
+        return set()
+    return {k for c in space.allowed() for k in c.params}
+
+
+def perf_setting(spec: SweepSpec, draft: str | None = None) -> Setting:
+    """What the predictor is told: the objectives' and the constraints' metrics, the
+    engine's draft-length param ``draft`` when the sweep varies it, the concurrency of each
+    closed-loop level, and that acceptance depends on nothing but the draft length."""
+    metrics = [ref.key for ref, _ in resolve_objectives(spec)]
+    metrics += [c.ref.key for c in validate_constraints(spec) if c.ref.key not in metrics]
+    swept = {_norm(k): k for k in _swept(spec)}
+    draft_param = swept.get(_norm(draft)) if draft else None
+    concurrency: dict[str, float] = {}
+    for metric in metrics:
+        workload, _, rest = metric.partition(".")
+        level = rest.partition(".")[0]
+        match = _LEVEL.match(level)
+        if match:
+            concurrency[f"{workload}.{level}"] = float(match.group(1))
+    others = frozenset(k for k in swept.values() if k != draft_param)
+    return Setting(
+        metrics=tuple(metrics),
+        draft_param=draft_param,
+        concurrency=concurrency,
+        invariant={"acceptance_length": others} if draft_param else {},
+    )
+
+
+def level_rates(info: Mapping[str, Any]) -> tuple[float, ...]:
+    """A level's cumulative acceptance rate per draft position, from the engine's
+    counters stored in its info (``spec_decode.accepted_per_pos`` over
+    ``spec_decode.drafts``); empty when the engine did not count them."""
+    detail = info.get("spec_decode")
+    if not isinstance(detail, Mapping):
+        return ()
+    per_pos = detail.get("accepted_per_pos")
+    drafts = detail.get("drafts")
+    if not isinstance(per_pos, Sequence) or not isinstance(drafts, int | float) or drafts <= 0:
+        return ()
+    out: list[float] = []
+    for value in per_pos:
+        if not isinstance(value, int | float):
+            return ()
+        out.append(min(max(float(value) / float(drafts), 0.0), 1.0))
+    return tuple(out)
+
+
+def measured_of(history: History) -> list[Measured]:
+    """The trials that measured levels (ok or stopped early): each level's metrics,
+    the mean over its repeats, and its per-position acceptance (:func:`level_rates`)."""
+    out = []
+    for trial, results in history:
+        if trial.outcome not in (Outcome.OK, Outcome.PRUNED):
+            continue
+        values: dict[str, list[float]] = {}
+        rates: dict[str, tuple[float, ...]] = {}
+        for result in results:
+            for name, value in result.metrics.items():
+                if isinstance(value, int | float) and value == value:
+                    key = f"{result.workload}.{result.level}.{name}"
+                    values.setdefault(key, []).append(float(value))
+            rate = level_rates(result.info)
+            if len(rate) > len(rates.get(f"{result.workload}.{result.level}", ())):
+                rates[f"{result.workload}.{result.level}"] = rate
+        if values:
+            metrics = {k: statistics.fmean(v) for k, v in values.items()}
+            out.append(Measured(dict(trial.params), metrics, rates))
+    return out

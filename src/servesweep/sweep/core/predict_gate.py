@@ -1,0 +1,198 @@
+"""The performance gate: a configuration predicted not to beat the best so far is not
+launched, and every launched one verifies its prediction.
+
+The decision is :mod:`servesweep.decide.perf.gate`'s (launch or skip, and what the user
+is told), on :func:`servesweep.decide.perf.predict`'s prediction; this module carries
+it out and stores it, the way :mod:`.memory_gate` does for memory. When the driver
+places a trial on a slot, :meth:`PredictGate.check` predicts every configuration of
+the sweep's space from the trials measured so far in this sweep and the earlier sweeps
+of the same name (a warm start), with the :class:`~servesweep.decide.perf.Trust` the
+sweep has earned; a configuration not worth a launch is finished ``skipped`` with
+reason ``predicted_worse`` and its prediction as evidence (the search is told it as
+stopped early at its predicted value, ``decide.verdict``). It applies when the memory
+gate would skip (a sampling search; a grid with ``search.predict: skip``) and the
+sweep has one objective; ``search.predict: off`` or ``run --no-predict`` turn it off.
+
+After each launched trial, :meth:`PredictGate.learn` stores the prediction made at its
+placement beside what it measured (a ``performance`` event) and widens the trust of a
+metric whose measurement missed the interval (:func:`~servesweep.decide.perf.verify`);
+a later run rebuilds the trust from those events. Before the sweep ends,
+:meth:`PredictGate.still_open` names the skipped trials that must be launched after
+all (their interval still reaches the leader's value).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from servesweep.decide.memory import gate_of
+from servesweep.decide.perf import Prediction, Trust, predict, verify
+from servesweep.decide.perf.gate import (
+    PREDICTED_WORSE,
+    Leader,
+    predicted_best,
+    prediction_of,
+    skip_evidence,
+    still_open,
+)
+from servesweep.decide.perf.inputs import History, measured_of, perf_setting
+from servesweep.decide.verdict import VerdictKind, judge
+from servesweep.models import Outcome
+from servesweep.search.base import goal_of
+from servesweep.servers.engines import get_preset
+from servesweep.spec.schema import SweepSpec
+from servesweep.spec.slots import params_label
+from servesweep.spec.space import build_space
+from servesweep.store import Store, SweepRecord, TrialRecord
+from servesweep.sweep.events import Fact, TrialFinished
+
+__all__ = ["PerformanceChecked", "PredictGate"]
+
+
+@dataclass(frozen=True)
+class PerformanceChecked(Fact):
+    """A launched trial's performance as predicted at its placement and as measured,
+    with the trust (widening per metric) the sweep has after it."""
+
+    kind: ClassVar[str] = "performance"
+    predicted: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, float] = field(default_factory=dict)
+    widen: dict[str, float] = field(default_factory=dict)
+
+
+class PredictGate:
+    """The driver's performance check (see the module doc)."""
+
+    def __init__(self, spec: SweepSpec, store: Store, sweep: SweepRecord, enabled: bool) -> None:
+        self.spec = spec
+        self.store = store
+        self.sweep_id = sweep.id
+        self.goal = goal_of(spec)
+        gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
+        self.active = gate.active
+        """Predictions are made and verified."""
+        self.skips = gate.skips and len(self.goal.objectives) == 1
+        """A configuration predicted worse is skipped (not only predicted)."""
+        self.setting = perf_setting(spec, get_preset(spec.server.engine).draft_length_param)
+        self.threshold = spec.decision.threshold
+        space = build_space(spec.params)
+        self.space = [c.params for c in space.allowed()] if space.enumerable else []
+        self.earlier = measured_of(self._history(*self._earlier_ids(store, sweep)))
+        self.trust = Trust()
+        for stored in store.events(sweep.id, "performance"):
+            self.trust = self._verified(self.trust, stored["predicted"], stored["measured"])
+        self.forced: set[int] = set()
+        """Trials launched before the end as still open: never skipped again."""
+        self._made: dict[int, dict[str, Prediction]] = {}
+
+    @staticmethod
+    def _earlier_ids(store: Store, sweep: SweepRecord) -> list[int]:
+        return [s.id for s in store.sweeps() if s.name == sweep.name and s.id != sweep.id]
+
+    def _history(self, *sweep_ids: int) -> History:
+        return [
+            (t, self.store.results(t.id, with_samples=False))
+            for sweep_id in sweep_ids
+            for t in self.store.trials(sweep_id)
+        ]
+
+    @staticmethod
+    def _verified(trust: Trust, predicted: Mapping[str, Any], measured: Mapping[str, Any]) -> Trust:
+        for metric, data in predicted.items():
+            value = measured.get(metric)
+            if isinstance(value, int | float) and isinstance(data, Mapping):
+                trust = verify(trust, prediction_of(data), float(value))
+        return trust
+
+    def _leader(self, history: History) -> Leader | None:
+        if len(self.goal.objectives) != 1:
+            return None
+        ref, direction = self.goal.objectives[0]
+        best: Leader | None = None
+        for trial, results in history:
+            verdict = judge(self.goal, trial, results)
+            value = verdict.values[0]
+            if verdict.kind is not VerdictKind.COMPLETE or not verdict.feasible or value is None:
+                continue
+            if best is None or (value > best.value if direction == "max" else value < best.value):
+                best = Leader(ref.key, direction, value, trial.id)
+        return best
+
+    def _predict(
+        self, configs: Sequence[Mapping[str, Any]], history: History
+    ) -> list[dict[str, Prediction]]:
+        measured = measured_of(history)
+        return predict(self.setting, configs, measured, self.earlier, self.trust)
+
+    def check(self, trial: TrialRecord) -> TrialFinished | None:
+        """The trial's end when it must not be launched (None: launch it); the
+        prediction made now is kept for :meth:`learn`."""
+        if not self.active or not self.setting.metrics:
+            return None
+        history = self._history(self.sweep_id)
+        done = {t.fingerprint for t, _ in history if t.outcome.final and t.id != trial.id}
+        done_params = [dict(t.params) for t, _ in history if t.fingerprint in done]
+        others = [p for p in self.space if p != dict(trial.params) and p not in done_params]
+        predictions = self._predict([dict(trial.params), *others], history)
+        mine = predictions[0]
+        self._made[trial.id] = mine
+        if not self.skips or trial.id in self.forced:
+            return None
+        ref, direction = self.goal.objectives[0]
+        best = predicted_best(predictions, ref.key, direction, self.goal.constraints)
+        evidence = skip_evidence(
+            params_label(trial.params),
+            mine,
+            self._leader(history),
+            self.threshold,
+            self.goal.constraints,
+            is_predicted_best=best == 0,
+        )
+        if evidence is None:
+            return None
+        self._made.pop(trial.id, None)
+        return TrialFinished(
+            trial=trial.id, outcome=Outcome.SKIPPED, evidence=evidence, at=time.time()
+        )
+
+    def learn(self, trial: TrialRecord) -> PerformanceChecked | None:
+        """After a launched trial: its prediction against its measurement, and the
+        trust widened where the measurement missed."""
+        made = self._made.pop(trial.id, None)
+        if made is None:
+            return None
+        measured = measured_of([(trial, self.store.results(trial.id, with_samples=False))])
+        if not measured:
+            return None
+        values = {m: measured[0].metrics[m] for m in made if m in measured[0].metrics}
+        predicted = {m: p.to_json() for m, p in made.items()}
+        self.trust = self._verified(self.trust, predicted, values)
+        return PerformanceChecked(
+            trial=trial.id, predicted=predicted, measured=values, widen=dict(self.trust.widen)
+        )
+
+    def still_open(self) -> list[TrialRecord]:
+        """The trials skipped as predicted worse whose interval, with the trust the
+        sweep has now, still reaches the leader's value: to launch before the end."""
+        if not self.skips:
+            return []
+        history = self._history(self.sweep_id)
+        skipped = [
+            t
+            for t, _ in history
+            if t.outcome is Outcome.SKIPPED
+            and t.evidence is not None
+            and t.evidence.reason == PREDICTED_WORSE
+        ]
+        if not skipped:
+            return []
+        leader = self._leader(history)
+        predictions = self._predict([dict(t.params) for t in skipped], history)
+        return [
+            t
+            for t, p in zip(skipped, predictions, strict=True)
+            if still_open(p, leader, self.goal.constraints)
+        ]
