@@ -121,6 +121,10 @@ class SweepData:
     memory: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     """Per trial id: its predicted memory and what the engine reported
     (``{"predicted": {...}, "measured": {...}}``, bytes; the latest attempt)."""
+    performance: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Per trial id: its performance predicted at its placement and what it measured
+    (``{"predicted": {metric: prediction}, "measured": {metric: value}, "widen":
+    {...}}``; the latest launch; ``performance`` events, ``sweep/core/predict_gate``)."""
     confirm: tuple[Mapping[str, Any], ...] = ()
     """The confirm phase's stored steps, in order (``confirm`` events: rounds, the
     relaunches that failed, how it ended; see ``decide.confirm``)."""

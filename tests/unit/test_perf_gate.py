@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from servesweep.bench.specdecode import (
+    acceptance_from_counters,
+    counter_names,
+    parse_counters,
+    parse_positions,
+)
 from servesweep.decide.perf import Prediction, Trust, verify
 from servesweep.decide.perf.gate import (
     PREDICTED_WORSE,
@@ -144,3 +150,35 @@ def test_the_engines_per_position_acceptance_fills_the_rates() -> None:
     (measured,) = measured_of([(_record(Outcome.OK), [result])])
     assert measured.metrics[M] == 50.0
     assert measured.rates["chat.c1"] == pytest.approx((0.8, 0.64, 0.512))
+
+
+def test_the_per_position_counters_are_read_and_differenced_around_a_level() -> None:
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    counters = {
+        "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+        "drafts": "vllm:spec_decode_num_drafts_total",
+        "accepted_per_pos": name,
+    }
+
+    def text(drafts: float, accepted: float, per_pos: list[float]) -> str:
+        lines = [
+            f'vllm:spec_decode_num_drafts_total{{engine="0"}} {drafts}',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}',
+        ]
+        for engine in ("0", "1"):  # two engines of a data-parallel server: summed
+            lines += [
+                f'{name}{{engine="{engine}",position="{i}"}} {v / 2}' for i, v in enumerate(per_pos)
+            ]
+        return "\n".join(lines)
+
+    def read(body: str) -> dict[str, float]:
+        values = parse_counters(body, counter_names(counters))
+        values.update(parse_positions(body, name))
+        return values
+
+    before = read(text(10, 5, [4, 1]))
+    after = read(text(110, 149, [84, 45, 20]))
+    length, detail = acceptance_from_counters(counters, before, after)
+    assert length == pytest.approx(1 + 144 / 100)
+    assert detail["accepted_per_pos"] == pytest.approx([80.0, 44.0, 20.0])
+    assert level_rates({"spec_decode": detail}) == pytest.approx((0.8, 0.44, 0.2))

@@ -31,7 +31,12 @@ from servesweep.bench.datasets import (
 from servesweep.bench.health import assess
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
-from servesweep.bench.specdecode import acceptance_from_counters, counter_names, parse_counters
+from servesweep.bench.specdecode import (
+    acceptance_from_counters,
+    counter_names,
+    parse_counters,
+    parse_positions,
+)
 from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
 from servesweep.bench.workers import WorkerPool
@@ -343,6 +348,8 @@ class _Runner:
         except BenchError as exc:
             return {}, str(exc)
         values = parse_counters(text, names)
+        if counters.get("accepted_per_pos"):
+            values.update(parse_positions(text, counters["accepted_per_pos"]))
         gauge = counters.get("accept_length")
         if gauge:  # a gauge of several engines is averaged, not summed
             values.update(parse_counters(text, [gauge], mean=True))

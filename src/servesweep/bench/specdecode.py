@@ -18,6 +18,7 @@ __all__ = [
     "counter_names",
     "estimate_from_chunks",
     "parse_counters",
+    "parse_positions",
 ]
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -31,6 +32,8 @@ def counter_names(counters: Mapping[str, str]) -> list[str]:
         wanted += ("emitted",)
     return [v for k, v in counters.items() if k in wanted]
 
+
+_POSITION = re.compile(r'position="(\d+)"')
 
 _GAUGE = "accept_length"
 """Key of an engine's own acceptance-length gauge (SGLang reports one) in
@@ -59,6 +62,38 @@ def parse_counters(text: str, names: Sequence[str], *, mean: bool = False) -> di
     if mean:
         return {k: v / seen[k] for k, v in out.items()}
     return out
+
+
+def parse_positions(text: str, name: str) -> dict[str, float]:
+    """A per-position counter (``name{...,position="i"}``, vLLM's and llama.cpp's
+    ``accepted_per_pos``) as ``name[i]`` keys, each summed over its other labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m is None or m.group(1) != name or not m.group(2):
+            continue
+        pos = _POSITION.search(m.group(2))
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if pos is not None and math.isfinite(value):
+            key = f"{name}[{int(pos.group(1))}]"
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _per_position(
+    name: str, before: Mapping[str, float], after: Mapping[str, float]
+) -> list[float]:
+    """The per-position counter's deltas around a level, position 0 first (empty when
+    the engine reported none)."""
+    prefix = f"{name}["
+    positions = [int(k[len(prefix) : -1]) for k in after if k.startswith(prefix)]
+    if not positions:
+        return []
+    keys = [f"{name}[{i}]" for i in range(max(positions) + 1)]
+    return [after.get(k, 0.0) - before.get(k, 0.0) for k in keys]
 
 
 def acceptance_from_counters(
@@ -96,6 +131,9 @@ def acceptance_from_counters(
         detail["draft_tokens"] = draft_tokens
         if draft_tokens > 0:
             detail["draft_acceptance_rate"] = accepted / draft_tokens
+    per_pos = _per_position(counters.get("accepted_per_pos", ""), before, after)
+    if per_pos:
+        detail["accepted_per_pos"] = per_pos
     if drafts <= 0:
         return None, detail
     detail["source"] = "engine_counters"

@@ -32,6 +32,7 @@ from servesweep.models import LevelResult
 from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best_view import best_to_json
 from servesweep.report.evals import eval_rates, task_flips
+from servesweep.report.predicted_view import predicted_json
 
 __all__ = ["JSON_FORMAT", "JSON_VERSION", "render_csv", "render_json", "report_document"]
 
@@ -255,6 +256,7 @@ def report_document(data: SweepData) -> dict[str, Any]:
     except ServesweepError as exc:
         best, best_error = None, str(exc)
     sweep = data.sweep
+    predicted = predicted_json(data)
     return {
         "format": JSON_FORMAT,
         "version": JSON_VERSION,
@@ -302,6 +304,8 @@ def report_document(data: SweepData) -> dict[str, Any]:
                 for f in task_flips(data)
             ],
         },
+        # only where the sweep predicted its performance (docs/reports.md)
+        **({"predicted": predicted} if predicted is not None else {}),
         "best": best,
         "best_error": best_error,
     }

@@ -60,6 +60,7 @@ from servesweep.report.effects import (
 )
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.importance import MIN_TRIALS, importance_chart
+from servesweep.report.predicted_view import predicted_table
 from servesweep.report.progress import progress_charts
 from servesweep.report.tables import acceptance_lines, column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
@@ -503,6 +504,7 @@ def render_html(data: SweepData, *, reload_s: float | None = None) -> str:
         summary=_summary(data),
         phase_colors=PHASE_COLORS,
         best=_best(best, error),
+        predicted=predicted_table(data),
         sections=sections,
         results=_results(data, index),
         results_all=_results(data, index, every=True),

@@ -36,6 +36,7 @@ from servesweep.models import Outcome
 from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best_view import untrusted_suffix
 from servesweep.report.evals import eval_rates, task_flips
+from servesweep.report.predicted_view import predicted_lines
 from servesweep.spec.constraints import parse_constraint
 
 __all__ = [
@@ -388,6 +389,7 @@ def render_table(
         ("evals:", view.evals),
         ("acceptance_length measured from:", acceptance_sources(data)),
         (ACCEPTANCE_HEADING, view.acceptance),
+        ("performance predicted against measured:", predicted_lines(data)),
     )
     for heading, lines in sections:
         if lines:

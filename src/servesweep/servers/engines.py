@@ -460,6 +460,7 @@ PRESETS: dict[str, EnginePreset] = {
             "accepted": "vllm:spec_decode_num_accepted_tokens_total",
             "drafts": "vllm:spec_decode_num_drafts_total",
             "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+            "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
         },
         tokenize_path="/tokenize",
         draft_length_param="budget",

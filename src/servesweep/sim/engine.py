@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -109,6 +110,8 @@ class Engine:
         self.drafts_total = 0
         self.draft_tokens_total = 0
         self.accepted_tokens_total = 0
+        self.accepted_per_pos: Counter[int] = Counter()
+        """Accepted draft tokens by position in the draft (vLLM's per-position counter)."""
 
     # -- what to say ----------------------------------------------------------
 
@@ -215,6 +218,7 @@ class Engine:
                     self.drafts_total += 1
                     self.draft_tokens_total += self.cfg.budget
                     self.accepted_tokens_total += accepted
+                    self.accepted_per_pos.update(range(accepted))
                 chunk = pieces[sent : sent + 1 + accepted]
                 await self._sleep_until(loop, deadline)
                 if trace is not None:
@@ -277,4 +281,15 @@ class Engine:
                 f"# TYPE vllm:{name} counter",
                 f"vllm:{name}{label} {float(value)}",
             ]
+        if self.spec.enabled:
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            lines += [
+                f"# HELP {name} Accepted tokens by position in the draft.",
+                f"# TYPE {name} counter",
+            ]
+            for pos in range(math.ceil(self.spec.depth)):
+                lines.append(
+                    f'{name}{{engine="0",model_name="{self.cfg.model}",position="{pos}"}} '
+                    f"{float(self.accepted_per_pos[pos])}"
+                )
         return "\n".join(lines) + "\n"

@@ -691,6 +691,11 @@ class Store:
                 for e in self.events(sweep.id, "memory")
                 if e["trial"] is not None
             },
+            performance={
+                e["trial"]: e
+                for e in self.events(sweep.id, "performance")
+                if e["trial"] is not None
+            },
             confirm=tuple(self.events(sweep.id, "confirm")),
             screening=screening,
             screened=tuple(self.events(sweep.id, "screening")),

@@ -149,12 +149,13 @@ def lost_trial(
 
 def skipped_too_often(skips: int) -> str | None:
     """The line that stops a search whose last ``skips`` proposals in a row were
-    predicted not to fit (None: it goes on)."""
+    predicted not to fit or not to beat the best (None: it goes on)."""
     if skips < MAX_SKIPS_IN_ROW:
         return None
     return (
         f"the search proposed {skips} configurations in a row that are "
-        "predicted not to fit; it stops (see servesweep plan, or run --no-predict)"
+        "predicted not to fit or not to beat the best so far; it stops (see servesweep "
+        "plan, or run --no-predict)"
     )
 
 
