@@ -96,6 +96,14 @@ def test_a_draft_length_predicted_worse_is_skipped_and_best_matches_a_full_run(
     assert {row["trial"] for row in section["launched"]} == {t["id"] for t in launched}
     assert skipped["id"] in {row["trial"] for row in section["skipped"]}
     assert section["saved_gpu_hours"] > 0
+    status = run_cli("status", str(sweep))
+    assert status.returncode == 0, status.stderr
+    line = next(x for x in status.stdout.splitlines() if "budget=16" in x)
+    assert "predicted_worse" in line and "predicted worse than the best" in line, line
+    html = tmp_path / "report.html"
+    done = run_cli("report", str(sweep), "--format", "html", "--out", str(html))
+    assert done.returncode == 0, done.stderr
+    assert 'id="predicted-table"' in html.read_text()
     # a run of every configuration names the same best
     full = _sweep(tmp_path / "full")
     done = run_cli("run", str(full), "--quiet", "--no-predict", timeout=300)

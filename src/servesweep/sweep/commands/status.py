@@ -195,6 +195,8 @@ def format_status(status: dict[str, Any]) -> str:
             line += f"  (attempt {row['attempts']}, run again after {row['retried_after']})"
         if row["failure_class"]:
             line += f"  {row['failure_class']}: {row['message']}"
+        elif row["outcome"] == "skipped" and row["message"]:
+            line += f"  {row['message']}"  # why not launched: the prediction
         lines.append(line)
     instances = status["instances"]
     if instances:
