@@ -203,9 +203,10 @@ class SearchSpec(FrozenModel):
     """Stop a trial's benchmark early when it can no longer win. Default: on for the
     sampling strategies, off for ``grid``."""
     predict: Literal["auto", "skip", "off"] = "auto"
-    """Memory prediction before each launch: ``auto`` (a sampling search does not
-    launch a configuration predicted not to fit by more than the margin; a grid
-    launches every one), ``skip`` (a grid skips them too), ``off`` (no prediction)."""
+    """Memory and performance prediction before each launch: ``auto`` (a sampling
+    search does not launch a configuration predicted not to fit by more than the
+    margin, nor one predicted not to beat the best so far; a grid launches every one),
+    ``skip`` (a grid skips them too), ``off`` (no prediction)."""
 
     @property
     def samples(self) -> bool:
