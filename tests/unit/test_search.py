@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
+from servesweep.decide.perf import Prediction
+from servesweep.decide.perf.gate import Leader, skip_evidence
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
 from servesweep.search import Search, VerdictKind, create_search
@@ -304,6 +306,24 @@ def test_pruned_trial_is_told_pruned_with_its_intermediate_value() -> None:
     trial = search.study.trials[-1]
     assert trial.state is TrialState.PRUNED
     assert trial.intermediate_values == {0: throughput(dict(config.params))}
+
+
+def test_a_trial_skipped_as_predicted_worse_is_told_pruned_and_not_in_the_cap() -> None:
+    search = create_search(sweep("{strategy: tpe, trials: 2, seed: 1}"))
+    assert isinstance(search, SampledSearch)
+    driver = Driver(search)
+    config = driver.ask()
+    assert config is not None
+    metric = "chat.c8.output_throughput"
+    below = {metric: Prediction(metric, 40.0, 30.0, 50.0, "speculative")}
+    evidence = skip_evidence("x", below, Leader(metric, "max", 120.0, 1), 0.01)
+    record = driver.record(config, Outcome.SKIPPED, evidence=evidence, started_at=None)
+    search.tell(record, [])
+    trial = search.study.trials[-1]
+    assert trial.state is TrialState.PRUNED
+    assert trial.intermediate_values == {0: 40.0}  # its predicted value
+    assert search.trials_left == 2  # never launched: not in the cap
+    assert search.front() == ()  # a prediction is never the best so far
 
 
 def test_unfinished_trial_told_is_asked_again() -> None:
