@@ -6,7 +6,8 @@ a draft length predicted not to beat the best is recorded ``skipped``
 run of every configuration (``--no-predict``) names. Every launched trial stores its
 prediction beside its measurement; a run after a model that missed (its ``performance``
 event widening the trust, rebuilt from the store) launches the skipped configurations
-whose widened interval still reaches the leader before the sweep ends (issue 34)."""
+whose widened interval still reaches the leader before the sweep ends; a sweep
+continued in a second run predicts from what the first measured (issue 34)."""
 
 from __future__ import annotations
 
@@ -148,4 +149,23 @@ def test_a_rerun_after_a_missed_prediction_launches_what_could_still_win(
     checked = {e["trial"] for e in _events(tmp_path / "resume", "performance")}
     assert {t["id"] for t in skipped} <= checked
     assert not report["predicted"]["skipped"]
+    assert _best(report) == {"budget": 1}
+
+
+def test_a_sweep_continued_in_a_second_run_predicts_from_the_first(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path / "continued")
+    # the first run measures draft lengths 1 and 8 only (trials 1 and 2 of the plan)
+    done = run_cli("run", str(sweep), "--quiet", "--trial", "1", "--trial", "2", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = _by_budget(report_json(sweep))
+    assert first[1]["outcome"] == "ok" and first[8]["outcome"] == "ok"
+    assert first[16]["outcome"] == "pending"
+    # the second run predicts from what the first stored, and skips what cannot win
+    done = run_cli("run", str(sweep), "--quiet", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = report_json(sweep)
+    trials = _by_budget(report)
+    assert trials[16]["outcome"] == "skipped", trials[16]
+    assert trials[16]["failure"]["reason"] == "predicted_worse"
+    assert trials[16]["failure"]["details"]["leader"]["trial"] == trials[1]["id"]
     assert _best(report) == {"budget": 1}
