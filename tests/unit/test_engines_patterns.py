@@ -179,6 +179,8 @@ HEALTHY = {
         "main: server is listening on http://127.0.0.1:8080 - starting the main loop",
         "srv  update_slots: all slots are idle",
         "load_tensors: offloading 32 repeating layers to GPU",
+        # ggml looking for backends among the libraries next to it (ggml-backend-reg.cpp)
+        "load_backend: failed to find ggml_backend_init in /opt/llama/libggml-base.so",
     ],
 }
 
@@ -203,6 +205,7 @@ FIRST_ERRORS = {
     # llama-server on an H100, a flag value it refused (servesweep issue 35)
     "llama-server": (
         [
+            "load_backend: failed to find ggml_backend_init in /opt/llama/libggml-base.so",
             "load_tensors: offloading 32 repeating layers to GPU",
             "llama_context: constructing llama_context",
             "common_init_from_params: failed to initialize speculative decoding context: "

@@ -292,7 +292,9 @@ TRTLLM_ERRORS: tuple[re.Pattern[str], ...] = (
     *PYTHON_ERRORS,
 )
 LLAMA_SERVER_ERRORS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"\berror\b|\bfailed\b|\bfailure\b", re.IGNORECASE),
+    re.compile(r"^(?!.*\bload_backend: )(?=.*\b(error|failed|failure)\b)", re.IGNORECASE),
 )
 """llama.cpp's error lines (``error: invalid argument``, ``failed to initialize
-speculative decoding context: ...``, ``error loading model``)."""
+speculative decoding context: ...``, ``error loading model``); not ggml's search for
+backends, which says ``load_backend: failed to find ggml_backend_init in ...`` of a
+library that is not one and goes on."""
