@@ -39,11 +39,15 @@ from servesweep.servers.engine_args import (
 from servesweep.servers.engine_check import VERSION_TIMEOUT, locate, program_version, run_probe
 from servesweep.servers.engine_patterns import (
     COMMON_FATAL,
+    LLAMA_SERVER_ERRORS,
     LLAMA_SERVER_FATAL,
     LLAMACPP_PY_FATAL,
+    PYTHON_ERRORS,
     SGLANG_FATAL,
     TRACEBACK,
+    TRTLLM_ERRORS,
     TRTLLM_FATAL,
+    VLLM_ERRORS,
     VLLM_FATAL,
     FatalPattern,
 )
@@ -79,6 +83,9 @@ class EnginePreset:
     """Prometheus text endpoint (None: the engine has none)."""
     fatal_patterns: tuple[FatalPattern, ...] = ()
     """Most specific first; see :mod:`servesweep.servers.engine_patterns`."""
+    error_patterns: tuple[re.Pattern[str], ...] = PYTHON_ERRORS
+    """The engine's error lines, most telling first: a failure's evidence quotes the
+    first (``Evidence.first_error_line``), its cause, beside the matched or last line."""
     request_extras: Mapping[str, Any] = field(default_factory=dict)
     """Fields added to every generation request."""
     supports_ignore_eos: bool = True
@@ -331,6 +338,7 @@ PRESETS: dict[str, EnginePreset] = {
         build_argv=_vllm_argv,
         health_path="/health",
         fatal_patterns=VLLM_FATAL,
+        error_patterns=VLLM_ERRORS,
         spec_decode_counters=_VLLM_COUNTERS,
         tokenize_path="/tokenize",
         spec_params=(
@@ -388,6 +396,7 @@ PRESETS: dict[str, EnginePreset] = {
         health_path="/health",
         metrics_path=None,
         fatal_patterns=TRTLLM_FATAL,
+        error_patterns=TRTLLM_ERRORS,
         spec_params=(
             "extra_llm_api_options.speculative_config.decoding_type",
             "extra_llm_api_options.speculative_config.max_draft_len",
@@ -424,6 +433,7 @@ PRESETS: dict[str, EnginePreset] = {
         build_argv=_llama_server_argv,
         health_path="/health",
         fatal_patterns=LLAMA_SERVER_FATAL,
+        error_patterns=LLAMA_SERVER_ERRORS,
         default_args={"metrics": True},
         spec_decode_counters={
             "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",

@@ -35,12 +35,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from servesweep.decide.confirm import Done
 from servesweep.decide.screening import ScreenPolicy
-from servesweep.errors import ConfigError, Interrupted, ServesweepError
-from servesweep.models import Phase
+from servesweep.errors import Interrupted, ServesweepError
+from servesweep.models import Evidence, Outcome, Phase
 from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
@@ -207,14 +208,17 @@ class Driver:
     def _queue(self, trial: TrialRecord) -> None:
         """Queue one trial (the memory gate decides when it is placed)."""
         self._trials[trial.id] = trial
-        need = self.need.of(trial.params)
+        need = replace(self.need, pool=2**31).of(trial.params)  # checked against machines
         capacity = self.machines.largest() or 1
         if need > capacity:
-            raise ConfigError(
-                f"trial {trial.number} ({params_label(trial.params)}) needs {need} GPUs; no "
-                f"machine offers more than {capacity}",
-                key="server.gpus_per_trial",
+            # skipped with the reason, as a predicted OOM is: the rest of the sweep runs
+            message = (
+                f"{params_label(trial.params)} needs {need} GPUs; no machine offers more "
+                f"than {capacity}: not launched"
             )
+            ev = Evidence(message=message, reason="too_few_gpus")
+            self.writer.note(TrialFinished(trial=trial.id, outcome=Outcome.SKIPPED, evidence=ev))
+            return
         self.state.jobs.append(Job(trial.id, need))
 
     def _scheduler(self) -> Scheduler:

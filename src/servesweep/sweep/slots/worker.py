@@ -244,8 +244,8 @@ class SlotWorker:
         if trial is not None:
             self._enter(trial, Phase.STOP)
         self._telemetry.fast(True)
+        current = self.current
         try:
-            current = self.current
             if current is not None:
                 old_pids = instance_pids(self.lifecycle, current.instance)
                 stop = self.lifecycle.stop(current.instance)
@@ -259,6 +259,8 @@ class SlotWorker:
             )
         finally:
             self._telemetry.fast(False)
+            for event in self._telemetry.released(current.trial if current else None, trial):
+                self.emit(event)
         for event in released_events(result, tuple(self.server.gpus), trial, self.node):
             self.emit(event)
 
