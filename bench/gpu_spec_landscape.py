@@ -31,8 +31,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from servesweep.sim.testing import free_port  # noqa: E402
 from tests.helpers.gguf_model import TinyLlamaShape, write_tiny_gguf  # noqa: E402
+
+from servesweep.sim.testing import free_port  # noqa: E402
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16)
 TARGET = TinyLlamaShape(n_embd=1536, n_layer=16, n_head=12, n_head_kv=4, n_ff=4096)
@@ -101,7 +102,6 @@ def sweep_file(
     path = out / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return path
-
 
 
 def main() -> int:
