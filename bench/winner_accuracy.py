@@ -72,7 +72,7 @@ from servesweep.report.uncertainty import Rules
 from servesweep.spec.constraints import parse_metric_ref
 from servesweep.spec.schema import ConfirmBudget, ConfirmSpec
 from servesweep.store.records import SweepData, SweepRecord, TrialRecord
-from servesweep.sweep.core.confirm import Done, Round, cost, decide, spent_launches
+from servesweep.sweep.core.confirm import Done, Relaunch, Round, cost, decide, spent_launches
 
 GPUS = 8
 LAUNCH_MIN = 7.0
@@ -215,14 +215,19 @@ SAME = [0]
 
 
 def variants() -> dict[str, Variant]:
-    """The confirm policies compared: servesweep's, without its equivalence stop, and
-    before the launch rule and the equivalence test (one launch's interval taken as
-    it is, the phase ending only when separated or out of budget)."""
+    """The confirm policies compared: servesweep's; without its equivalence stop;
+    with pairwise comparisons at ``decision.confidence`` instead of family-wise ones;
+    and before the launch rule, the family-wise tie set and the equivalence test (one
+    launch's interval taken as it is, the phase ending only when separated or out of
+    budget)."""
     rules = DECISION[0]
     return {
         "intervals+confirm": Variant(rules),
         "intervals+confirm, no equivalence stop": Variant(rules, equivalence=False),
-        "intervals+confirm, before": Variant(replace(rules, launch_sd=0.0), equivalence=False),
+        "intervals+confirm, pairwise": Variant(replace(rules, family_wise=False)),
+        "intervals+confirm, before": Variant(
+            replace(rules, launch_sd=0.0, family_wise=False), equivalence=False
+        ),
     }
 
 
@@ -238,16 +243,22 @@ class Confirmed:
     equivalent: bool
     """The phase ended because the candidates left were equivalent."""
     dropped: bool
-    """A configuration within 0.5 % of the true best was decisively beaten by one of
-    the decisions (after the sweep or after a round)."""
+    """A configuration within 0.5 % of the true best was dropped: the confirm phase
+    stopped relaunching it as beaten, or the final result (winner and tie set) left it
+    out."""
+
+
+def _near(truth: list[float], trials: set[int]) -> bool:
+    """Whether one of ``trials`` is within :data:`NEAR` of the true best."""
+    top = max(truth)
+    return any(truth[t - 1] >= (1 - NEAR) * top for t in trials)
 
 
 def _near_dropped(now: BestResult, truth: list[float]) -> bool:
-    top = max(truth)
+    """Whether ``now`` (a final result) leaves out a configuration within :data:`NEAR`
+    of the true best."""
     kept = {c.trial.id for c in now.ties} | ({now.trial.id} if now.trial else set())
-    return any(
-        truth[c.trial.id - 1] >= (1 - NEAR) * top and c.trial.id not in kept for c in now.ranking
-    )
+    return _near(truth, {c.trial.id for c in now.ranking} - kept)
 
 
 NEAR = 0.005
@@ -267,7 +278,7 @@ def _confirm(
     it ended and whether a near-best configuration was dropped on the way."""
     variant = variant or Variant(DECISION[0])
     now = _best(results, variant)
-    dropped = _near_dropped(now, truth)
+    dropped = False
     equivalent = False
     if confirm_launches >= 2:
         spec = ConfirmSpec(top=3, launches=1, budget=ConfirmBudget(launches=confirm_launches))
@@ -277,6 +288,10 @@ def _confirm(
             same = frozenset(c.trial.id for c in now.equivalent) if variant.equivalence else None
             stored = {t: len(r) for t, r in results.items()}  # one level per launch
             step = decide(spec, tied, stored, rounds, equivalent=same or frozenset())
+            if rounds and isinstance(step, Relaunch):
+                # the candidates of the last round it no longer relaunches as beaten
+                left = set(rounds[-1].targets) - set(step.targets) - (same or frozenset())
+                dropped = dropped or _near(truth, left)
             if isinstance(step, Done):
                 equivalent = step.reason == "equivalent"
                 break
@@ -287,9 +302,8 @@ def _confirm(
                     results[tid].append(measure(truth[tid - 1], factor, 0, launch, rng, noise))
             rounds.append(Round(step.round, step.targets, done=True, relaunches=cost(step)))
             now = _best(results, variant)
-            dropped = dropped or _near_dropped(now, truth)
     extra = spent_launches({t: len(r) for t, r in results.items()}, 1)
-    return Confirmed(now, extra, equivalent, dropped)
+    return Confirmed(now, extra, equivalent, dropped or _near_dropped(now, truth))
 
 
 SCREEN_REQUESTS = REQUESTS // 4

@@ -311,6 +311,25 @@ def test_the_launch_variation_is_stated_until_relaunches_measure_it() -> None:
     assert decision_se(MetricStats.of([200.0]), 0.02) is None  # exact: no interval
 
 
+def test_the_tie_set_is_family_wise_among_many_candidates() -> None:
+    assert Rules().for_ties(2) == Rules()
+    assert Rules().for_ties(12).confidence == pytest.approx(1 - 0.05 / 11)
+    assert Rules(family_wise=False).for_ties(12) == Rules(family_wise=False)
+    # the leader 7 % ahead of #2 on one launch each: beyond what launches vary for one
+    # comparison, not for one of eleven
+    values = {1: 240.0, 2: 224.3, **{i: 150.0 for i in range(3, 13)}}
+    trials = [trial(i, {"b": i}) for i in values]
+    results = {i: [_measured(v, 0.5)] for i, v in values.items()}
+    best = find_best(sweep_data(trials, results), "chat.c1.output_throughput")
+    assert [c.trial.id for c in best.ties] == [2]
+    pairwise = find_best(sweep_data(trials, results), "chat.c1.output_throughput",
+                         rules=Rules(family_wise=False))  # fmt: skip
+    assert pairwise.decided
+    # with two candidates nothing changes
+    two = {i: results[i] for i in (1, 2)}
+    assert find_best(sweep_data(trials[:2], two), "chat.c1.output_throughput").decided
+
+
 def test_equivalence_needs_the_whole_difference_inside_the_threshold() -> None:
     a = MetricStats.of([221.4], [(221.2, 221.6)])
     b = MetricStats.of([221.0], [(220.8, 221.2)])

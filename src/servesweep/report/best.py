@@ -21,6 +21,9 @@ How it decides (also in docs/reports.md):
    Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
    GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
    said in one line. Values equal within ``rel_tol`` are ranked by run order.
+   Among n candidates the tie set is decided at the family-wise confidence
+   ``1 - alpha / (n - 1)`` (``Rules.for_ties``), so a configuration as good as the
+   leader is dropped with chance ``alpha`` however many there are.
    Each mean's uncertainty counts the variation between launches, at least
    (``report.uncertainty.decision_se``): learned from the candidates measured in
    several launches, pooled with ``decision.launch_sd`` (default 2 %) until they
@@ -386,6 +389,7 @@ def find_best(
     )
     equivalent: tuple[Candidate, ...] = ()
     if ranking:
+        ties_rules = rules.for_ties(len(ranking))
         winner, tied, why, runner_up = _decide(data, index, ranking, objs, rules, launch_sds)
         equivalent = tuple(c for c in tied[1:] if _equivalent(tied[0], c, dirs, rules, launch_sds))
         ties = tuple(c for c in tied if c is not winner)
@@ -395,7 +399,10 @@ def find_best(
         if confirmed is not None:
             leader = tied[0]
             beaten = [
-                (c.trial.id, margin(leader.stats[0], c.stats[0], dirs[0], rules, launch_sds[0]))
+                (
+                    c.trial.id,
+                    margin(leader.stats[0], c.stats[0], dirs[0], ties_rules, launch_sds[0]),
+                )
                 for c in ranking
                 if c.trial.id in confirmed.candidates and c not in tied
             ]
@@ -481,7 +488,8 @@ def _decide(
     over the best candidate the tie set left out."""
     dirs = [d for _, d in objs]
     key = objs[0][0].key
-    tied, beaten = tie_set(ranking, lambda c, k: c.stats[k], dirs, rules, launch_sds)
+    family = rules.for_ties(len(ranking))
+    tied, beaten = tie_set(ranking, lambda c, k: c.stats[k], dirs, family, launch_sds)
     leader = tied[0]
     outside = next((c for c in ranking if c not in tied), None)
     beat = next((m for c, m in beaten if c is outside), None)
@@ -499,7 +507,7 @@ def _decide(
     costs = _costs(data, index, objs[0][0])
     chosen, reason = prefer(tied, costs, rules)
     others = ", ".join(f"#{c.trial.id}" for c in tied if c is not leader)
-    lead = margin(leader.stats[0], tied[1].stats[0], dirs[0], rules, launch_sds[0])
+    lead = margin(leader.stats[0], tied[1].stats[0], dirs[0], family, launch_sds[0])
     if all(_equivalent(leader, c, dirs, rules, launch_sds) for c in tied[1:]):
         far = max(
             margin(leader.stats[0], c.stats[0], dirs[0], rules, launch_sds[0]).equivalence_bound

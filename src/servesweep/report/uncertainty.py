@@ -17,7 +17,8 @@ really met.
   for a 95 % decision, lies inside ``± threshold``); more launches would not make
   either the winner.
 - :func:`tie_set`: the candidates the leader does not decisively beat, objective by
-  objective (a later objective can separate what an earlier one left tied).
+  objective (a later objective can separate what an earlier one left tied), at the
+  family-wise confidence of :meth:`Rules.for_ties`.
 - :func:`prefer`: among tied candidates, the cheaper one (fewer GPUs, then less GPU
   memory, then lower latency; :attr:`Rules.prefer` orders these), with the reason
   in one line.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from servesweep.intervals import DEFAULT_CONFIDENCE, standard_error, z_quantile
@@ -81,6 +82,22 @@ class Rules:
     launch_sd: float = DEFAULT_LAUNCH_SD
     """Relative standard deviation between launches (stated, or learned:
     :func:`learned_launch_sd`)."""
+    family_wise: bool = True
+    """Drop a candidate from the tie set only at the family-wise confidence
+    (:meth:`for_ties`)."""
+
+    def for_ties(self, candidates: int) -> Rules:
+        """The rules the tie set is decided with among ``candidates``: each of the
+        leader's ``candidates - 1`` comparisons at ``1 - alpha / (candidates - 1)``
+        (Bonferroni), so that the chance of dropping any configuration as good as the
+        leader stays ``alpha`` however many there are (pairwise 95 % comparisons with 11
+        others dropped one of three equal configurations in 23 of 100 simulated sweeps).
+        Declaring the leader the winner needs every comparison anyway, so that claim
+        needs no correction; only its confidence is the stricter one."""
+        if not self.family_wise or candidates <= 2:
+            return self
+        alpha = (1.0 - self.confidence) / (candidates - 1)
+        return replace(self, confidence=1.0 - alpha)
 
     @classmethod
     def of(cls, spec: Mapping[str, Any] | None) -> Rules:
