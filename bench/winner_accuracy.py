@@ -39,12 +39,21 @@ Every policy reads the same measurements and decides through servesweep's own
   launch (the same launch factor); then the confirm phase on the full results, with
   the same budget.
 
-A winner is **wrong** when its true throughput is more than 2 % below the true best.
+The confirm phase is also run with one of servesweep's rules taken away (``no
+equivalence stop``; ``pairwise``: 95 % per comparison instead of family-wise; ``before``:
+neither these nor the launch variation in one launch's interval). ``--same K`` puts K
+configurations exactly as fast as the best (differing only in ``--seed``) in place of
+the two within 0.5-1.5 %; ``--threshold`` sets ``decision.threshold``.
+
+A winner is **wrong** when its true throughput is more than 2 % below the true best. A
+configuration within 0.5 % of the true best is **dropped** when the confirm phase stops
+relaunching it as beaten or the final result (winner and tie set) leaves it out.
 GPU-hours come from a model of a large deployment: 8 GPUs, 7 min to stop, release and
 load, 3 min per measured level. Numbers over ``--seeds`` seeds (Wilson 95 % interval
 of the wrong-winner rate).
 
-Run:  .venv/bin/python bench/winner_accuracy.py [--seeds 100] [--configs 12] [--json]
+Run:  .venv/bin/python bench/winner_accuracy.py [--seeds 100] [--configs 12] [--same 2]
+      [--threshold 0.05] [--json]
 """
 
 from __future__ import annotations
