@@ -322,6 +322,7 @@ def test_the_tie_set_is_family_wise_among_many_candidates() -> None:
     results = {i: [_measured(v, 0.5)] for i, v in values.items()}
     best = find_best(sweep_data(trials, results), "chat.c1.output_throughput")
     assert [c.trial.id for c in best.ties] == [2]
+    assert "leads by 7.0% (±" in best.why and "at 99.5%), within its uncertainty" in best.why
     pairwise = find_best(sweep_data(trials, results), "chat.c1.output_throughput",
                          rules=Rules(family_wise=False))  # fmt: skip
     assert pairwise.decided

@@ -219,7 +219,8 @@ class Margin:
         text = f"leads by {self.relative:.1%}"
         if self.uncertainty is not None and self.lead != 0:
             rel = self.uncertainty / abs(self.lead) * abs(self.relative)
-            text += f" (±{rel:.1%} at {self.confidence:.0%})"
+            shown = f"{self.confidence:.1%}".replace(".0%", "%")  # 95%, 99.5% (family-wise)
+            text += f" (±{rel:.1%} at {shown})"
         if not self.beyond_noise:
             text += ", within its uncertainty"
         elif not self.practical:
