@@ -12,6 +12,7 @@ from helpers.report_data import T0, sweep_data, trial
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.report.best import best_to_json, find_best, format_best
+from servesweep.report.confirmed import ConfirmSummary, confirm_note
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import open_store
@@ -132,6 +133,11 @@ def test_best_says_the_candidates_are_equivalent() -> None:
     best = find_best(sweep_data(trials, one), "chat.c1.output_throughput")
     assert not best.decided and best.equivalent == ()
     assert "equivalent" not in best.why
+    # a threshold below 1 % is said as it is
+    summary = ConfirmSummary(0, 0, (), "equivalent")
+    assert confirm_note(summary, 5, [5, 7], [], equivalent=[7], threshold=0.005) == (
+        "confirm: nothing to confirm (#5 and #7 are equivalent within ±0.5%)"
+    )
 
 
 _SWEEP = """

@@ -514,12 +514,13 @@ def _decide(
             or 0.0
             for c in tied[1:]
         )
+        within = f"{rules.threshold:.1%}".replace(".0%", "%")  # 1%, 0.5%
         return (
             chosen,
             tied,
-            f"tie: #{leader.trial.id} and {others} are equivalent within "
-            f"±{rules.threshold:.0%} on {key} (their differences at most {far:.1%} at "
-            f"{2 * rules.confidence - 1:.0%}); picked #{chosen.trial.id}: {reason}",
+            f"tie: #{leader.trial.id} and {others} are equivalent within ±{within} on {key} "
+            f"(their differences at most {far:.1%} at {2 * rules.confidence - 1:.0%}); "
+            f"picked #{chosen.trial.id}: {reason}",
             beat,
         )
     return (

@@ -93,7 +93,7 @@ def confirm_note(
     the leader within ``threshold``."""
     if summary.reason == "no_tie" and not summary.rounds:
         return "confirm: nothing to confirm (the leader was not tied after the sweep)"
-    within = "" if threshold is None else f" within ±{threshold:.0%}"
+    within = "" if threshold is None else f" within ±{threshold:.1%}".replace(".0%", "%")
     if summary.reason == "equivalent" and not summary.rounds:
         who = " and ".join(f"#{t}" for t in (leader, *equivalent))
         return f"confirm: nothing to confirm ({who} are equivalent{within})"

@@ -124,7 +124,7 @@ class ConfirmRun:
         message = ""
         if done.reason == "equivalent" and self.tied:
             who = " and ".join(f"#{t}" for t in (self.tied[0], *self.equivalent))
-            message = f"{who} equivalent within ±{self.threshold:.0%}"
+            message = f"{who} equivalent within ±{self.threshold:.1%}".replace(".0%", "%")
         self.note(
             ConfirmStep(
                 step="done",
