@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,20 @@ def test_body_defaults_and_extras_merged_last() -> None:
         )
     )
     assert plain["prompt"] == "x" and "stream_options" not in plain and "ignore_eos" not in plain
+
+
+def test_request_order_is_drawn_as_it_is_read() -> None:
+    start = time.process_time()
+    order = request_order(1000, 10_000_000_000, seed=7)
+    last = order[len(order) - 1]  # the warm-up reads the end: one pass drawn, not all
+    assert time.process_time() - start < 0.5
+    assert 0 <= last < 1000
+    # every pass is a permutation of the prompts, each pass its own shuffle
+    passes = [order[k * 1000 : (k + 1) * 1000] for k in (0, 1, 5)]
+    assert all(sorted(p) == list(range(1000)) for p in passes)
+    assert passes[0] != passes[1] != passes[2]
+    # a worker process gets the same order
+    assert pickle.loads(pickle.dumps(order))[123_456] == order[123_456]
+    assert order[-1] == last
+    with pytest.raises(IndexError):
+        order[len(order)]

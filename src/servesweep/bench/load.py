@@ -519,6 +519,7 @@ class _Runner:
             if acc_value is None
             else (acc_value, str(info.get("acceptance_source", ""))),
             confidence=DEFAULT_CONFIDENCE,
+            values=metrics,
         )
         return LevelResult(
             workload=self.w.name,

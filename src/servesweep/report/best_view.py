@@ -104,6 +104,8 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
             "confidence": result.rules.confidence,
             "threshold": result.rules.threshold,
             "prefer": list(result.rules.prefer),
+            "launch_sd": list(result.launch_sds),
+            "equivalent": [c.trial.id for c in result.equivalent],
             "acceptance_trusted": not result.untrusted,
             "untrusted_acceptance": [u.to_dict() for u in result.untrusted],
             "runner_up_margin": None
