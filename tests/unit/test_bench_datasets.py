@@ -120,6 +120,26 @@ def test_synthetic_fallback_and_calibration() -> None:
     )
 
 
+def test_synthetic_chat_prompts_leave_the_chat_templates_tokens_out() -> None:
+    # the server counts a chat prompt inside its template: 31 tokens of system turn and
+    # role markers come on top of the text's, and the prompt is that much shorter
+    async def two_tokens_per_word(text: str) -> int:
+        return 2 * len(text.split())
+
+    async def in_template(text: str) -> int:
+        return 31 + 2 * len(text.split())
+
+    prompts, info = asyncio.run(
+        synthetic_prompts(
+            2, 200, seed=1, count_tokens=two_tokens_per_word, count_prompt=in_template
+        )
+    )
+    assert info["template_tokens"] == 31 and info["words_per_prompt"] == 84
+    # what the server will count for the first prompt: within a word of the length asked
+    assert abs(info["first_prompt_tokens"] - 200) <= 2, info
+    assert all(len((p.text or "").split()) == 84 for p in prompts)
+
+
 def test_body_defaults_and_extras_merged_last() -> None:
     body = json.loads(
         build_body(

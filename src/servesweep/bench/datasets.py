@@ -6,9 +6,11 @@ Sources (``WorkloadSpec.dataset``):
   ``builtin:math`` (40 prompts): written for servesweep, shipped as
   ``bench/data/*.jsonl``; one category each, so speculative decoding's acceptance
   can be compared per category.
-- ``synthetic``: prompts of ``input_tokens`` tokens, built from a fixed word list.
-  The length is calibrated through the server's tokenizer (``Target.tokenize_path``)
-  when it has one; otherwise the documented fallback is 1.3 tokens per word.
+- ``synthetic``: prompts of ``input_tokens`` tokens as the server counts them (its
+  ``usage.prompt_tokens``: for chat, the model's chat template included), built from a
+  fixed word list. The length is calibrated through the server's tokenizer
+  (``Target.tokenize_path``) when it has one; otherwise the documented fallback is 1.3
+  tokens per word (and the chat template's tokens come on top).
 - a JSONL file: one object a line with ``prompt`` (text) or ``messages`` (chat
   messages), optional ``max_tokens``.
 - a ShareGPT JSON file: a list of ``{"conversations": [{"from": "human", "value": ...}]}``;
@@ -247,23 +249,36 @@ async def synthetic_prompts(
     *,
     seed: int = 0,
     count_tokens: Callable[[str], Awaitable[int]] | None = None,
+    count_prompt: Callable[[str], Awaitable[int]] | None = None,
 ) -> tuple[list[Prompt], dict[str, Any]]:
-    """``count`` prompts of about ``input_tokens`` tokens each, and how the length
-    was calibrated. With ``count_tokens`` (the server's tokenizer) the words-per-token
-    ratio is measured and the first prompt checked; else 1.3 tokens per word."""
+    """``count`` prompts of about ``input_tokens`` tokens each, as the server counts a
+    request's prompt, and how the length was calibrated.
+
+    With ``count_tokens`` (the server's tokenizer on plain text) the words-per-token
+    ratio is measured; with ``count_prompt`` too (the server's count of a request's
+    whole prompt: for chat, the user message inside the model's chat template, whose
+    system turn and role markers are tokens as well) the template's tokens are measured
+    and left out of the words, and the first prompt is checked with it. Without a
+    tokenizer: 1.3 tokens per word, the template unknown."""
     rng = random.Random(seed)
     ratio = FALLBACK_TOKENS_PER_WORD
     info: dict[str, Any] = {"source": "fallback", "tokens_per_word": ratio}
+    overhead = 0
+    count_first = count_prompt or count_tokens
     if count_tokens is not None:
         probe_words = max(32, int(input_tokens / ratio))
-        measured = await count_tokens(_words(probe_words, random.Random(seed + 1)))
+        probe = _words(probe_words, random.Random(seed + 1))
+        measured = await count_tokens(probe)
         if measured > 0:
             ratio = measured / probe_words
             info = {"source": "tokenize", "tokens_per_word": round(ratio, 4)}
-    n_words = max(1, round(input_tokens / ratio))
+            if count_prompt is not None:
+                overhead = max(0, await count_prompt(probe) - measured)
+                info["template_tokens"] = overhead
+    n_words = max(1, round(max(1, input_tokens - overhead) / ratio))
     prompts = [Prompt(text=_words(n_words, rng)) for _ in range(count)]
-    if count_tokens is not None and prompts:
-        info["first_prompt_tokens"] = await count_tokens(prompts[0].as_text())
+    if count_first is not None and prompts:
+        info["first_prompt_tokens"] = await count_first(prompts[0].as_text())
     info["words_per_prompt"] = n_words
     return prompts, info
 

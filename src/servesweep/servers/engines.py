@@ -97,6 +97,10 @@ class EnginePreset:
     draft position, label ``position``). Counters may carry labels: sum them."""
     tokenize_path: str | None = None
     """vLLM-style ``POST {model, prompt} -> {count}`` endpoint, when the engine has one."""
+    spec_counters_when_speculating: bool = False
+    """Whether /metrics has ``spec_decode_counters`` whenever the engine speculates
+    (vLLM: defined only with a speculative config): then their absence, or no draft
+    counted, means no speculation ran, and no acceptance length is estimated."""
     default_env: Mapping[str, str] = field(default_factory=dict)
     default_args: Mapping[str, Any] = field(default_factory=dict)
     """Params applied under the server's args (e.g. enable the metrics endpoint)."""
@@ -340,6 +344,7 @@ PRESETS: dict[str, EnginePreset] = {
         fatal_patterns=VLLM_FATAL,
         error_patterns=VLLM_ERRORS,
         spec_decode_counters=_VLLM_COUNTERS,
+        spec_counters_when_speculating=True,
         tokenize_path="/tokenize",
         spec_params=(
             "speculative_config.method",
