@@ -50,6 +50,7 @@ from servesweep.metrics_catalog import Latency, Stat
 from servesweep.models import Outcome
 from servesweep.report.acceptance import Untrusted, untrusted_figures, untrusted_notes
 from servesweep.report.confirmed import ConfirmSummary, confirm_note, summarise
+from servesweep.report.costs import CostView, cost_view
 from servesweep.report.data import (
     MetricStats,
     config_label,
@@ -156,6 +157,8 @@ class BestResult:
     screening: ScreeningSummary | None = None
     """What the sweep's screening pass decided and saved (None: it had none)."""
     screening_note: str = ""
+    costs: CostView | None = None
+    """Each trial's GPUs and, with a price in the sweep file, its cost figures."""
 
     @property
     def feasible(self) -> bool:
@@ -419,6 +422,7 @@ def find_best(
         untrusted=tuple(untrusted),
         screening=screened,
         screening_note=screened_note,
+        costs=cost_view(data, index, [r for r, _ in objs] + [c.ref for c in parsed]),
     )
 
 
@@ -568,6 +572,9 @@ def format_best(result: BestResult) -> str:
             lines.append(f"  {d} {key} = {format_number(stats.mean)}{shown}")
         for con, verdict in zip(result.constraints, win.verdicts, strict=True):
             lines.append(f"  constraint {con}: {verdict.describe()}")
+        held = result.costs.headline(win.trial) if result.costs else ""
+        if held:
+            lines.append(f"  cost: {held}")
         if win.trial.launch_command:
             lines.append(f"  launch: {win.trial.launch_command}")
     for note in result.notes:
@@ -581,7 +588,8 @@ def format_best(result: BestResult) -> str:
         lines.append("ranking:")
         for i, cand in enumerate(result.ranking, 1):
             vals = ", ".join(format_number(v) for v in cand.values)
-            lines.append(f"  {i}. {cand.label}: {vals}")
+            held = result.costs.describe(cand.trial) if result.costs else ""
+            lines.append(f"  {i}. {cand.label}: {vals}" + (f" [{held}]" if held else ""))
     if result.excluded:
         lines.append("excluded:")
         for exc in result.excluded:
@@ -609,6 +617,7 @@ def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:
             for con, v in zip(result.constraints, cand.verdicts, strict=True)
         },
         "launch_command": cand.trial.launch_command,
+        **(result.costs.of(cand.trial).to_dict() if result.costs else {}),
     }
 
 
@@ -642,6 +651,7 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
         "screening": None
         if result.screening is None
         else {**result.screening.to_dict(), "note": result.screening_note},
+        "cost": None if result.costs is None else result.costs.to_dict(),
         "best": None if result.winner is None else _candidate_json(result, result.winner),
         "ties": [_candidate_json(result, c) for c in result.ties],
         "pareto": [_candidate_json(result, c) for c in result.pareto],

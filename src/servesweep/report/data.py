@@ -11,17 +11,18 @@ import math
 import statistics
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from servesweep.acceptance import AcceptanceContext
+from servesweep.cost import level_cost
 from servesweep.errors import ConfigError
 from servesweep.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
 from servesweep.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, Outcome, parse_level
 from servesweep.report.numbers import format_number, format_stats
-from servesweep.report.resources import trial_gpus
+from servesweep.report.resources import sweep_cost, trial_gpus
 from servesweep.spec.load import load_sweep_text
 from servesweep.store.records import SweepData, TrialRecord
 
@@ -266,8 +267,28 @@ def aggregate_levels(data: SweepData, trial_id: int) -> list[LevelStats]:
     """The trial's results grouped by (workload, level), repeats aggregated.
 
     Workloads keep their order of appearance; levels are sorted (c1, c8, r2...).
+    With a price in the sweep file (``cost``), each load level has its cost figures
+    too (:mod:`servesweep.cost`).
     """
-    return aggregate_results(trial_id, data.results.get(trial_id, ()))
+    return aggregate_results(trial_id, _priced(data, trial_id, data.results.get(trial_id, ())))
+
+
+def _priced(data: SweepData, trial_id: int, results: Sequence[LevelResult]) -> list[LevelResult]:
+    """``results`` with the cost metrics of :func:`servesweep.cost.level_cost` added,
+    when the sweep file gives a price."""
+    cost = sweep_cost(data)
+    trial = next((t for t in data.trials if t.id == trial_id), None)
+    if cost is None or trial is None:
+        return list(results)
+    gpus = trial_gpus(data, trial)
+    out: list[LevelResult] = []
+    for res in results:
+        own = result_intervals(res)
+        values, bounds = level_cost(res.metrics, own, gpus, cost.gpu_hour)
+        if values:
+            res = replace(res, metrics={**res.metrics, **values}, intervals={**own, **bounds})
+        out.append(res)
+    return out
 
 
 def aggregate_results(trial_id: int, results: Iterable[LevelResult]) -> list[LevelStats]:

@@ -19,6 +19,7 @@ from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
 from servesweep.models import LevelResult, level_label, usable
 from servesweep.report.data import LevelStats, MetricStats, aggregate_levels, level_sort_key
+from servesweep.report.resources import trial_gpus
 from servesweep.spec.constraints import (
     Constraint,
     MetricRef,
@@ -117,6 +118,9 @@ class ResultIndex:
             if phase is not None:
                 secs = trial.phase_seconds.get(phase.value)
                 return None if secs is None else MetricStats.of([float(secs)])
+            if ref.metric == mc.GPUS.name:
+                gpus = trial_gpus(self.data, trial)
+                return None if gpus is None else MetricStats.of([float(gpus)])
             return None
         candidates = [lvl for lvl in self.levels.get(trial.id, ()) if lvl.workload == ref.workload]
         if ref.level is not None:
