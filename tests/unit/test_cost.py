@@ -164,3 +164,12 @@ def test_tables_and_the_html_report_show_gpus_and_cost() -> None:
     page = render_html(data)
     assert "<th>gpus</th>" in page.replace(' class="n"', "") or ">gpus<" in page
     assert "cost_per_mtok" in page and "USD per million output tokens" in page
+
+
+def test_the_sweep_files_objectives_all_rank_the_first_deciding() -> None:
+    text = SPEC + "objective: [{minimize: gpus}, {maximize: chat.c8.output_throughput}]\n"
+    best = find_best(_priced(text))
+    assert best.objectives == (("gpus", "min"), ("chat.c8.output_throughput", "max"))
+    assert best.trial is not None and best.trial.id == 3
+    assert [c.trial.id for c in best.ranking] == [3, 4]
+    assert [c.trial.id for c in best.pareto] == [3, 4]

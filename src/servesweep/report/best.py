@@ -59,7 +59,7 @@ from servesweep.report.data import (
     printable,
     swept_params,
 )
-from servesweep.report.refs import ResultIndex, objective_of, stored_spec
+from servesweep.report.refs import ResultIndex, objectives_of, stored_spec
 from servesweep.report.resources import trial_gpus
 from servesweep.report.screened import ScreeningSummary, screening_note, summarise_screening
 from servesweep.report.uncertainty import (
@@ -194,13 +194,12 @@ def _objectives(
         out.append((parse_metric_ref(objective), _direction(direction)))
     out.extend((parse_metric_ref(text), _direction(d)) for text, d in objectives)
     if not out:
-        own = objective_of(data, index)
-        if own is None:
+        out.extend(objectives_of(data, index))
+        if not out:
             raise ConfigError(
                 "no objective: the sweep file has none and nothing was measured; "
                 "give one, e.g. --objective chat.c1.output_throughput"
             )
-        out.append(own)
     return out
 
 

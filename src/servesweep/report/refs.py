@@ -27,6 +27,7 @@ from servesweep.spec.constraints import (
     parse_constraint,
     parse_metric_ref,
     resolve_objective,
+    resolve_objectives,
     validate_ref,
 )
 from servesweep.spec.load import load_sweep_text
@@ -39,6 +40,7 @@ __all__ = [
     "check_ref",
     "is_search",
     "objective_of",
+    "objectives_of",
     "ref_label",
     "stored_spec",
 ]
@@ -267,6 +269,20 @@ def _check_measured(ref: MetricRef, index: ResultIndex) -> MetricRef:
     if scope is Scope.LEVEL and ref.level is None and len(levels) == 1:
         return replace(ref, level=levels[0])
     return ref
+
+
+def objectives_of(data: SweepData, index: ResultIndex | None = None) -> list[tuple[MetricRef, str]]:
+    """Every objective of the sweep file, in order (the first ranks, the next ones
+    break its ties), when its text still loads; else :func:`objective_of`'s one.
+    Empty when nothing was measured at all."""
+    spec = stored_spec(data)
+    if spec is not None:
+        try:
+            return [(ref, str(direction)) for ref, direction in resolve_objectives(spec)]
+        except ServesweepError:
+            pass
+    own = objective_of(data, index)
+    return [] if own is None else [own]
 
 
 def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[MetricRef, str] | None:
