@@ -39,7 +39,7 @@ How it decides (also in docs/reports.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ from servesweep.report.data import (
     printable,
     swept_params,
 )
+from servesweep.report.mismatches import mismatch_notes, trial_mismatches
 from servesweep.report.refs import ResultIndex, objectives_of, stored_spec
 from servesweep.report.resources import trial_gpus
 from servesweep.report.screened import ScreeningSummary, screening_note, summarise_screening
@@ -159,6 +160,8 @@ class BestResult:
     screening_note: str = ""
     costs: CostView | None = None
     """Each trial's GPUs and, with a price in the sweep file, its cost figures."""
+    mismatches: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    """By trial id: the swept parameters its server did not run as asked."""
 
     @property
     def feasible(self) -> bool:
@@ -387,6 +390,7 @@ def find_best(
             note = confirm_note(confirmed, leader.trial.id, [c.trial.id for c in tied], beaten)
             notes.append(note)
         notes.extend(_uncertain_notes(winner, parsed))
+        notes.extend(mismatch_notes(data, [c.trial for c in ranking]))
     screened = summarise_screening(data)
     screened_note = ""
     if screened is not None:
@@ -422,6 +426,7 @@ def find_best(
         screening=screened,
         screening_note=screened_note,
         costs=cost_view(data, index, [r for r, _ in objs] + [c.ref for c in parsed]),
+        mismatches={t.id: tuple(m) for t in data.trials if (m := trial_mismatches(data, t))},
     )
 
 
@@ -617,6 +622,10 @@ def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:
         },
         "launch_command": cand.trial.launch_command,
         **(result.costs.of(cand.trial).to_dict() if result.costs else {}),
+        "config_mismatch": [
+            {k: m.get(k) for k in ("param", "asked", "engine", "source")}
+            for m in result.mismatches.get(cand.trial.id, ())
+        ],
     }
 
 

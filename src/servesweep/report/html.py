@@ -54,6 +54,7 @@ from servesweep.report.effects import (
 )
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.importance import MIN_TRIALS, importance_chart
+from servesweep.report.mismatches import describe, trial_mismatches
 from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.progress import progress_charts
 from servesweep.report.refs import ResultIndex, is_search
@@ -284,6 +285,7 @@ def _results(data: SweepData, index: ResultIndex, every: bool = False) -> dict[s
             ctx = lvl.acceptance
             if ctx is not None and ctx.caveat is not None:
                 marks += (f"acceptance_length not trusted ({ctx.describe()}): {ctx.caveat}",)
+            marks += tuple(f"config_mismatch: {describe(m)}" for m in trial_mismatches(data, trial))
             cells = [*lead, Cell(lvl.workload), level]
             cells += [num(len(lvl.repeats))] if repeats else []
             cells += [_metric_cell(lvl, m) for m in metrics]
