@@ -110,6 +110,7 @@ def test_llama_server_props() -> None:
     # 2048 over 2 slots is 1024 each: what was asked
     assert compare_llama_server({"ctx-size": 2048, "parallel": 2}, PROPS) == []
     assert compare_llama_server({"ctx-size": 1024, "parallel": 2}, PROPS) == []  # unified
+    assert compare_llama_server({"ctx-size": 0}, PROPS) == []  # the model's own
     (ctx,) = compare_llama_server({"ctx-size": 8192, "parallel": 2}, PROPS)
     assert ctx == Mismatch(
         "ctx-size", 8192, "1024 per slot x 2", "/props default_generation_settings.n_ctx"

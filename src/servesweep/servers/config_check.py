@@ -210,9 +210,10 @@ _LLAMA_SAMPLING = {
 
 
 def compare_llama_server(params: Mapping[str, Any], props: Any) -> list[Mismatch]:
-    """llama-server: ``ctx-size`` (``-c``) against the context it gave its slots
-    (``n_ctx`` per slot, the asked size split over ``total_slots`` or not), ``parallel``
-    (``-np``) against ``total_slots``, and the sampling defaults it reports."""
+    """llama-server: ``ctx-size`` (``-c``; 0, the model's own, is not judged) against
+    the context it gave its slots (``n_ctx`` per slot, the asked size split over
+    ``total_slots`` or not), ``parallel`` (``-np``) against ``total_slots``, and the
+    sampling defaults it reports."""
     if not isinstance(props, dict):
         return []
     out: list[Mismatch] = []
@@ -221,7 +222,8 @@ def compare_llama_server(params: Mapping[str, Any], props: Any) -> list[Mismatch
     slots = props.get("total_slots")
     for param, asked in params.items():
         dest = _dest(param)
-        if dest in ("ctx_size", "c") and "n_ctx" in settings:
+        if dest in ("ctx_size", "c") and "n_ctx" in settings and _number(asked) != 0:
+            # 0 asks for the model's own context: whatever it reports is that
             n_ctx = settings["n_ctx"]
             per_slot = _number(n_ctx)
             whole = None if per_slot is None or not isinstance(slots, int) else per_slot * slots
