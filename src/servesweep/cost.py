@@ -14,11 +14,13 @@ reprices every level. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from servesweep.metrics_catalog import COST_PER_MTOK, OUTPUT_THROUGHPUT, TOKENS_PER_DOLLAR
+from servesweep.models import LevelResult
 
-__all__ = ["PRICED_METRICS", "level_cost"]
+__all__ = ["PRICED_METRICS", "level_cost", "priced"]
 
 PRICED_METRICS: frozenset[str] = frozenset({COST_PER_MTOK.name, TOKENS_PER_DOLLAR.name})
 """The level metrics derived from the price of a GPU-hour."""
@@ -56,3 +58,16 @@ def level_cost(
         if lo > 0:
             bounds[COST_PER_MTOK.name] = (cost(hi), cost(lo))
     return values, bounds
+
+
+def priced(
+    results: Iterable[LevelResult], gpus: int | None, gpu_hour: float | None
+) -> list[LevelResult]:
+    """``results`` with their cost metrics added (as stored, without a price)."""
+    if gpu_hour is None:
+        return list(results)
+    out = []
+    for res in results:
+        values, _ = level_cost(res.metrics, res.intervals, gpus, gpu_hour)
+        out.append(replace(res, metrics={**res.metrics, **values}) if values else res)
+    return out

@@ -14,6 +14,8 @@ from servesweep.models import LevelResult
 from servesweep.report.best import best_to_json, find_best, format_best
 from servesweep.report.html import render_html
 from servesweep.report.tables import render_markdown
+from servesweep.search.base import goal_of
+from servesweep.search.verdict import VerdictKind, judge
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.load import load_sweep_text
 from servesweep.store.records import SweepData
@@ -173,3 +175,18 @@ def test_the_sweep_files_objectives_all_rank_the_first_deciding() -> None:
     assert best.trial is not None and best.trial.id == 3
     assert [c.trial.id for c in best.ranking] == [3, 4]
     assert [c.trial.id for c in best.pareto] == [3, 4]
+
+
+def test_a_sampling_search_sees_the_cost_and_the_gpus_of_a_trial() -> None:
+    spec = load_sweep_text(
+        SPEC + "objective: [{minimize: gpus}, {minimize: chat.c8.cost_per_mtok}]\n"
+        "constraints: ['chat.c8.tokens_per_dollar > 1000']\n"
+    ).spec
+    goal = goal_of(spec)
+    assert goal.gpu_hour == 2.49
+    verdict = judge(goal, trial(3, {"tp": 2}, gpus=(0, 1)), [_level(1100.0, 300.0)])
+    assert verdict.kind is VerdictKind.COMPLETE and verdict.feasible
+    assert verdict.values == (2.0, pytest.approx(_cost(2, 1100.0)))
+    unpriced = replace(goal, gpu_hour=None)
+    missing = judge(unpriced, trial(3, {"tp": 2}, gpus=(0, 1)), [_level(1100.0, 300.0)])
+    assert missing.kind is VerdictKind.INFEASIBLE
