@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.sweep_helpers import run_cli
 
 from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
-from helpers.llama_server import cached_llama_server
+from helpers.llama_server import cached_llama_server, llama_server_sweep
 from servesweep.servers.config_check import check_server, compare_llama_server
 from servesweep.servers.http_probe import http_call
 from servesweep.sim.testing import free_port
+from servesweep.store import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -83,14 +85,46 @@ def test_props_say_the_context_the_slots_got(
     assert honoured["total_slots"] == 2
     assert compare_llama_server({"ctx-size": 512, "parallel": 2}, honoured) == []
     assert compare_llama_server({"parallel": 4}, honoured)[0].engine == 2
+    # past the GGUF's training context the slot gets the training context: a mismatch
     beyond = _props(llama_server, model, tmp_path / "b.log", "--ctx-size", "4096",
                     "--parallel", "1")  # fmt: skip
-    n_ctx = beyond["default_generation_settings"]["n_ctx"]
-    found = compare_llama_server({"ctx-size": 4096, "parallel": 1}, beyond)
-    if n_ctx == 4096:
-        # this build gives the slot what was asked past the training context: no mismatch
-        assert found == []
-    else:
-        (mismatch,) = found
-        assert (mismatch.param, mismatch.asked, mismatch.engine) == ("ctx-size", 4096, n_ctx)
-    print(json.dumps({"honoured": settings["n_ctx"], "beyond": n_ctx}))
+    assert beyond["default_generation_settings"]["n_ctx"] == TRAINED
+    (mismatch,) = compare_llama_server({"ctx-size": 4096, "parallel": 1}, beyond)
+    assert (mismatch.param, mismatch.asked, mismatch.engine) == ("ctx-size", 4096, TRAINED)
+    assert mismatch.source == "/props default_generation_settings.n_ctx"
+    print(json.dumps({"honoured": settings["n_ctx"], "beyond": TRAINED}))
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_marks_the_capped_context(llama_server: str, model: Path, tmp_path: Path) -> None:
+    sweep = llama_server_sweep(
+        tmp_path / "sweep.yaml",
+        name="capped",
+        binary=llama_server,
+        model=model,
+        port=free_port(),
+        points=[{"parallel": 1, "ctx-size": 4096}, {"parallel": 1, "ctx-size": 512}],
+        workloads=[
+            {
+                "name": "chat",
+                "dataset": "builtin:chat",
+                "concurrency": [1],
+                "requests": 2,
+                "max_tokens": 4,
+            }
+        ],
+    )
+    done = run_cli("run", str(sweep), timeout=500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = (
+        f"ctx-size asked 4096, the engine runs {TRAINED} (/props default_generation_settings.n_ctx)"
+    )
+    assert f"the server does not run what was asked: {said}" in done.stderr + done.stdout
+    with open_store(tmp_path / "capped.db", readonly=True) as store:
+        data = store.load_sweep_data(with_samples=False)
+    (stored,) = data.mismatches
+    by_ctx = {t.params["ctx-size"]: t.id for t in data.trials}
+    assert stored["trial"] == by_ctx[4096]
+    status = run_cli("status", str(sweep)).stdout
+    (line,) = [row for row in status.splitlines() if "ctx-size=4096" in row]
+    assert f"config_mismatch: {said}" in line
