@@ -142,6 +142,10 @@ def test_vllm_models_and_its_non_default_args_line() -> None:
     ]
     # a parameter the line does not name took vLLM's default: not judged
     assert compare_vllm({"block-size": 32}, MODELS, VLLM_LOG) == []
+    # a JSON configuration is completed by the engine: not judged
+    spec_line = VLLM_LOG[1].replace("}", ", 'speculative_config': {'method': 'ngram', 'n': 4}}")
+    asked = {"speculative-config": '{"method": "ngram"}'}
+    assert compare_vllm(asked, MODELS, [spec_line]) == []
     assert non_default_args(["no such line"]) is None
 
 

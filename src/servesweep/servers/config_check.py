@@ -14,7 +14,8 @@ Where an engine says it:
   the sampling defaults);
 - the simulated engine answers ``/v1/models`` as vLLM does.
 
-A parameter the engine does not report is not judged; a value it reports differently
+A parameter the engine does not report is not judged, nor a structured value (a JSON
+configuration the engine completes with its defaults); a value it reports differently
 is a :class:`Mismatch`: the swept name, the value asked, the engine's value and where
 the engine said it. The comparisons are pure functions over the payloads
 (:func:`compare_vllm`, :func:`compare_sglang`, :func:`compare_llama_server`);
@@ -145,6 +146,8 @@ def _compare(
         key = key_of(param)
         if key is None or key not in reported or asked is None:
             continue
+        if isinstance(asked, (dict, list)) or isinstance(reported[key], (dict, list)):
+            continue  # a structured value (a JSON config) the engine completes: not judged
         if not same(asked, reported[key]):
             out.append(Mismatch(param, asked, reported[key], f"{source} {key}"))
     return out
