@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' synth
 
 from tests.helpers.samples import sequential_level
 
-from servesweep.level_intervals import level_intervals
+from servesweep.decide.level_intervals import level_intervals
 
 
 def main() -> None:

@@ -65,12 +65,12 @@ from landscape_memory import GPU_BYTES, engine_memory, sweep_server, write_model
 
 from servesweep.bench.capacity_search import Probe, estimate, next_load
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
-from servesweep.search import Search, prune_reason
+from servesweep.records import TrialRecord
+from servesweep.search import Search, create_search, prune_reason
 from servesweep.servers.memory import Capacity, MemoryModel
 from servesweep.servers.memory.calibrate import Calibrator
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.schema_search import CapacitySpec
-from servesweep.store.records import TrialRecord
 
 SEQS = [32, 64, 128, 256]
 TOKENS = [2048, 4096, 8192, 16384]
@@ -286,7 +286,7 @@ def run_search(
     **search: Any,
 ) -> Reach:
     spec = sweep_spec(strategy, seed, predict=predict_mode, **search)
-    engine = Search.create(spec, [])
+    engine = create_search(spec, [])
     predictor = (Oracle if oracle else Predictor)(spec) if predict or oracle else None
     rng = random.Random(f"noise:{seed}")
     clock = gpu_seconds = own = 0.0

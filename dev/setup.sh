@@ -50,6 +50,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 ./dev/install-llamacpp.sh .venv/bin/python >&2
+# The trained small models of the real-model tier (offline, by pinned hash, cached once per
+# machine outside the repository: dev/fetch-models.sh, docs/real-models.md).
+./dev/fetch-models.sh smollm2-135m >/dev/null
 # llama.cpp's own server for the llama-server tests: built once per machine, then cached.
 ./dev/install-llama-server.sh >/dev/null
 # vLLM's CPU build (the real-vLLM tests): its own venv, .venv-vllm, installed once per

@@ -4,7 +4,7 @@ The producers (the load generator's :mod:`servesweep.bench.metrics`, the GPU
 telemetry, the acceptance length of speculative decoding, the evals, the trial's
 phase times) store their numbers under the names of this catalog, and the
 consumers (constraints and objectives in :mod:`servesweep.spec.constraints`, the
-reports' :mod:`servesweep.report.refs`) accept exactly these names.
+reports' :mod:`servesweep.decide.refs`) accept exactly these names.
 tests/unit/test_metric_catalog.py runs the producers and checks both directions;
 the catalog in docs/sweep-file.md is generated from :func:`catalog_markdown` and
 docs/metrics.md is checked against it.

@@ -15,7 +15,7 @@ from servesweep.models import (
     Outcome,
     fingerprint,
 )
-from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
 
 T0 = 1_790_000_000.0
 """Wall-clock start of every crafted sweep."""

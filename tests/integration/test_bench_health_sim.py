@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from tests.integration.sweep_helpers import kill_tagged, write_sweep
 
-from servesweep.report.best import find_best
+from servesweep.decide.best import find_best
 from servesweep.store import open_store
 from servesweep.sweep.commands.run import RunOptions, run_sweep
 from servesweep.sweep.events import Event, SweepWarning, TrialFinished, TrialStarted

@@ -12,10 +12,10 @@ from tests.integration.sweep_helpers import kill_tagged, run_cli, write_sweep
 from servesweep import metrics_catalog as mc
 from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
-from servesweep.cost import level_cost
+from servesweep.decide.cost import level_cost
+from servesweep.decide.refs import ResultIndex
 from servesweep.fakegpu import FakeGpuDir
 from servesweep.models import Phase
-from servesweep.report.refs import ResultIndex
 from servesweep.servers.gpu import open_probe
 from servesweep.sim.testing import running_sim
 from servesweep.spec.constraints import MetricRef
@@ -53,7 +53,7 @@ def test_a_level_produces_every_level_metric_of_the_catalog(tmp_path: Path) -> N
     finally:
         probe.close()
     produced = {name for result in (*closed, *opened) for name in result.metrics}
-    # the cost of a level is derived from it when results are read (servesweep.cost)
+    # the cost of a level is derived from it when results are read (servesweep.decide.cost)
     for result in (*closed, *opened):
         priced, _ = level_cost(result.metrics, result.intervals, 1, 2.49)
         produced |= set(priced)

@@ -16,8 +16,8 @@ import pytest
 
 from helpers.report_browser import CHROMIUM, Page, assert_charts_drawn, browser, open_report
 from helpers.report_data import XSS, hostile_sweep, store_grid_sweep, throughput_sweep
+from servesweep.decide.numbers import format_number
 from servesweep.report import render
-from servesweep.report.numbers import format_number
 from servesweep.store import open_store
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium not installed")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from servesweep.cli.main import main
+from servesweep.decide.best import find_best
 from servesweep.models import (
     Evidence,
     FailureClass,
@@ -19,7 +20,7 @@ from servesweep.models import (
     Phase,
     ServerConfig,
 )
-from servesweep.report import find_best, format_best, render
+from servesweep.report import format_best, render
 from servesweep.store import Store, TelemetryPoint, open_store
 
 SPEC = """\

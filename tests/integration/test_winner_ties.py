@@ -104,7 +104,7 @@ def test_launches_measure_a_configuration_in_separate_instances(tmp_path: Path) 
         assert len({e["pid"] for e in readies}) == 2
         # the phases of both launches are counted (two loads of 0.6 s each)
         assert trial.phase_seconds["load"] >= 1.2
-        from servesweep.report.data import aggregate_levels
+        from servesweep.decide.stats import aggregate_levels
 
         chat = next(lvl for lvl in aggregate_levels(data, trial.id) if lvl.workload == "chat")
         stats = chat.metrics["output_throughput"]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from helpers.report_data import level, throughput_sweep
 from servesweep.bench.health import assess
+from servesweep.decide.best import find_best
+from servesweep.decide.prune import Incumbent, PrunePolicy, prune_reason
+from servesweep.decide.verdict import Goal
 from servesweep.models import LevelResult, ServerConfig
 from servesweep.report import render
-from servesweep.report.best import find_best
-from servesweep.search.prune import Incumbent, PrunePolicy, prune_reason
-from servesweep.search.verdict import Goal
 from servesweep.spec.constraints import parse_constraint, parse_metric_ref
 from servesweep.store import open_store
 from servesweep.sweep.core.health_notes import HealthNotes

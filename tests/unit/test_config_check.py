@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from helpers.report_data import T0, level, sweep_data, trial
-from servesweep.report.best import best_to_json, find_best, format_best
+from servesweep.decide.best import find_best
+from servesweep.report.best_view import best_to_json, format_best
 from servesweep.report.html import render_html
 from servesweep.report.tables import render_markdown
 from servesweep.servers.config_check import (

@@ -8,17 +8,18 @@ from dataclasses import replace
 import pytest
 
 from helpers.report_data import T0, sweep_data, trial
-from servesweep.cost import level_cost
+from servesweep.decide.best import find_best
+from servesweep.decide.cost import level_cost
+from servesweep.decide.verdict import VerdictKind, judge
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult
-from servesweep.report.best import best_to_json, find_best, format_best
+from servesweep.records import SweepData
+from servesweep.report.best_view import best_to_json, format_best
 from servesweep.report.html import render_html
 from servesweep.report.tables import render_markdown
 from servesweep.search.base import goal_of
-from servesweep.search.verdict import VerdictKind, judge
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.load import load_sweep_text
-from servesweep.store.records import SweepData
 
 pytestmark = pytest.mark.unit
 

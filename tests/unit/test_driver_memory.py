@@ -16,11 +16,11 @@ from typing import Any
 from helpers.fake_executor import FakeExecutor, FakeSlot
 from helpers.gguf_model import write_tiny_gguf
 from servesweep.models import Outcome, Phase
+from servesweep.records import TelemetryPoint
 from servesweep.servers.memory import Capacity, MemoryModel
 from servesweep.servers.memory.rules import CUDA_CONTEXT
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
-from servesweep.store.records import TelemetryPoint
 from servesweep.sweep.commands.run import open_sweep
 from servesweep.sweep.core.driver import Driver
 from servesweep.sweep.core.run_state import RunSettings

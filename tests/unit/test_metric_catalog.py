@@ -18,7 +18,7 @@ from servesweep.bench.evals.runner import _summarize
 from servesweep.bench.evals.sandbox import Sandbox
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.telemetry import summarize_gpu
-from servesweep.cost import level_cost
+from servesweep.decide.cost import level_cost
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import Latency, Scope, Stat
 from servesweep.models import EvalTaskResult, Phase

@@ -12,11 +12,12 @@ from typing import Any
 from rich.console import Console
 
 from helpers.report_data import level, sweep_data, trial
-from servesweep.acceptance import AcceptanceContext
 from servesweep.bench.standalone import format_results
+from servesweep.decide.acceptance import AcceptanceContext
+from servesweep.decide.best import find_best
+from servesweep.records import SweepData
 from servesweep.report import render
-from servesweep.report.best import best_to_json, find_best, format_best
-from servesweep.store.records import SweepData
+from servesweep.report.best_view import best_to_json, format_best
 
 
 def _ctx(dataset: str, ignore_eos: bool) -> dict[str, Any]:

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from helpers.report_data import T0, level, sweep_data, throughput_sweep, trial
-from servesweep.report.best import find_best
+from servesweep.decide.best import find_best
+from servesweep.decide.refs import ResultIndex
+from servesweep.records import SweepData, TelemetryPoint
 from servesweep.report.charts import value_band
 from servesweep.report.effects import acceptance_charts, heatmap_chart, parallel_chart
 from servesweep.report.importance import MIN_TRIALS, importance_chart, param_importances
 from servesweep.report.progress import progress_charts
-from servesweep.report.refs import ResultIndex
 from servesweep.report.timeline import memory_chart, reduce_extremes, timeline_chart
 from servesweep.report.tradeoffs import pareto_front, per_user_per_gpu_charts, staircase
-from servesweep.store.records import SweepData, TelemetryPoint
 
 
 def _parts(data: SweepData):  # type: ignore[no-untyped-def]

@@ -6,8 +6,8 @@ import pytest
 
 from helpers.report_data import eval_level, level, sweep_data, trial
 from servesweep.errors import ConfigError
+from servesweep.records import SweepData
 from servesweep.report import compare, format_comparison
-from servesweep.store.records import SweepData
 
 
 def _sweep(

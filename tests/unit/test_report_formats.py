@@ -9,10 +9,11 @@ import json
 import pytest
 
 from helpers.report_data import level, sweep_data, throughput_sweep, trial
+from servesweep.decide.best import find_best
 from servesweep.errors import ConfigError
 from servesweep.models import Evidence
-from servesweep.report import FORMATS, JSON_FORMAT, JSON_VERSION, find_best, format_best, render
-from servesweep.store.records import SweepData
+from servesweep.records import SweepData
+from servesweep.report import FORMATS, JSON_FORMAT, JSON_VERSION, format_best, render
 
 
 def test_table_lists_every_level_failure_and_best() -> None:

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from helpers.report_data import T0, sweep_data, trial
+from servesweep.decide.stats import MetricStats, aggregate_levels
 from servesweep.models import LevelResult
 from servesweep.report import render
-from servesweep.report.data import MetricStats, aggregate_levels
 from servesweep.report.export import report_document
 
 pytestmark = pytest.mark.unit

@@ -11,11 +11,11 @@ import pytest
 
 from helpers.report_data import throughput_sweep
 from servesweep.cli.main import main
+from servesweep.decide.refs import check_constraint, check_ref
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult, Outcome, Phase, ServerConfig
-from servesweep.report.refs import check_constraint, check_ref
+from servesweep.records import SweepData
 from servesweep.store import open_store
-from servesweep.store.records import SweepData
 
 SPEC = """\
 name: refs-demo

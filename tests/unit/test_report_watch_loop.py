@@ -10,8 +10,8 @@ import pytest
 
 from helpers.report_data import throughput_sweep
 from servesweep.models import Outcome
+from servesweep.records import SweepData
 from servesweep.report.watch import watch_report
-from servesweep.store.records import SweepData
 
 
 def _states() -> list[SweepData]:

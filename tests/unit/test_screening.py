@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 from helpers.report_data import level, sweep_data, trial
+from servesweep.decide.best import find_best
+from servesweep.decide.screened import screening_note, summarise_screening
+from servesweep.decide.screening import Figure, Reference, ScreenPolicy, screen_reason
 from servesweep.errors import ConfigError
 from servesweep.models import Evidence, LevelResult
-from servesweep.report.best import best_to_json, find_best
-from servesweep.report.screened import screening_note, summarise_screening
-from servesweep.report.screening import Figure, Reference, ScreenPolicy, screen_reason
+from servesweep.records import SweepData
+from servesweep.report.best_view import best_to_json
 from servesweep.spec.constraints import parse_constraint, parse_metric_ref
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.screening import ScreeningPlan, screening_plan
-from servesweep.store.records import SweepData
 
 BASE = """
 name: s

@@ -11,12 +11,12 @@ import pytest
 from optuna.trial import TrialState
 
 from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
-from servesweep.search import Search, VerdictKind
+from servesweep.records import TrialRecord
+from servesweep.search import Search, VerdictKind, create_search
 from servesweep.search.grid import GridSearch
 from servesweep.search.sampled import ENV_ATTEMPTS, SampledSearch
 from servesweep.spec import load_sweep_text
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import TrialRecord
 
 HEAD = """\
 name: s
@@ -107,11 +107,11 @@ class Driver:
 def test_same_seed_same_sequence(strategy: str) -> None:
     runs = []
     for _ in range(2):
-        driver = Driver(Search.create(sweep(f"{{strategy: {strategy}, trials: 40, seed: 5}}")))
+        driver = Driver(create_search(sweep(f"{{strategy: {strategy}, trials: 40, seed: 5}}")))
         driver.run(12)
         runs.append([c.fingerprint for c in driver.asked])
     assert runs[0] == runs[1]
-    other = Driver(Search.create(sweep(f"{{strategy: {strategy}, trials: 40, seed: 6}}")))
+    other = Driver(create_search(sweep(f"{{strategy: {strategy}, trials: 40, seed: 6}}")))
     other.run(12)
     assert [c.fingerprint for c in other.asked] != runs[0]
 
@@ -125,10 +125,10 @@ def test_rebuilt_search_proposes_what_the_first_would_have(strategy: str, done: 
         else SPACE.replace("{low: 1024, high: 8192, step: 1024}", "[1024, 4096, 8192]")
     )
     spec = sweep(f"{{strategy: {strategy}, trials: 40, seed: 3}}", params)
-    driver = Driver(Search.create(spec))
+    driver = Driver(create_search(spec))
     driver.run(done)
     expected = driver.search.ask()
-    rebuilt = Search.create(spec, driver.history)
+    rebuilt = create_search(spec, driver.history)
     assert expected is not None
     assert rebuilt.ask() == expected
     if isinstance(rebuilt, SampledSearch):
@@ -137,7 +137,7 @@ def test_rebuilt_search_proposes_what_the_first_would_have(strategy: str, done: 
 
 def test_rebuilt_search_replays_parallel_asks_in_their_order() -> None:
     spec = sweep("{strategy: tpe, trials: 40, seed: 11, startup_trials: 3}")
-    driver = Driver(Search.create(spec))
+    driver = Driver(create_search(spec))
     # two slots: a, b asked together; a finishes, c asked; b finishes, d asked...
     slots = [driver.ask(), driver.ask()]
     started = {0: 1000.0, 1: 1000.5}
@@ -158,7 +158,7 @@ def test_rebuilt_search_replays_parallel_asks_in_their_order() -> None:
         running = driver.record(config, Outcome.RUNNING, started_at=started[slot])
         driver.history.append((running, []))
     expected = driver.search.ask()
-    rebuilt = Search.create(spec, driver.history)
+    rebuilt = create_search(spec, driver.history)
     # the unfinished trials first, in the order they were asked, then the next proposal
     assert [rebuilt.ask(), rebuilt.ask()] == slots
     assert rebuilt.ask() == expected
@@ -166,10 +166,10 @@ def test_rebuilt_search_replays_parallel_asks_in_their_order() -> None:
 
 
 def test_another_seed_in_the_history_still_measures_nothing_twice() -> None:
-    driver = Driver(Search.create(sweep("{strategy: tpe, trials: 80, seed: 1}")))
+    driver = Driver(create_search(sweep("{strategy: tpe, trials: 80, seed: 1}")))
     driver.run(10)
     spec = sweep("{strategy: tpe, trials: 80, seed: 2}")
-    rebuilt = Search.create(spec, driver.history)
+    rebuilt = create_search(spec, driver.history)
     assert isinstance(rebuilt, SampledSearch)
     assert rebuilt.notes and "not what the sampler proposes" in rebuilt.notes[0]
     measured = {c.fingerprint for c in driver.asked}
@@ -183,7 +183,7 @@ def test_a_finite_space_runs_out_without_duplicates(strategy: str) -> None:
     params = "params:\n  grid:\n    seqs: [16, 32, 64]\n    spec: {low: 0, high: 4, step: 2}\n"
     head = HEAD.replace("constraints: [chat.c1.ttft_p99_ms < 100]\n", "")
     spec = sweep(f"{{strategy: {strategy}, seed: 4}}", params, head)
-    driver = Driver(Search.create(spec))
+    driver = Driver(create_search(spec))
 
     def results(params: dict[str, Any]) -> list[LevelResult]:
         return [LevelResult("chat", "c8", 0, {"output_throughput": params["seqs"] + 0.0})]
@@ -200,7 +200,7 @@ def test_forbidden_configurations_are_never_proposed(strategy: str, trials: int 
     params = SPACE + "  when: [spec <= seqs / 16]\n  exclude: [{seqs: 128, spec: 4}]\n"
     cap = f", trials: {trials}" if trials else ""
     spec = sweep(f"{{strategy: {strategy}, seed: 8, startup_trials: 4{cap}}}", params)
-    search = Search.create(spec)
+    search = create_search(spec)
     assert isinstance(search, SampledSearch)
     driver = Driver(search)
     while (config := driver.ask()) is not None:
@@ -223,7 +223,7 @@ def test_forbidden_configurations_are_never_proposed(strategy: str, trials: int 
 
 
 def test_config_failure_is_infeasible_for_the_sampler() -> None:
-    search = Search.create(sweep("{strategy: tpe, trials: 20, seed: 1}"))
+    search = create_search(sweep("{strategy: tpe, trials: 20, seed: 1}"))
     assert isinstance(search, SampledSearch)
     driver = Driver(search)
     config = driver.ask()
@@ -243,7 +243,7 @@ def test_config_failure_is_infeasible_for_the_sampler() -> None:
 
 
 def test_met_and_violated_constraints_reach_the_sampler() -> None:
-    search = Search.create(sweep("{strategy: random, trials: 20, seed: 1}"))
+    search = create_search(sweep("{strategy: random, trials: 20, seed: 1}"))
     assert isinstance(search, SampledSearch)
     driver = Driver(search)
     driver.run(12)
@@ -266,7 +266,7 @@ def test_met_and_violated_constraints_reach_the_sampler() -> None:
     ],
 )
 def test_environment_failure_is_never_blamed_on_the_config(failure: FailureClass) -> None:
-    search = Search.create(sweep("{strategy: tpe, trials: 20, seed: 1}"))
+    search = create_search(sweep("{strategy: tpe, trials: 20, seed: 1}"))
     assert isinstance(search, SampledSearch)
     driver = Driver(search)
     config = driver.ask()
@@ -284,17 +284,17 @@ def test_environment_failure_is_never_blamed_on_the_config(failure: FailureClass
 
 def test_environment_failure_in_the_history_is_asked_again_first() -> None:
     spec = sweep("{strategy: tpe, trials: 20, seed: 2}")
-    driver = Driver(Search.create(spec))
+    driver = Driver(create_search(spec))
     driver.run(3)
     config = driver.ask()
     assert config is not None
     driver.finish(config, Outcome.FAILED, failure_class=FailureClass.GPU_BUSY)
-    rebuilt = Search.create(spec, driver.history)
+    rebuilt = create_search(spec, driver.history)
     assert rebuilt.ask() == config
 
 
 def test_pruned_trial_is_told_pruned_with_its_intermediate_value() -> None:
-    search = Search.create(sweep("{strategy: tpe, trials: 20, seed: 1}"))
+    search = create_search(sweep("{strategy: tpe, trials: 20, seed: 1}"))
     assert isinstance(search, SampledSearch)
     driver = Driver(search)
     config = driver.ask()
@@ -307,7 +307,7 @@ def test_pruned_trial_is_told_pruned_with_its_intermediate_value() -> None:
 
 
 def test_unfinished_trial_told_is_asked_again() -> None:
-    search = Search.create(sweep("{strategy: random, trials: 20, seed: 1}"))
+    search = create_search(sweep("{strategy: random, trials: 20, seed: 1}"))
     driver = Driver(search)
     config = driver.ask()
     assert config is not None
@@ -317,7 +317,7 @@ def test_unfinished_trial_told_is_asked_again() -> None:
 
 def test_parallel_asks_never_hand_out_the_same_config() -> None:
     params = "params:\n  grid:\n    seqs: [16, 32]\n    spec: [0, 2]\n"
-    search = Search.create(sweep("{strategy: tpe, seed: 1, startup_trials: 0}", params))
+    search = create_search(sweep("{strategy: tpe, seed: 1, startup_trials: 0}", params))
     asked = [search.ask() for _ in range(5)]
     running = [c for c in asked if c is not None]
     assert len(running) == 4 and len({c.fingerprint for c in running}) == 4
@@ -326,20 +326,20 @@ def test_parallel_asks_never_hand_out_the_same_config() -> None:
 
 def test_trials_cap_and_budget() -> None:
     spec = sweep("{strategy: random, trials: 3, budget: {time: 1h, gpu_hours: 2}}")
-    search = Search.create(spec)
+    search = create_search(spec)
     driver = Driver(search)
     driver.run(3)
     assert search.ask() is None
     assert not search.exhausted(elapsed_s=3599, gpu_seconds=7199)
     assert search.exhausted(elapsed_s=3600, gpu_seconds=0)
     assert search.exhausted(elapsed_s=0, gpu_seconds=7200)
-    unbounded = Search.create(sweep("{strategy: random, trials: 3}"))
+    unbounded = create_search(sweep("{strategy: random, trials: 3}"))
     assert not unbounded.exhausted(elapsed_s=1e9, gpu_seconds=1e9)
 
 
 def test_points_come_first_and_teach_the_sampler_when_they_fit() -> None:
     params = SPACE + "  points:\n    - {seqs: 64, tokens: 2048, spec: 2}\n    - {seqs: 8}\n"
-    search = Search.create(sweep("{strategy: tpe, trials: 20, seed: 1}", params))
+    search = create_search(sweep("{strategy: tpe, trials: 20, seed: 1}", params))
     assert isinstance(search, SampledSearch)
     driver = Driver(search)
     first, second = driver.ask(), driver.ask()
@@ -355,7 +355,7 @@ def test_multi_objective_searches_keep_a_pareto_front() -> None:
         "  - {minimize: chat.c1.ttft_p99_ms}\n",
     )
     for strategy in ("nsga2", "tpe"):
-        search = Search.create(sweep(f"{{strategy: {strategy}, trials: 30, seed: 1}}", head=head))
+        search = create_search(sweep(f"{{strategy: {strategy}, trials: 30, seed: 1}}", head=head))
         Driver(search).run(14)
         front = search.front()
         assert front
@@ -369,7 +369,7 @@ def grid_spec() -> SweepSpec:
 
 
 def test_grid_runs_the_expansion_in_order_and_continues_after_a_restart() -> None:
-    search = Search.create(grid_spec())
+    search = create_search(grid_spec())
     assert isinstance(search, GridSearch)
     driver = Driver(search)
     order = [dict(c.params) for c in search.configs]
@@ -383,7 +383,7 @@ def test_grid_runs_the_expansion_in_order_and_continues_after_a_restart() -> Non
     assert a is not None and b is not None
     driver.finish(a, Outcome.FAILED, failure_class=FailureClass.GPU_BUSY)
     driver.history.append((driver.record(b, Outcome.INTERRUPTED), []))
-    rebuilt = Search.create(grid_spec(), driver.history)
+    rebuilt = create_search(grid_spec(), driver.history)
     # a grid's failure stays final as it always has; the interrupted one runs again
     assert [rebuilt.ask(), rebuilt.ask(), rebuilt.ask(), rebuilt.ask()] == [
         b,
@@ -394,7 +394,7 @@ def test_grid_runs_the_expansion_in_order_and_continues_after_a_restart() -> Non
 
 def test_grid_trials_cap() -> None:
     spec = sweep("{strategy: grid, trials: 2}", "params:\n  grid:\n    seqs: [16, 32, 64]\n")
-    driver = Driver(Search.create(spec))
+    driver = Driver(create_search(spec))
     driver.run(2)
     assert driver.ask() is None
 
@@ -402,8 +402,8 @@ def test_grid_trials_cap() -> None:
 def test_a_grid_plan_runs_exactly_its_configurations_whatever_the_cap() -> None:
     spec = sweep("{strategy: grid, trials: 1}", "params:\n  grid:\n    seqs: [16, 32, 64]\n")
     configs = GridSearch(spec).configs
-    plan = Search.create(spec, only=[configs[2].fingerprint, configs[0].fingerprint])
-    assert plan.planned and not Search.create(spec).planned
+    plan = create_search(spec, only=[configs[2].fingerprint, configs[0].fingerprint])
+    assert plan.planned and not create_search(spec).planned
     assert not plan.exhausted(elapsed_s=0.0, gpu_seconds=0.0)
     # in the grid's order, both although the cap says one
     assert [plan.ask(), plan.ask(), plan.ask()] == [configs[0], configs[2], None]
@@ -424,6 +424,7 @@ def test_public_api_is_pinned() -> None:
             "Search",
             "Verdict",
             "VerdictKind",
+            "create_search",
             "goal_of",
             "judge",
             "measure",

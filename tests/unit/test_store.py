@@ -218,7 +218,7 @@ def test_environment_failures_never_blame_the_config() -> None:
 def test_version_2_database_gains_intervals_and_reports_compute_them(tmp_path: Path) -> None:
     """A level stored before intervals existed: the upgrade adds the columns, and the
     report computes the interval from the level's stored requests."""
-    from servesweep.report.data import aggregate_levels
+    from servesweep.decide.stats import aggregate_levels
     from servesweep.store.schema import CREATE_V1, MIGRATIONS
 
     path = tmp_path / "v2.db"

@@ -15,10 +15,10 @@ import pydantic
 from rich import box
 from rich.table import Table
 
-from servesweep.acceptance import UNTRUSTED_MARK, AcceptanceContext
 from servesweep.bench.client import build_headers, get_text, make_session
 from servesweep.bench.load import LoadOptions, run_workload
 from servesweep.bench.target import Target
+from servesweep.decide.acceptance import UNTRUSTED_MARK, AcceptanceContext
 from servesweep.errors import BenchError, ConfigError
 from servesweep.models import LevelResult
 from servesweep.spec.schema import WorkloadSpec, workload_spec

@@ -204,7 +204,8 @@ def run(
 
 def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
     """The results table (it ends with the best configuration) and its launch command."""
-    from servesweep.report import find_best, render
+    from servesweep.decide.best import find_best
+    from servesweep.report import render
     from servesweep.store import open_store
 
     with open_store(store_path, readonly=True) as store:
@@ -233,14 +234,20 @@ def _print_results(console: Console, store_path: Path, sweep_id: int) -> None:
 @click.option(
     "--store",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Results database (for duration estimates).",
+    help="Results database (for duration estimates and the performance prediction).",
 )
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print each trial's predicted memory as JSON."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print each trial's predicted memory and performance as JSON.",
 )
 def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
-    """Print the trials SWEEP_FILE expands to, the restarts, an estimate, and each
-    trial's predicted memory per GPU."""
+    """Print the trials SWEEP_FILE expands to, the restarts, an estimate, each trial's
+    predicted memory per GPU, and its predicted performance (from the trials already
+    in the results database)."""
+    from servesweep.report.predicted import format_predicted, predict_configs, predicted_json
+    from servesweep.servers.engines import get_preset
     from servesweep.servers.memory import MemoryModel
     from servesweep.servers.memory.plan import format_memory, memory_json, predict_plan
     from servesweep.spec.load import load_sweep
@@ -253,22 +260,34 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     the_plan = build_plan(loaded.spec)
     memory = MemoryModel.of_sweep(loaded.spec)
     planned = predict_plan(loaded.spec, the_plan, memory)
-    if as_json:
-        click.echo(json.dumps(memory_json(planned), indent=2))
-        return
     path = store_path_for(loaded, store)
     history: dict[str, float] = {}
     known: dict[str, Any] = {}
     next_number = 1
+    draft = get_preset(loaded.spec.server.engine).draft_length_param
+    configs = [p.config for p in planned]
     if path.exists():
         with open_store(path, readonly=True) as db:
             history = db.phase_history(loaded.spec.name)
             known, next_number = known_trials(db, loaded.spec.name)
+            perf = predict_configs(loaded.spec, configs, db, draft)
+    else:
+        perf = predict_configs(loaded.spec, configs, None, draft)
+    setting, predictions, measured, earlier = perf
+    if as_json:
+        out = memory_json(planned)
+        for entry, prediction in zip(out["trials"], predictions, strict=True):
+            entry["predicted_performance"] = predicted_json(prediction)
+        click.echo(json.dumps(out, indent=2))
+        return
     estimate = estimate_duration(the_plan, history) if history else None
     note = f"from earlier sweeps in {path}" if history else None
     click.echo(format_plan(the_plan, estimate, note, known=known, next_number=next_number))
     click.echo("")
     click.echo(format_memory(planned, memory))
+    click.echo("")
+    ids = [p.id for p in planned]
+    click.echo(format_predicted(ids, setting, predictions, measured, earlier))
 
 
 def _resolve_store(target: str | None) -> tuple[Path, str | None]:
@@ -480,8 +499,9 @@ def best(
     configuration lost. Exit 1 when none is feasible.
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
-    from servesweep.report import best_to_json, find_best, format_best
-    from servesweep.report.refs import check_constraint, check_ref
+    from servesweep.decide.best import find_best
+    from servesweep.decide.refs import check_constraint, check_ref
+    from servesweep.report import best_to_json, format_best
 
     default = "min" if minimize else "max"
     parsed: list[tuple[str, str]] = []

@@ -1,11 +1,13 @@
-"""Reports and decisions: from a sweep's results to the configuration to deploy.
+"""Reports: a sweep's results and the decisions made on them, rendered.
 
-Everything is built from :class:`servesweep.store.records.SweepData`, so a report
+Everything is built from :class:`servesweep.records.SweepData`, so a report
 renders from any store, finished or still running.
 
 - :func:`render` - ``table`` | ``markdown`` | ``csv`` | ``json`` | ``html``
-- :func:`find_best` / :func:`format_best` / :func:`best_to_json` - the best
-  configuration under an objective and constraints, with every exclusion explained
+- :func:`format_best` / :func:`best_to_json` - the best configuration under an
+  objective and constraints, with every exclusion explained, as decided by
+  :func:`servesweep.decide.best.find_best` (this package renders decisions, it
+  makes none)
 - :func:`compare` / :func:`format_comparison` - two sweeps or two configurations,
   with each change judged against the run-to-run noise of repeats
 - :func:`format_number` - how every report writes a number (significant digits);
@@ -16,34 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from servesweep.decide.numbers import format_number
 from servesweep.errors import ConfigError
-from servesweep.report.best import (
-    BestResult,
-    Candidate,
-    Exclusion,
-    best_to_json,
-    find_best,
-    format_best,
-)
+from servesweep.records import SweepData
+from servesweep.report.best_view import best_to_json, format_best
 from servesweep.report.compare import Comparison, MetricChange, compare, format_comparison
 from servesweep.report.export import JSON_FORMAT, JSON_VERSION, render_csv, render_json
 from servesweep.report.html import render_html
-from servesweep.report.numbers import format_number
 from servesweep.report.tables import render_markdown, render_table
-from servesweep.store.records import SweepData
 
 __all__ = [
     "FORMATS",
     "JSON_FORMAT",
     "JSON_VERSION",
-    "BestResult",
-    "Candidate",
     "Comparison",
-    "Exclusion",
     "MetricChange",
     "best_to_json",
     "compare",
-    "find_best",
     "format_best",
     "format_comparison",
     "format_number",

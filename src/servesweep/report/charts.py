@@ -5,7 +5,7 @@ name of the tooltip the page's script gives it. Data items that stand for a tria
 carry its id (``trial``) and, where a load level is meant, ``level``
 (``workload.level``): the page looks the trial up in the :func:`trial_catalog` to show
 its configuration, outcome and metrics on hover. Every number a person reads is
-formatted here, by :func:`~servesweep.report.numbers.format_number`, so the page
+formatted here, by :func:`~servesweep.decide.numbers.format_number`, so the page
 shows the same digits as the terminal.
 """
 
@@ -16,16 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.models import Outcome
-from servesweep.report.data import (
+from servesweep.decide.numbers import format_number, format_stats
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.stats import (
     KEY_METRICS,
     config_label,
     format_value,
     swept_params,
 )
-from servesweep.report.numbers import format_number, format_stats
-from servesweep.report.refs import ResultIndex
-from servesweep.store.records import SweepData, TrialRecord
+from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
 
 __all__ = [
     "FAILED_COLOR",

@@ -23,10 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servesweep.errors import ConfigError, ServesweepError
-from servesweep.metrics_catalog import CLIENT_HEALTH, Better, Scope, lookup
-from servesweep.models import EvalTaskResult
-from servesweep.report.data import (
+from servesweep.decide.refs import ResultIndex, objective_of
+from servesweep.decide.stats import (
     LevelStats,
     MetricStats,
     config_label,
@@ -35,10 +33,12 @@ from servesweep.report.data import (
     metric_names,
     printable,
 )
+from servesweep.errors import ConfigError, ServesweepError
+from servesweep.metrics_catalog import CLIENT_HEALTH, Better, Scope, lookup
+from servesweep.models import EvalTaskResult
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.evals import TaskFlip, task_status
-from servesweep.report.refs import ResultIndex, objective_of
 from servesweep.spec.constraints import Constraint, parse_constraint
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "UNKNOWN_NOISE_THRESHOLD",

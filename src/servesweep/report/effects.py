@@ -14,7 +14,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from servesweep.report.best import BestResult
+from servesweep.decide.best import BestResult
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.standing import Standing, Status, objective_ref, standings
+from servesweep.decide.stats import format_value, swept_params
+from servesweep.records import SweepData
 from servesweep.report.charts import (
     FAILED_COLOR,
     INFEASIBLE_COLOR,
@@ -25,11 +29,7 @@ from servesweep.report.charts import (
     is_number,
     value_band,
 )
-from servesweep.report.data import format_value, swept_params
-from servesweep.report.refs import ResultIndex
-from servesweep.report.standing import Standing, Status, objective_ref, standings
 from servesweep.spec.constraints import MetricRef
-from servesweep.store.records import SweepData
 
 __all__ = [
     "DRAFT_PARAM",

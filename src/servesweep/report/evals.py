@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servesweep.models import EvalTaskResult
-from servesweep.store.records import SweepData, TrialRecord
+from servesweep.records import SweepData, TrialRecord
 
 __all__ = ["EvalRate", "TaskFlip", "eval_rates", "task_flips", "task_status"]
 

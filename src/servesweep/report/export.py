@@ -8,14 +8,12 @@ import io
 import json
 from typing import Any
 
-from servesweep.acceptance import AcceptanceContext
-from servesweep.errors import ServesweepError
-from servesweep.intervals import DEFAULT_CONFIDENCE
-from servesweep.level_intervals import INTERVAL_METRICS
-from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
-from servesweep.models import LevelResult
-from servesweep.report.best import best_to_json, find_best
-from servesweep.report.data import (
+from servesweep.decide.acceptance import AcceptanceContext
+from servesweep.decide.best import find_best
+from servesweep.decide.intervals import DEFAULT_CONFIDENCE
+from servesweep.decide.level_intervals import INTERVAL_METRICS
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.stats import (
     GPU_PHASES,
     all_params,
     finite,
@@ -28,9 +26,12 @@ from servesweep.report.data import (
     swept_params,
     trial_gpu_count,
 )
+from servesweep.errors import ServesweepError
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
+from servesweep.models import LevelResult
+from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import best_to_json
 from servesweep.report.evals import eval_rates, task_flips
-from servesweep.report.refs import ResultIndex
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["JSON_FORMAT", "JSON_VERSION", "render_csv", "render_json", "report_document"]
 

@@ -29,13 +29,14 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from servesweep.acceptance import UNTRUSTED_MARK
-from servesweep.errors import ServesweepError
-from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, GPUS
-from servesweep.models import Outcome
-from servesweep.report.best import BestResult, Candidate, find_best, untrusted_suffix
-from servesweep.report.charts import Chart, outcome_text, trial_catalog
-from servesweep.report.data import (
+from servesweep.decide.acceptance import UNTRUSTED_MARK
+from servesweep.decide.best import BestResult, Candidate, find_best
+from servesweep.decide.mismatches import describe, trial_mismatches
+from servesweep.decide.numbers import format_number, format_stats
+from servesweep.decide.refs import ResultIndex, is_search
+from servesweep.decide.resources import trial_gpus
+from servesweep.decide.standing import objective_ref
+from servesweep.decide.stats import (
     LevelStats,
     MetricStats,
     format_value,
@@ -46,6 +47,13 @@ from servesweep.report.data import (
     phase_costs,
     swept_params,
 )
+from servesweep.decide.uncertainty import margin
+from servesweep.errors import ServesweepError
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, GPUS
+from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import untrusted_suffix
+from servesweep.report.charts import Chart, outcome_text, trial_catalog
 from servesweep.report.effects import (
     acceptance_charts,
     heatmap_chart,
@@ -54,17 +62,10 @@ from servesweep.report.effects import (
 )
 from servesweep.report.evals import eval_rates, task_flips
 from servesweep.report.importance import MIN_TRIALS, importance_chart
-from servesweep.report.mismatches import describe, trial_mismatches
-from servesweep.report.numbers import format_number, format_stats
 from servesweep.report.progress import progress_charts
-from servesweep.report.refs import ResultIndex, is_search
-from servesweep.report.resources import trial_gpus
-from servesweep.report.standing import objective_ref
 from servesweep.report.tables import acceptance_lines, column_priority
 from servesweep.report.timeline import PHASE_COLORS, memory_chart, timeline_chart
 from servesweep.report.tradeoffs import per_user_per_gpu_charts, throughput_latency_charts
-from servesweep.report.uncertainty import margin
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = ["ECHARTS_VERSION", "Cell", "render_html"]
 
@@ -360,7 +361,8 @@ def _failure_entries(data: SweepData) -> list[tuple[dict[str, Any], TrialRecord]
         cls = trial.failure_class.value if trial.failure_class else "unclassified"
         facts: list[tuple[str, object]] = [("class", cls), ("reason", ev.reason)]
         facts += [("message", ev.message), ("exit code", ev.exit_code), ("signal", ev.signal)]
-        facts += [("matched log line", ev.matched_line), ("log", ev.log_path or trial.log_path)]
+        facts += [("matched log line", ev.matched_line), ("first error line", ev.first_error_line)]
+        facts += [("log", ev.log_path or trial.log_path)]
         facts += [("where", trial.lane if trial.node or trial.slot is not None else None)]
         facts += [("GPU holders", "; ".join(h.describe() for h in ev.gpu_holders) or None)]
         facts += [("processes", "; ".join(p.describe() for p in ev.processes) or None)]

@@ -15,12 +15,12 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servesweep.report.best import BestResult
+from servesweep.decide.best import BestResult
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.standing import Standing, objective_ref, standings
+from servesweep.decide.stats import format_value, swept_params
+from servesweep.records import SweepData
 from servesweep.report.charts import PALETTE, Chart, fmt, is_number
-from servesweep.report.data import format_value, swept_params
-from servesweep.report.refs import ResultIndex
-from servesweep.report.standing import Standing, objective_ref, standings
-from servesweep.store.records import SweepData
 
 __all__ = ["MIN_TRIALS", "TOP_TRIALS", "importance_chart", "param_importances"]
 

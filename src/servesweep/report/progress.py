@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from servesweep.report.best import BestResult
+from servesweep.decide.best import BestResult
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.resources import trial_gpu_seconds
+from servesweep.decide.standing import Status, best_so_far, objective_ref, standings
+from servesweep.records import SweepData
 from servesweep.report.charts import (
     FAILED_COLOR,
     INFEASIBLE_COLOR,
@@ -18,10 +22,6 @@ from servesweep.report.charts import (
     fmt,
     value_band,
 )
-from servesweep.report.refs import ResultIndex
-from servesweep.report.resources import trial_gpu_seconds
-from servesweep.report.standing import Status, best_so_far, objective_ref, standings
-from servesweep.store.records import SweepData
 
 __all__ = ["progress_charts"]
 

@@ -15,12 +15,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servesweep.acceptance import UNTRUSTED_MARK
-from servesweep.errors import ConfigError, ServesweepError
-from servesweep.metrics_catalog import COST_PER_MTOK, GPUS
-from servesweep.models import Outcome
-from servesweep.report.best import find_best, untrusted_suffix
-from servesweep.report.data import (
+from servesweep.decide.acceptance import UNTRUSTED_MARK
+from servesweep.decide.best import find_best
+from servesweep.decide.refs import ResultIndex, objective_of
+from servesweep.decide.resources import trial_gpus
+from servesweep.decide.stats import (
     KEY_METRICS,
     LevelStats,
     format_number,
@@ -33,11 +32,13 @@ from servesweep.report.data import (
     printable,
     swept_params,
 )
+from servesweep.errors import ConfigError, ServesweepError
+from servesweep.metrics_catalog import COST_PER_MTOK, GPUS
+from servesweep.models import Outcome
+from servesweep.records import SweepData, TrialRecord
+from servesweep.report.best_view import untrusted_suffix
 from servesweep.report.evals import eval_rates, task_flips
-from servesweep.report.refs import ResultIndex, objective_of
-from servesweep.report.resources import trial_gpus
 from servesweep.spec.constraints import parse_constraint
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "TableView",

@@ -14,10 +14,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from servesweep.decide.stats import config_label, swept_params
 from servesweep.models import Outcome
+from servesweep.records import SweepData, TelemetryPoint, TrialRecord
 from servesweep.report.charts import FAILED_COLOR, PALETTE, Chart, fmt, outcome_text
-from servesweep.report.data import config_label, swept_params
-from servesweep.store.records import SweepData, TelemetryPoint, TrialRecord
 
 __all__ = [
     "MAX_MEMORY_POINTS",

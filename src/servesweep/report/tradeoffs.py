@@ -15,11 +15,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from servesweep.decide.refs import ResultIndex
+from servesweep.decide.resources import trial_gpus
+from servesweep.decide.stats import config_label, level_sort_key, swept_params
+from servesweep.records import SweepData, TrialRecord
 from servesweep.report.charts import PALETTE, Chart, fmt
-from servesweep.report.data import config_label, level_sort_key, swept_params
-from servesweep.report.refs import ResultIndex
-from servesweep.report.resources import trial_gpus
-from servesweep.store.records import SweepData, TrialRecord
 
 __all__ = [
     "LATENCY_PREFERENCE",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from servesweep.errors import ConfigError
-from servesweep.store.records import SweepData
+from servesweep.records import SweepData
 
 __all__ = ["DEFAULT_INTERVAL_S", "signature", "watch_report", "write_atomic"]
 

@@ -1,12 +1,13 @@
 """servesweep.search: which server configuration to run next, learned from the trials
 measured so far.
 
-Layer: beside :mod:`servesweep.spec` and :mod:`servesweep.report`, below
-:mod:`servesweep.sweep`; imports spec, models and the store's records, never sweep.
+Layer: below :mod:`servesweep.sweep`, above :mod:`servesweep.decide` (whose
+``verdict`` and ``prune`` judge what it is told); imports decide, spec, models and the
+stored records, never sweep or report.
 
 The driver's contract (the driver's side is ``servesweep.sweep.core.search_source``)::
 
-    search = Search.create(spec, history)   # history: [(TrialRecord, [LevelResult])]
+    search = create_search(spec, history)   # history: [(TrialRecord, [LevelResult])]
     while not search.exhausted(elapsed_s=..., gpu_seconds=...):
         config = search.ask()               # None: finished (trials cap, space exhausted)
         ...hand config to a free slot, with search.prune_policy()...
@@ -14,7 +15,7 @@ The driver's contract (the driver's side is ``servesweep.sweep.core.search_sourc
         #     reason = prune_reason(policy, results_so_far, phase_seconds)
         search.tell(trial_record, level_results)   # once per finished trial
 
-- ``create`` rebuilds the search from the stored trials: a grid continues in its
+- ``create_search`` rebuilds the search from the stored trials: a grid continues in its
   order; a sampler replays the stored asks and tells (same seed, same proposals), and
   trials left unfinished by a crash are asked again first. Nothing measured is
   proposed again.
@@ -32,9 +33,10 @@ The driver's contract (the driver's side is ``servesweep.sweep.core.search_sourc
   per sweep with ``search.prune: false``).
 """
 
+from servesweep.decide.prune import NOISE_MARGIN, Incumbent, PrunePolicy, prune_reason
+from servesweep.decide.verdict import Goal, Measured, Verdict, VerdictKind, judge, measure
 from servesweep.search.base import History, Search, goal_of
-from servesweep.search.prune import NOISE_MARGIN, Incumbent, PrunePolicy, prune_reason
-from servesweep.search.verdict import Goal, Measured, Verdict, VerdictKind, judge, measure
+from servesweep.search.create import create_search
 
 __all__ = [
     "NOISE_MARGIN",
@@ -46,6 +48,7 @@ __all__ = [
     "Search",
     "Verdict",
     "VerdictKind",
+    "create_search",
     "goal_of",
     "judge",
     "measure",

@@ -6,15 +6,15 @@ trials cap and the budget. :class:`Search` is the driver's one interface; the gr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from servesweep.decide.prune import Incumbent, PrunePolicy
+from servesweep.decide.verdict import Goal, Verdict, VerdictKind, judge
 from servesweep.models import LevelResult, Outcome, ServerConfig
-from servesweep.search.prune import Incumbent, PrunePolicy
-from servesweep.search.verdict import Goal, Verdict, VerdictKind, judge
+from servesweep.records import TrialRecord
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import TrialRecord
 
 __all__ = ["History", "Search", "Told", "goal_of"]
 
@@ -71,24 +71,6 @@ class Search(ABC):
         """What the search noticed while it was rebuilt from the stored trials (a
         sampler's replay that diverged), for the driver to show as warnings; a grid
         notices nothing."""
-
-    @classmethod
-    def create(
-        cls, spec: SweepSpec, history: History = (), only: Collection[str] | None = None
-    ) -> Search:
-        """The search of this sweep, continued from its stored trials.
-
-        A grid continues in its order (``only``: exactly the configurations of these
-        fingerprints, see :mod:`servesweep.search.grid`); a sampler replays the stored
-        trials so that the same seed gives the same sequence of proposals, and nothing
-        measured is proposed again."""
-        if spec.search.samples:
-            from servesweep.search.sampled import SampledSearch
-
-            return SampledSearch(spec, history)
-        from servesweep.search.grid import GridSearch
-
-        return GridSearch(spec, history, only)
 
     @property
     def planned(self) -> bool:
@@ -154,7 +136,7 @@ class Search(ABC):
         )
 
     def prune_policy(self) -> PrunePolicy:
-        """What the slot needs to decide :func:`~servesweep.search.prune.prune_reason`
+        """What the slot needs to decide :func:`~servesweep.decide.prune.prune_reason`
         for the next trial: a snapshot of the goal and the best so far."""
         repeats = {w.name: w.repeats for w in self.spec.workloads}
         return PrunePolicy(

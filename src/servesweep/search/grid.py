@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from servesweep.models import LevelResult, ServerConfig
+from servesweep.records import TrialRecord
 from servesweep.search.base import History, Search
 from servesweep.spec.expand import expand_params
 from servesweep.spec.schema import SweepSpec
-from servesweep.store.records import TrialRecord
 
 __all__ = ["GridSearch"]
 

@@ -48,12 +48,12 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
+from servesweep.decide.verdict import Verdict, VerdictKind
 from servesweep.models import LevelResult, Outcome, ServerConfig
+from servesweep.records import TrialRecord
 from servesweep.search.base import History, Search
-from servesweep.search.verdict import Verdict, VerdictKind
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.space import Dimension, SearchSpace, build_space
-from servesweep.store.records import TrialRecord
 
 __all__ = ["ENV_ATTEMPTS", "MAX_REJECTED", "SampledSearch", "make_sampler"]
 

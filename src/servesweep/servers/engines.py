@@ -39,11 +39,15 @@ from servesweep.servers.engine_args import (
 from servesweep.servers.engine_check import VERSION_TIMEOUT, locate, program_version, run_probe
 from servesweep.servers.engine_patterns import (
     COMMON_FATAL,
+    LLAMA_SERVER_ERRORS,
     LLAMA_SERVER_FATAL,
     LLAMACPP_PY_FATAL,
+    PYTHON_ERRORS,
     SGLANG_FATAL,
     TRACEBACK,
+    TRTLLM_ERRORS,
     TRTLLM_FATAL,
+    VLLM_ERRORS,
     VLLM_FATAL,
     FatalPattern,
 )
@@ -79,6 +83,9 @@ class EnginePreset:
     """Prometheus text endpoint (None: the engine has none)."""
     fatal_patterns: tuple[FatalPattern, ...] = ()
     """Most specific first; see :mod:`servesweep.servers.engine_patterns`."""
+    error_patterns: tuple[re.Pattern[str], ...] = PYTHON_ERRORS
+    """The engine's error lines, most telling first: a failure's evidence quotes the
+    first (``Evidence.first_error_line``), its cause, beside the matched or last line."""
     request_extras: Mapping[str, Any] = field(default_factory=dict)
     """Fields added to every generation request."""
     supports_ignore_eos: bool = True
@@ -90,6 +97,10 @@ class EnginePreset:
     draft position, label ``position``). Counters may carry labels: sum them."""
     tokenize_path: str | None = None
     """vLLM-style ``POST {model, prompt} -> {count}`` endpoint, when the engine has one."""
+    spec_counters_when_speculating: bool = False
+    """Whether /metrics has ``spec_decode_counters`` whenever the engine speculates
+    (vLLM: defined only with a speculative config): then their absence, or no draft
+    counted, means no speculation ran, and no acceptance length is estimated."""
     default_env: Mapping[str, str] = field(default_factory=dict)
     default_args: Mapping[str, Any] = field(default_factory=dict)
     """Params applied under the server's args (e.g. enable the metrics endpoint)."""
@@ -102,6 +113,9 @@ class EnginePreset:
     """Environment the engine needs from the spec (under ``server.env`` and ``env.*``)."""
     spec_params: tuple[str, ...] = ()
     """The speculative-decoding params of this engine (documentation and hints)."""
+    draft_length_param: str | None = None
+    """The param that sets how many tokens are drafted per step (the performance
+    prediction's draft length), when the engine has one."""
     description: str = ""
     program: tuple[str, ...] = ()
     """The default program (``server.executable`` replaces it): what precedes the flags."""
@@ -324,10 +338,13 @@ _VLLM_COUNTERS = {
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",
+        draft_length_param="speculative_config.num_speculative_tokens",
         build_argv=_vllm_argv,
         health_path="/health",
         fatal_patterns=VLLM_FATAL,
+        error_patterns=VLLM_ERRORS,
         spec_decode_counters=_VLLM_COUNTERS,
+        spec_counters_when_speculating=True,
         tokenize_path="/tokenize",
         spec_params=(
             "speculative_config.method",
@@ -346,6 +363,7 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "sglang": EnginePreset(
         name="sglang",
+        draft_length_param="speculative_num_steps",
         build_argv=_sglang_argv,
         health_path="/health_generate",
         fatal_patterns=SGLANG_FATAL,
@@ -378,10 +396,12 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "trtllm": EnginePreset(
         name="trtllm",
+        draft_length_param="extra_llm_api_options.speculative_config.max_draft_len",
         build_argv=_trtllm_argv,
         health_path="/health",
         metrics_path=None,
         fatal_patterns=TRTLLM_FATAL,
+        error_patterns=TRTLLM_ERRORS,
         spec_params=(
             "extra_llm_api_options.speculative_config.decoding_type",
             "extra_llm_api_options.speculative_config.max_draft_len",
@@ -394,6 +414,7 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "llamacpp": EnginePreset(
         name="llamacpp",
+        draft_length_param="draft_model_num_pred_tokens",
         build_argv=_llamacpp_py_argv,
         health_path=None,
         metrics_path=None,
@@ -413,9 +434,11 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "llama-server": EnginePreset(
         name="llama-server",
+        draft_length_param="spec_draft_n_max",
         build_argv=_llama_server_argv,
         health_path="/health",
         fatal_patterns=LLAMA_SERVER_FATAL,
+        error_patterns=LLAMA_SERVER_ERRORS,
         default_args={"metrics": True},
         spec_decode_counters={
             "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",

@@ -539,6 +539,9 @@ class DecisionSpec(_Frozen):
     """The smallest relative lead that makes a winner (0.01 or ``1%``)."""
     prefer: list[CostName] = Field(default_factory=_default_prefer, min_length=1)
     """Among tied configurations, what makes one cheaper, most important first."""
+    launch_sd: Fraction = 0.02
+    """Relative standard deviation between launches of one configuration assumed until
+    the sweep's relaunches measure it (0.02 or ``2%``)."""
 
 
 class CostSpec(_Frozen):

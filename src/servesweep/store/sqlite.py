@@ -30,7 +30,7 @@ from servesweep.models import (
     RequestSample,
     ServerConfig,
 )
-from servesweep.store.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
 from servesweep.store.schema import CREATE_V1, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["Store", "open_store"]

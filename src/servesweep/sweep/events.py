@@ -31,7 +31,7 @@ from servesweep.models import (
     Outcome,
     Phase,
 )
-from servesweep.store.records import TelemetryPoint
+from servesweep.records import TelemetryPoint
 
 __all__ = [
     "BaselineTaken",
@@ -385,7 +385,7 @@ class UnitRestored(Fact):
 
 @dataclass(frozen=True)
 class ConfirmStep(Fact):
-    """A step of the confirm phase (``sweep.core.confirm``), kept so that a rerun continues
+    """A step of the confirm phase (``decide.confirm``), kept so that a rerun continues
     it and ``best`` can say what it changed. ``step``: ``round`` (a round begins:
     ``targets`` are the launches each candidate has once it is done, ``tied`` the tie
     set it starts from), ``round_done`` (with its ``seconds``), ``dropped`` (a
@@ -406,7 +406,7 @@ class ConfirmStep(Fact):
 
 @dataclass(frozen=True)
 class Screened(Fact):
-    """What screening decided on one trial's short levels (``report.screening``):
+    """What screening decided on one trial's short levels (``decide.screening``):
     ``kept`` (it can still win: measured in full) or not, with ``reason``; ``attempt``
     is the trial's attempt it decided in (a decision of an earlier one no longer counts)."""
 

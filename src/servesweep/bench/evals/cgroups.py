@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.bench.evals import leftovers
+import servesweep.bench.evals.leftovers as leftovers
 
 __all__ = ["Cgroups", "Hierarchy", "RunCgroup", "find_hierarchies"]
 

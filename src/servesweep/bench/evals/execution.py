@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from servesweep.bench.evals import procscan
+import servesweep.bench.evals.procscan as procscan
 from servesweep.bench.evals.cgroups import RunCgroup
 from servesweep.bench.evals.outcome import Ended, Outcome, SandboxLimits, parse_verdict
 

@@ -16,8 +16,8 @@ from servesweep.bench.evals.extract import extract_program, strip_reasoning
 from servesweep.bench.evals.sandbox import Sandbox, SandboxLimits
 from servesweep.bench.evals.suites import CodingTask, Task, TextTask, load_suite
 from servesweep.bench.target import Target
-from servesweep.intervals import DEFAULT_CONFIDENCE
-from servesweep.level_intervals import eval_intervals
+from servesweep.decide.intervals import DEFAULT_CONFIDENCE
+from servesweep.decide.level_intervals import eval_intervals
 from servesweep.models import EvalTaskResult, LevelResult
 from servesweep.spec.schema import EvalSpec, EvalWorkload
 

@@ -51,7 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from servesweep.bench.evals import leftovers, procscan
+import servesweep.bench.evals.leftovers as leftovers
+import servesweep.bench.evals.procscan as procscan
 from servesweep.bench.evals.cgroups import Cgroups, RunCgroup
 from servesweep.bench.evals.commands import Backend, Commands, Role, bwrap_can_disable_userns
 from servesweep.bench.evals.execution import Launch, execute

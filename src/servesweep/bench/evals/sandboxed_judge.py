@@ -31,7 +31,7 @@ import types
 from typing import IO, Any, NoReturn
 
 if __package__:  # imported as a module of servesweep (tests, type checks)
-    from servesweep.bench.evals import wire
+    import servesweep.bench.evals.wire as wire
     from servesweep.bench.evals.confine import confine
 else:  # a script in the sandbox, next to wire.py and confine.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -31,11 +31,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import servesweep.servers.launchers.journal as journal
 from servesweep.errors import LaunchError
 from servesweep.models import InstanceRecord
 from servesweep.servers import logs, procs
 from servesweep.servers.engine_args import launch_command_text
-from servesweep.servers.launchers import journal
 from servesweep.servers.launchers.base import ExitStatus, Launcher, LaunchRequest, StopResult
 from servesweep.servers.launchers.external import LogCopier, run_tool
 from servesweep.servers.launchers.systemd_unit import (

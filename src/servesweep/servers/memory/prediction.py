@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from servesweep.decide.memory import certain_oom
+
 __all__ = [
     "COMPONENTS",
     "Calibration",
@@ -97,7 +99,7 @@ class MemoryPrediction:
     @property
     def certain_oom(self) -> bool:
         """Predicted not to fit by more than the margin: not worth a launch."""
-        return self.verdict == "oom" and self.over_by > self.margin
+        return certain_oom(self.verdict, self.per_gpu_bytes, self.capacity, self.margin)
 
     def to_json(self) -> dict[str, Any]:
         return {

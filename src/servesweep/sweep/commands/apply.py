@@ -75,7 +75,7 @@ def _chosen_params(
                 return dict(trial.params)
         listed = ", ".join(str(t.number) for t in trials) or "none"
         raise ConfigError(f"no trial {trial_id} in this sweep (trials: {listed})", key="--trial")
-    from servesweep.report import find_best
+    from servesweep.decide.best import find_best
 
     result = find_best(store.load_sweep_data(sweep_id, with_samples=False))
     if not result.feasible or result.winner is None:

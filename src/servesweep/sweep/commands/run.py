@@ -41,7 +41,8 @@ from servesweep.sweep.core.run_state import RunSettings
 from servesweep.sweep.core.seams import TrialSource
 from servesweep.sweep.core.search_source import SearchSource
 from servesweep.sweep.events import Event, NullObserver, Observer, SweepFinished, SweepWarning
-from servesweep.sweep.executors.site import Site, fake_gpu_dir, open_site
+from servesweep.sweep.executors.fake_gpus import fake_gpu_dir
+from servesweep.sweep.executors.site import Site, open_site
 from servesweep.sweep.slots.data import SweepContext, this_node
 
 __all__ = [
@@ -362,6 +363,10 @@ def _run(
             if trial.evidence is not None and trial.evidence.reason == "predicted_oom":
                 store.reset_trial(trial.id)
         trials = store.trials(sweep.id, in_plan_only=True)
+    if spec.screening_pass is None:  # screening off: what it screened out is measured now
+        for trial in trials:
+            if trial.evidence is not None and trial.evidence.reason == "screened":
+                store.reset_trial(trial.id)
     for trial in store.trials(sweep.id):
         if trial.outcome is Outcome.RUNNING:
             # the run that owned it died; its results are incomplete: run it again

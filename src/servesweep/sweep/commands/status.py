@@ -17,8 +17,8 @@ from typing import Any
 
 import psutil
 
+from servesweep.decide.mismatches import describe, trial_mismatches
 from servesweep.errors import ConfigError, ServesweepError
-from servesweep.report.mismatches import describe, trial_mismatches
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.ownership import lock_holder
 from servesweep.spec.load import load_sweep_text

@@ -1,6 +1,6 @@
 """The confirm phase as the driver runs it: what the store says (the rounds so far,
 the launches stored, the tie set) turned into the inputs of
-:func:`servesweep.sweep.core.confirm.decide`, and each step written back as a
+:func:`servesweep.decide.confirm.decide`, and each step written back as a
 :class:`~servesweep.sweep.events.ConfirmStep` (committed, so a rerun continues)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from servesweep.decide.best import find_best
+from servesweep.decide.confirm import Done, Relaunch, Round, cost, decide
+from servesweep.decide.confirmed import steps_since_reset
 from servesweep.errors import Interrupted, ServesweepError
-from servesweep.report.best import find_best
-from servesweep.report.confirmed import steps_since_reset
 from servesweep.spec.schema import ConfirmSpec
 from servesweep.store import Store
-from servesweep.sweep.core.confirm import Done, Relaunch, Round, cost, decide
 from servesweep.sweep.events import ConfirmStep, Event
 
 __all__ = ["ConfirmRun"]
@@ -37,6 +37,9 @@ class ConfirmRun:
         self.launches: dict[int, int] = {}
         """Launches stored per candidate trial (the next launch's number)."""
         self.tied: list[int] = []
+        self.equivalent: list[int] = []
+        """Of ``tied``, those equivalent to the leader within the threshold."""
+        self.threshold = 0.0
 
     def _steps(self) -> list[Mapping[str, Any]]:
         return steps_since_reset(self.store.events(self.sweep_id, "confirm"))
@@ -75,6 +78,7 @@ class ConfirmRun:
             rounds,
             dropped=frozenset(dropped),
             elapsed_s=elapsed,
+            equivalent=frozenset(self.equivalent),
         )
 
     def _standing(self) -> None:
@@ -84,6 +88,8 @@ class ConfirmRun:
         if result.winner is not None:
             tied.add(result.winner.trial.id)
         self.tied = [c.trial.id for c in result.ranking if c.trial.id in tied]
+        self.equivalent = [c.trial.id for c in result.equivalent]
+        self.threshold = result.rules.threshold
         self.launches = {
             t.id: max((r.launch for r in data.results.get(t.id, ())), default=-1) + 1
             for t in data.trials
@@ -115,4 +121,16 @@ class ConfirmRun:
         steps = self._steps()
         relaunches = sum(int(s.get("relaunches", 0)) for s in steps if s["step"] == "round")
         rounds = sum(1 for s in steps if s["step"] == "round")
-        self.note(ConfirmStep(step="done", reason=done.reason, round=rounds, relaunches=relaunches))
+        message = ""
+        if done.reason == "equivalent" and self.tied:
+            who = " and ".join(f"#{t}" for t in (self.tied[0], *self.equivalent))
+            message = f"{who} equivalent within ±{self.threshold:.1%}".replace(".0%", "%")
+        self.note(
+            ConfirmStep(
+                step="done",
+                reason=done.reason,
+                round=rounds,
+                relaunches=relaunches,
+                message=message,
+            )
+        )

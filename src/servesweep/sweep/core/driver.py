@@ -35,15 +35,16 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from servesweep.errors import ConfigError, Interrupted, ServesweepError
-from servesweep.models import Phase
-from servesweep.report.screening import ScreenPolicy
+from servesweep.decide.confirm import Done
+from servesweep.decide.screening import ScreenPolicy
+from servesweep.errors import Interrupted, ServesweepError
+from servesweep.models import Evidence, Outcome, Phase
 from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
-from servesweep.sweep.core.confirm import Done
 from servesweep.sweep.core.confirm_run import ConfirmRun
 from servesweep.sweep.core.health_notes import HealthNotes
 from servesweep.sweep.core.machines import Machines
@@ -207,14 +208,17 @@ class Driver:
     def _queue(self, trial: TrialRecord) -> None:
         """Queue one trial (the memory gate decides when it is placed)."""
         self._trials[trial.id] = trial
-        need = self.need.of(trial.params)
+        need = replace(self.need, pool=2**31).of(trial.params)  # checked against machines
         capacity = self.machines.largest() or 1
         if need > capacity:
-            raise ConfigError(
-                f"trial {trial.number} ({params_label(trial.params)}) needs {need} GPUs; no "
-                f"machine offers more than {capacity}",
-                key="server.gpus_per_trial",
+            # skipped with the reason, as a predicted OOM is: the rest of the sweep runs
+            message = (
+                f"{params_label(trial.params)} needs {need} GPUs; no machine offers more "
+                f"than {capacity}: not launched"
             )
+            ev = Evidence(message=message, reason="too_few_gpus")
+            self.writer.note(TrialFinished(trial=trial.id, outcome=Outcome.SKIPPED, evidence=ev))
+            return
         self.state.jobs.append(Job(trial.id, need))
 
     def _scheduler(self) -> Scheduler:
@@ -415,7 +419,7 @@ class Driver:
 
     def _confirm(self) -> None:
         """Relaunch the tied leaders round by round until they separate or the budget
-        is spent (``sweep.core.confirm`` decides; each step is stored, so a rerun goes on)."""
+        is spent (``decide.confirm`` decides; each step is stored, so a rerun goes on)."""
         spec = self.spec.confirm_phase
         if spec is None or self.state.stopping:
             return

@@ -1,14 +1,15 @@
 """The memory gate: a configuration predicted not to fit is not launched.
 
-When the driver places a trial on a slot (not when it queues it: a grid queues its
-plan at the start), :class:`MemoryGate` predicts its memory per GPU
-(:mod:`servesweep.servers.memory`) with the calibration of the trials measured by
-then. A configuration over its capacity by more than the margin is finished
-``skipped`` with reason ``predicted_oom`` and the prediction as evidence; the
-search is told it as infeasible (search/verdict.py) and proposes another. It applies
-to a sampling search, and to a grid when the sweep file says ``search.predict: skip``;
-``search.predict: off`` or ``run --no-predict`` turn it off. A prediction
-whose verdict is ``unknown`` never stops a launch.
+The decision is :mod:`servesweep.decide.memory`'s (fit or skip, and what the user is
+told); this module carries it out and stores it. When the driver places a trial on a
+slot (not when it queues it: a grid queues its plan at the start), :class:`MemoryGate`
+predicts its memory per GPU (:mod:`servesweep.servers.memory`) with the calibration of
+the trials measured by then. A configuration over its capacity by more than the margin
+is finished ``skipped`` with reason ``predicted_oom`` and the prediction as evidence;
+the search is told it as infeasible (decide/verdict.py) and proposes another. It
+applies to a sampling search, and to a grid when the sweep file says
+``search.predict: skip``; ``search.predict: off`` or ``run --no-predict`` turn it off.
+A prediction whose verdict is ``unknown`` never stops a launch.
 
 After each measured trial, :meth:`MemoryGate.learn` reads the engine's own memory
 figures from its log (:mod:`servesweep.servers.memory.calibrate`) and corrects the
@@ -28,19 +29,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from servesweep.models import Evidence, Outcome
+from servesweep.decide.memory import gate_of, skip_evidence
+from servesweep.models import Outcome
+from servesweep.records import TelemetryPoint
 from servesweep.servers.memory import Calibration, MemoryModel, MemoryPrediction
 from servesweep.servers.memory.calibrate import Calibrator, MeasuredMemory, read_measured
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import params_label
 from servesweep.store import TrialRecord
-from servesweep.store.records import TelemetryPoint
 from servesweep.sweep.events import Fact, TrialFinished
 
-__all__ = ["PREDICTED_OOM", "MemoryChecked", "MemoryGate"]
-
-PREDICTED_OOM = "predicted_oom"
-GiB = 2**30
+__all__ = ["MemoryChecked", "MemoryGate"]
 
 
 @dataclass(frozen=True)
@@ -57,12 +56,8 @@ class MemoryGate:
     """The driver's memory check (see the module doc)."""
 
     def __init__(self, spec: SweepSpec, enabled: bool = True) -> None:
-        mode = spec.search.predict
-        self.active = enabled and mode != "off"
-        """Predictions are made and stored."""
-        self.skips = self.active and (spec.search.samples or mode == "skip")
-        """A certain OOM is skipped (not only predicted)."""
-        self.model = MemoryModel.of_sweep(spec) if self.active else None
+        self.gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
+        self.model = MemoryModel.of_sweep(spec) if self.gate.active else None
         self.calibrator = Calibrator(spec.server.engine)
         self._predicted: dict[int, tuple[MemoryPrediction, Calibration]] = {}
         self.notes: list[str] = []
@@ -77,19 +72,9 @@ class MemoryGate:
             return None
         predicted = self.model.predict(trial.params)
         self._predicted[trial.id] = (predicted, self.model.calibration)
-        if not (self.skips and predicted.certain_oom):
+        evidence = skip_evidence(self.gate, params_label(trial.params), predicted)
+        if evidence is None:
             return None
-        message = (
-            f"{params_label(trial.params)} is predicted not to fit: {predicted.reason}; "
-            f"{predicted.per_gpu_bytes / GiB:.1f} GiB per device against "
-            f"{predicted.capacity / GiB:.1f} GiB (margin {predicted.margin / GiB:.2f} GiB); "
-            "not launched (run --no-predict to launch it anyway)"
-        )
-        evidence = Evidence(
-            message=message,
-            reason=PREDICTED_OOM,
-            details={"predicted_memory": predicted.to_json()},
-        )
         return TrialFinished(
             trial=trial.id, outcome=Outcome.SKIPPED, evidence=evidence, at=time.time()
         )

@@ -1,17 +1,17 @@
 """The screening pass as the driver runs it: the snapshot each trial's order carries
-(:class:`~servesweep.report.screening.ScreenPolicy`), read from the store when the trial
+(:class:`~servesweep.decide.screening.ScreenPolicy`), read from the store when the trial
 is handed to a slot. The slot decides on its own short levels
-(:func:`servesweep.report.screening.screen_reason`) and stores the decision as a
+(:func:`servesweep.decide.screening.screen_reason`) and stores the decision as a
 ``Screened`` fact; the trial's outcome (``pruned``, reason ``screened``, or the full
 measurement's) is stored like any other, so a rerun continues with the trials not
 decided yet."""
 
 from __future__ import annotations
 
+from servesweep.decide.best import find_best
+from servesweep.decide.screening import Figure, Reference, ScreenPolicy, figure_of, screening_stats
 from servesweep.errors import ConfigError
 from servesweep.models import usable
-from servesweep.report.best import find_best
-from servesweep.report.screening import Figure, Reference, ScreenPolicy, figure_of, screening_stats
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.screening import ScreeningPlan

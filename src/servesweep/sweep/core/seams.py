@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult
-from servesweep.search.prune import PrunePolicy
 from servesweep.store import TrialRecord
 from servesweep.sweep.slots.data import (
     CurrentInstance,

@@ -4,7 +4,7 @@ the grid's (``search.GridSearch``): in its order, one by one under a ``trials`` 
 or a budget, otherwise its plan of pending trials all at once.
 
 The results database stays the single source of truth: the search is rebuilt from the
-stored trials of the sweep at every run (``Search.create`` replays them), so after a
+stored trials of the sweep at every run (``create_search`` replays them), so after a
 crash or Ctrl-C the same search continues and nothing measured is measured twice.
 Each proposal becomes a trial of the sweep (in plan, numbered in the order it was
 asked); a configuration asked again (an environment failure, or a trial a dead run
@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 
+from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult, Outcome
-from servesweep.search import Search
-from servesweep.search.prune import PrunePolicy
+from servesweep.search import create_search
 from servesweep.spec.schema import SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord
 
@@ -68,7 +68,7 @@ class SearchSource:
         self.store = store
         self.sweep = sweep
         history = [(t, store.results(t.id, with_samples=False)) for t in store.trials(sweep.id)]
-        self.search = Search.create(spec, history, only)
+        self.search = create_search(spec, history, only)
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(self.search.notes)

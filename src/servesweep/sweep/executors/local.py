@@ -31,7 +31,7 @@ from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import gpu_need, slot_ports
 from servesweep.sweep.events import Event
-from servesweep.sweep.executors.site import fake_gpu_dir
+from servesweep.sweep.executors.fake_gpus import fake_gpu_dir
 from servesweep.sweep.slots.channel import QueueChannel, TrialChannel
 from servesweep.sweep.slots.data import (
     CurrentInstance,

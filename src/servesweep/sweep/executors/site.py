@@ -14,21 +14,16 @@ one it has (as an HTTP client never knows its transport):
 * ``environment`` — what the run ran on, for the sweep's record;
 * ``executor`` — the driver's :class:`~servesweep.sweep.core.seams.Executor` for the run;
 * ``close`` — leave (a cluster), also when the run ends before its executor does.
-
-:func:`fake_gpu_dir` is the fake GPUs the sweep file names for the machine that runs
-it (a cluster's nodes may name their own).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servesweep.errors import ConfigError
-from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.spec.load import LoadedSweep
 from servesweep.spec.schema import SweepSpec
 from servesweep.sweep.core.seams import Executor
@@ -41,7 +36,7 @@ if TYPE_CHECKING:
 
     from servesweep.sweep.executors.ray.executor import RayConnection
 
-__all__ = ["Site", "fake_gpu_dir", "join_cluster", "open_site"]
+__all__ = ["Site", "join_cluster", "open_site"]
 
 
 class Site(Protocol):
@@ -112,28 +107,3 @@ def join_cluster(loaded: LoadedSweep, ray_option: str | None) -> RayConnection |
     from servesweep.sweep.executors.ray import executor as ray_executor
 
     return ray_executor.connect(ray_option or executor.address)
-
-
-def fake_gpu_dir(loaded: LoadedSweep) -> str | None:
-    """The fake GPU directory (absolute), created from ``server.fake_gpus`` if missing:
-    the sweep file's ``fake_gpu_dir`` (relative to the sweep file), else
-    ``SERVESWEEP_FAKE_GPUS`` (relative to the current directory)."""
-    server = loaded.spec.server
-    if server.fake_gpu_dir:
-        path = loaded.resolve(server.fake_gpu_dir)
-    elif os.environ.get(FAKE_GPUS_ENV):
-        path = Path(os.environ[FAKE_GPUS_ENV]).expanduser().absolute()
-    else:
-        return None
-    if server.fake_gpus is not None and not path.exists():
-        from servesweep.fakegpu import FakeGpuDir, FakeGpuError
-
-        try:
-            FakeGpuDir.create(
-                path, server.fake_gpus.count, server.fake_gpus.memory, name=server.fake_gpus.name
-            )
-        except (OSError, FakeGpuError) as exc:
-            raise loaded.error(
-                f"cannot create fake GPUs in {path}: {exc}", "server.fake_gpus"
-            ) from exc
-    return str(path.resolve())

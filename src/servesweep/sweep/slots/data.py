@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep.bench.target import Target
+from servesweep.decide.prune import PrunePolicy
+from servesweep.decide.screening import ScreenPolicy
 from servesweep.models import InstanceRecord, LevelResult
-from servesweep.report.screening import ScreenPolicy
-from servesweep.search.prune import PrunePolicy
 from servesweep.spec.schema import SweepSpec, WorkloadSpec
 
 __all__ = [
@@ -115,7 +115,7 @@ class TrialOrder:
     """The trial's number within its sweep, for people (0: use ``trial``)."""
     screen: ScreenPolicy | None = None
     """The screening pass (``screening`` in the sweep file): measure the launch's short
-    levels first, then in full only when :func:`servesweep.report.screening.screen_reason`
+    levels first, then in full only when :func:`servesweep.decide.screening.screen_reason`
     finds no reason it cannot win (else the outcome is ``pruned``, reason ``screened``)."""
     relaunch: tuple[int, ...] = ()
     """The confirm phase: measure the finished trial again in launches of these

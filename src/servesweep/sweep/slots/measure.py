@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from servesweep.bench.capacity import error_checked
 from servesweep.bench.target import Target
+from servesweep.decide.prune import PrunePolicy, prune_reason
 from servesweep.errors import TrialFailed
 from servesweep.models import Evidence, FailureClass, LevelResult
-from servesweep.search.prune import PrunePolicy, prune_reason
 from servesweep.servers.engines import EnginePreset
 from servesweep.spec.schema import (
     CapacityWorkload,
@@ -148,5 +148,6 @@ def slot_target(
         metrics_path=preset.metrics_path,
         tokenize_path=preset.tokenize_path,
         spec_decode_counters=dict(preset.spec_decode_counters),
+        spec_counters_when_speculating=preset.spec_counters_when_speculating,
         timeout_s=server.timeouts.request,
     )

@@ -27,9 +27,9 @@ from typing import Any
 from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
 from servesweep.bench.workers import WorkerPool
+from servesweep.decide.screening import screen_reason
 from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
 from servesweep.models import Evidence, FailureClass, InstanceRecord, LevelResult, Outcome, Phase
-from servesweep.report.screening import screen_reason
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
@@ -238,8 +238,8 @@ class SlotWorker:
         if trial is not None:
             self._enter(trial, Phase.STOP)
         self._telemetry.fast(True)
+        current = self.current
         try:
-            current = self.current
             if current is not None:
                 old_pids = instance_pids(self.lifecycle, current.instance)
                 stop = self.lifecycle.stop(current.instance)
@@ -253,6 +253,8 @@ class SlotWorker:
             )
         finally:
             self._telemetry.fast(False)
+            for event in self._telemetry.released(current.trial if current else None, trial):
+                self.emit(event)
         for event in released_events(result, tuple(self.server.gpus), trial, self.node):
             self.emit(event)
 

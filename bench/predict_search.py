@@ -1,0 +1,546 @@
+"""Predict, then launch only what can still win: GPU-hours to a near-best configuration
+against the grid and servesweep's search, on the search landscape, its mirrors and a
+landscape whose acceptance and step cost follow other curves than any the predictor
+assumes (issue 34).
+
+The landscapes, the cost model (8 GPUs, 30 s stop, 7 min load, an OOM crash 6 min into
+the load, 3-4 min per level), the memory gate (servesweep's memory predictor, calibrated
+from what the engine prints), the early stop (``search.prune_reason`` after each level)
+and the measure (GPU-hours until a trial of a configuration within 2 % of the true best,
+truly feasible, finished ``ok``, against the whole grid's) are those of
+bench/search_efficiency.py; the mirrors those of bench/search_variants.py.
+
+``curves``: ``max-num-seqs`` 32-256 x ``max-num-batched-tokens`` 2048-16384 x draft
+length 0/1/2/4/8 (80 configurations, the same memory truth). Acceptance per position
+follows a log-logistic curve (cumulative rate ``1 / (1 + (i / 3)**1.8)``), not a
+geometric one; the step time is ``(6 + 0.045 (c (k + 1))**1.15 + 0.9 k**0.7 + 1.2 [k > 0])
+ms`` times a scheduling factor in ``max-num-seqs`` (best near 75) and a chunked-prefill
+interference that falls with ``max-num-batched-tokens``; the TTFT at c1 grows with the
+batched tokens and the draft length (the constraint ``< 200 ms`` cuts the largest).
+Throughput at concurrency ``c`` is ``c * E[L](k) / T``. Levels report the acceptance
+length (1 % noise) as the engines' counters give it.
+
+The policy ``predict`` (servesweep.decide.perf, told the draft parameter, the levels'
+concurrency, and that acceptance depends on the draft length only):
+
+- a configuration the memory gate predicts not to fit is skipped (as ``+predict``);
+- the first launch is a seeded random pick among the rest (nothing is predicted yet);
+- then, every step, every configuration not launched is predicted from the trials so
+  far; one that can still win is one whose objective interval reaches the leader's
+  measured value times ``1 + threshold`` (1 %) and whose constraint interval is not
+  wholly past the limit (an unknown one can win);
+- the predicted best among them is launched when its predicted value beats the
+  leader; else the predicted one whose interval reaches highest; else the unknown one
+  nearest the leader (normalized knob distance); so before the end every configuration
+  whose interval still reaches the leader's is launched (``--order`` tries others);
+- it ends when nothing can still win; ``best`` is then the leader, and a wrong winner
+  is a leader more than 2 % below the true best (or truly infeasible);
+- each launch's prediction of the objective and the constraint is verified against
+  what it measured (``decide.perf.verify``: a miss widens the intervals for the rest).
+
+``--warm``: the policy started from an earlier sweep's trials (the policy on the
+landscape as an earlier engine version measured it, another seed): only the new sweep's
+GPU-hours count. ``--h100``: issue 34's H100 draft lengths predicted from a few.
+
+Run:  .venv/bin/python bench/predict_search.py [--seeds 100] [--landscapes L,..] [--order ucb]
+      .venv/bin/python bench/predict_search.py --warm | --h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import search_efficiency as se
+import search_variants as sv
+from landscape_memory import engine_memory
+
+from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
+from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
+from servesweep.records import TrialRecord
+from servesweep.search import Search, create_search, prune_reason
+
+Key = tuple[int, int, int]
+OBJECTIVE = "chat.c8.output_throughput"
+CONSTRAINT = "chat.c1.ttft_p99_ms"
+THRESHOLD = 0.01
+CONCURRENCY = {"c1": 1, "c8": 8, "c32": 32}
+LATENCY = {"c1": 1.0, "c8": 1.4, "c32": 2.5}
+ACCEPTANCE_NOISE = 0.01
+ORIGINAL_SPEC = list(se.SPEC_TOKENS)
+ORDER = "ucb"
+"""What to launch when no predicted configuration beats the leader: ``ucb`` the
+predicted one whose interval reaches highest, then the unknown one nearest the leader;
+``near`` the unknown one nearest the leader first; ``far`` the unknown one farthest from
+every launched one first (``--order``)."""
+
+
+def curves_rate(i: int) -> float:
+    """The ``curves`` landscape's cumulative acceptance rate at draft position ``i``."""
+    return 1 / (1 + (i / 3) ** 1.8)
+
+
+def curves_length(k: int) -> float:
+    return 1 + sum(curves_rate(i) for i in range(1, k + 1))
+
+
+def curves_step_ms(c: int, k: int, seqs: int, tokens: int) -> float:
+    base = 6 + 0.045 * (c * (k + 1)) ** 1.15 + 0.9 * k**0.7 + 1.2 * (k > 0)
+    sched = 1 + 0.06 * (math.log2(seqs / 32) - 1.2) ** 2
+    prefill = 1 + 0.5 * (2048 / tokens) ** 0.8 * min(c, 8) / 8
+    return base * sched * prefill
+
+
+def curves_throughput(c: int, key: Key) -> float:
+    seqs, tokens, k = key
+    return c * curves_length(k) / curves_step_ms(c, k, seqs, tokens) * 1000
+
+
+def curves_ttft(key: Key) -> float:
+    seqs, tokens, k = key
+    return 60 + 0.0105 * tokens * (1 + 0.08 * k) + 0.05 * seqs
+
+
+@dataclass(frozen=True)
+class Landscape:
+    name: str
+    drafts: tuple[int, ...]
+    truth: Mapping[Key, se.Truth]
+    level: Callable[[str, Key, random.Random], dict[str, float]]
+
+
+def _classic_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
+    result = se._level(label, se.TRUTH[key], rng)
+    return dict(result.metrics)
+
+
+def _curves_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
+    c, k = CONCURRENCY[label], key[2]
+    metrics = {
+        "output_throughput": curves_throughput(c, key) * (1 + rng.gauss(0, se.THROUGHPUT_NOISE)),
+        "ttft_p99_ms": curves_ttft(key) * LATENCY[label] * (1 + rng.gauss(0, se.LATENCY_NOISE)),
+        "error_rate": 0.0,
+    }
+    if k:
+        metrics["acceptance_length"] = curves_length(k) * (1 + rng.gauss(0, ACCEPTANCE_NOISE))
+    return metrics
+
+
+def landscape(name: str) -> Landscape:
+    """Point bench/search_efficiency's globals at landscape ``name`` and describe it."""
+    if name == "curves":
+        drafts = (0, 1, 2, 4, 8)
+        keys = itertools.product(se.SEQS, se.TOKENS, drafts)
+        truth = {
+            k: se.Truth(curves_throughput(8, k), engine_memory(*k).oom, curves_ttft(k))
+            for k in keys
+        }
+        level = _curves_level
+    else:
+        drafts = tuple(ORIGINAL_SPEC)
+        sv.use(name)
+        truth = dict(se.TRUTH)
+        level = _classic_level
+    se.SPEC_TOKENS = list(drafts)
+    se.TRUTH = truth
+    se.BEST = max(t.throughput for t in truth.values() if t.feasible)
+    se.NEAR_BEST = {
+        k for k, t in truth.items() if t.feasible and t.throughput >= (1 - se.NEAR) * se.BEST
+    }
+    return Landscape(name, drafts, truth, level)
+
+
+SETTING = Setting(
+    metrics=(OBJECTIVE, CONSTRAINT),
+    draft_param=se.SPEC_PARAM,
+    concurrency={f"chat.{label}": c for label, c in CONCURRENCY.items()},
+    invariant={"acceptance_length": frozenset({"max-num-seqs", "max-num-batched-tokens"})},
+    noise=0.02,
+)
+
+
+def _params(key: Key) -> dict[str, Any]:
+    return {"max-num-seqs": key[0], "max-num-batched-tokens": key[1], se.SPEC_PARAM: key[2]}
+
+
+def _position(key: Key, land: Landscape) -> tuple[float, float, float]:
+    seqs, tokens, k = key
+    return (
+        math.log2(seqs / se.SEQS[0]) / math.log2(se.SEQS[-1] / se.SEQS[0]),
+        math.log2(tokens / se.TOKENS[0]) / math.log2(se.TOKENS[-1] / se.TOKENS[0]),
+        land.drafts.index(k) / (len(land.drafts) - 1),
+    )
+
+
+@dataclass(frozen=True)
+class Run:
+    seed: int
+    gpu_hours: float | None
+    """GPU-hours until a near-best configuration finished ok (None: never)."""
+    restarts: int | None
+    launched: int
+    total_gpu_hours: float
+    """Until the policy ended (every configuration that could still win launched)."""
+    wrong_winner: bool
+    oom_started: int
+    """OOM crashes launched before the best was reached."""
+    misses: int
+    """Launched configurations whose measured objective fell outside its interval."""
+    seconds: float
+    """The policy's own time (predictions and decisions)."""
+
+
+def _can_win(p: Mapping[str, Prediction], leader: float | None) -> bool:
+    if leader is not None and not p[OBJECTIVE].reaches(leader * (1 + THRESHOLD), True):
+        return False
+    return p[CONSTRAINT].reaches(se.TTFT_LIMIT_MS, maximize=False)
+
+
+def run_policy(
+    land: Landscape, seed: int, earlier: Sequence[Measured] = (), out: list[Measured] | None = None
+) -> Run:
+    """The policy on ``land`` with ``earlier`` sweeps' trials as a warm start; the
+    trials it measured are added to ``out``."""
+    spec = se.sweep_spec("grid", seed, predict="skip")
+    pruner = create_search(spec, [])  # its early stop, told every trial as the driver does
+    gate = se.Predictor(spec)
+    rng, noise = random.Random(f"policy:{seed}"), random.Random(f"noise:{seed}")
+    todo = list(land.truth)
+    measured: list[Measured] = []
+    keys: list[Key] = []
+    trust = Trust()
+    leader: tuple[float, Key] | None = None
+    gpu_s = own = 0.0
+    reached: tuple[float, int] | None = None
+    launched = oom = misses = 0
+    while todo:
+        started = time.perf_counter()
+        fits = [k for k in todo if gate.skip(ServerConfig.of(_params(k))) is None]
+        if not fits:
+            own += time.perf_counter() - started
+            break
+        if not measured and not earlier:
+            pick, forecast = rng.choice(fits), None
+        else:
+            preds = predict(SETTING, [_params(k) for k in fits], measured, earlier, trust)
+            best = leader[0] if leader else None
+            able = [(k, p) for k, p in zip(fits, preds, strict=True) if _can_win(p, best)]
+            if not able:
+                own += time.perf_counter() - started
+                break
+            better = [
+                (k, p)
+                for k, p in able
+                if p[OBJECTIVE].value is not None and (best is None or p[OBJECTIVE].value > best)
+            ]
+            unknown = [(k, p) for k, p in able if not p[OBJECTIVE].known]
+            reaching = [(k, p) for k, p in able if p[OBJECTIVE].known]
+            if better:
+                pick, forecast = max(better, key=lambda kp: kp[1][OBJECTIVE].value or 0)
+            elif ORDER == "ucb" and reaching:
+                pick, forecast = max(reaching, key=lambda kp: kp[1][OBJECTIVE].high or 0)
+            elif unknown and ORDER == "far":
+                pick, forecast = max(
+                    unknown,
+                    key=lambda kp: (
+                        min(math.dist(_position(kp[0], land), _position(m, land)) for m in keys),
+                        rng.random(),
+                    ),
+                )
+            elif unknown:
+                at = leader[1] if leader else keys[-1] if keys else None
+                anchor = _position(at, land) if at else (0.5, 0.5, 0.5)
+                pick, forecast = min(
+                    unknown,
+                    key=lambda kp: (math.dist(_position(kp[0], land), anchor), rng.random()),
+                )
+            else:
+                pick, forecast = max(able, key=lambda kp: kp[1][OBJECTIVE].high or 0)
+        own += time.perf_counter() - started
+        todo.remove(pick)
+        config = ServerConfig.of(_params(pick))
+        gate.skip(config)  # the gate's last prediction, which learn() calibrates
+        launched += 1
+        record, results, seconds = _trial(land, pruner, launched, config, gpu_s / se.GPUS, noise)
+        gpu_s += seconds * se.GPUS
+        pruner.tell(record, results)
+        if record.outcome is Outcome.FAILED:
+            oom += reached is None
+            continue
+        gate.learn(config)
+        metrics = {f"{r.workload}.{r.level}.{m}": v for r in results for m, v in r.metrics.items()}
+        measured.append(Measured(config.params, metrics))
+        keys.append(pick)
+        started = time.perf_counter()
+        if forecast is not None:
+            for metric in (OBJECTIVE, CONSTRAINT):
+                if metric in metrics:
+                    widened = verify(trust, forecast[metric], metrics[metric])
+                    misses += metric == OBJECTIVE and widened != trust
+                    trust = widened
+        own += time.perf_counter() - started
+        meets = metrics.get(CONSTRAINT, math.inf) < se.TTFT_LIMIT_MS
+        ok = record.outcome is Outcome.OK and meets and OBJECTIVE in metrics
+        if ok and (leader is None or metrics[OBJECTIVE] > leader[0]):
+            leader = (metrics[OBJECTIVE], pick)
+        if record.outcome is Outcome.OK and pick in se.NEAR_BEST and reached is None:
+            reached = (gpu_s / 3600, launched)
+    wrong = leader is None or leader[1] not in se.NEAR_BEST
+    if out is not None:
+        out.extend(measured)
+    return Run(
+        seed,
+        reached[0] if reached else None,
+        reached[1] if reached else None,
+        launched,
+        gpu_s / 3600,
+        wrong,
+        oom,
+        misses,
+        own,
+    )
+
+
+def _trial(
+    land: Landscape,
+    pruner: Search,
+    seq: int,
+    config: ServerConfig,
+    clock: float,
+    rng: random.Random,
+) -> tuple[TrialRecord, list[LevelResult], float]:
+    """One trial as bench/search_efficiency.run_trial runs it, with the landscape's levels."""
+    key = se._key(config.params)
+    t = land.truth[key]
+    seconds = se.STOP_RELEASE_S
+    results: list[LevelResult] = []
+    outcome, failure, evidence = Outcome.OK, None, None
+    if t.oom:
+        seconds += se.OOM_AFTER_S
+        outcome, failure = Outcome.FAILED, FailureClass.START_CRASH
+        evidence = Evidence(message="CUDA out of memory while loading", reason="oom")
+    else:
+        seconds += se.LOAD_S
+        policy = pruner.prune_policy()
+        for index, (label, bench_s) in enumerate(se.LEVELS):
+            metrics = land.level(label, key, rng)
+            results.append(LevelResult(workload="chat", level=label, repeat=0, metrics=metrics))
+            seconds += bench_s
+            if index == len(se.LEVELS) - 1:
+                break
+            reason = prune_reason(policy, results)
+            if reason is not None:
+                outcome, evidence = Outcome.PRUNED, Evidence(message=reason)
+                break
+    record = TrialRecord(
+        id=seq,
+        sweep_id=1,
+        seq=seq,
+        fingerprint=config.fingerprint,
+        params=dict(config.params),
+        outcome=outcome,
+        failure_class=failure,
+        evidence=evidence,
+        attempts=1,
+        started_at=clock,
+        finished_at=clock + seconds,
+        gpus=tuple(range(se.GPUS)),
+    )
+    return record, results, seconds
+
+
+def drifted(land: Landscape) -> Landscape:
+    """``land`` as an earlier engine version measured it: throughput 5 % lower at the
+    smallest ``max-num-seqs`` to 5 % higher at the largest, the TTFT 5 % higher."""
+
+    def level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
+        metrics = land.level(label, key, rng)
+        drift = 1 + 0.1 * (_position(key, land)[0] - 0.5)
+        metrics["output_throughput"] *= drift
+        metrics["ttft_p99_ms"] *= 1.05
+        return metrics
+
+    return Landscape(f"{land.name} (earlier)", land.drafts, land.truth, level)
+
+
+def warm(name: str, seeds: int) -> dict[str, Any]:
+    """The policy started warm: before each seed's sweep, an earlier sweep (the policy
+    on the :func:`drifted` landscape, another seed) gives its trials as ``earlier``."""
+    land = landscape(name)
+    full = se.grid_cost()
+    runs = []
+    for seed in range(seeds):
+        earlier: list[Measured] = []
+        run_policy(drifted(land), 1000 + seed, out=earlier)
+        runs.append(run_policy(land, seed, earlier))
+    hours = _hours([r.gpu_hours for r in runs])
+    return {
+        "landscape": name,
+        "warm_median": statistics.median(hours) / full,
+        "warm_p90": _pct(hours, 0.9) / full,
+        "warm_total_median": statistics.median(r.total_gpu_hours for r in runs) / full,
+        "warm_launched_median": statistics.median(r.launched for r in runs),
+        "wrong_winners": sum(r.wrong_winner for r in runs) / len(runs),
+        "never": sum(r.gpu_hours is None for r in runs),
+        "misses_per_run": statistics.mean(r.misses for r in runs),
+    }
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _hours(values: Sequence[float | None]) -> list[float]:
+    return [v if v is not None else math.inf for v in values]
+
+
+def compare(name: str, seeds: int) -> dict[str, Any]:
+    """The grid, tpe+predict (servesweep's search with the memory gate) and the
+    prediction policy on landscape ``name``, over ``seeds`` seeds."""
+    land = landscape(name)
+    full = se.grid_cost()
+    grid = se.run_search("grid", 0, predict=True, predict_mode="skip")
+    tpe = [se.run_search("tpe", seed, predict=True) for seed in range(seeds)]
+    runs = [run_policy(land, seed) for seed in range(seeds)]
+    hours = _hours([r.gpu_hours for r in runs])
+    tpe_hours = _hours([r.gpu_hours for r in tpe])
+    return {
+        "landscape": name,
+        "configs": len(land.truth),
+        "oom": sum(t.oom for t in land.truth.values()),
+        "near_best": sorted(se.NEAR_BEST),
+        "grid_gpu_hours": full,
+        "grid_to_best": (grid.gpu_hours or math.inf) / full,
+        "tpe_median": statistics.median(tpe_hours) / full,
+        "tpe_p90": _pct(tpe_hours, 0.9) / full,
+        "tpe_oom_started_median": statistics.median(r.oom_started for r in tpe),
+        "predict_median": statistics.median(hours) / full,
+        "predict_p90": _pct(hours, 0.9) / full,
+        "predict_total_median": statistics.median(r.total_gpu_hours for r in runs) / full,
+        "predict_launched_median": statistics.median(r.launched for r in runs),
+        "predict_restarts_median": statistics.median(r.restarts or math.inf for r in runs),
+        "wrong_winners": sum(r.wrong_winner for r in runs) / len(runs),
+        "never": sum(r.gpu_hours is None for r in runs),
+        "oom_started_median": statistics.median(r.oom_started for r in runs),
+        "oom_started_max": max(r.oom_started for r in runs),
+        "misses_per_run": statistics.mean(r.misses for r in runs),
+        "ms_per_launch": 1000
+        * sum(r.seconds for r in runs)
+        / max(1, sum(r.launched for r in runs)),
+        "runs": [asdict(r) for r in runs],
+    }
+
+
+H100_ACCEPTANCE = {1: 1.80, 2: 2.42, 4: 3.29, 8: 4.23, 16: 4.79}
+H100_THROUGHPUT = {
+    1: {0: 809.0, 1: 809.0, 2: 827.0, 4: 877.0, 8: 898.0, 16: 853.0},
+    4: {0: 1641.0, 1: 1652.0, 2: 1795.0, 4: 2135.0, 8: 1944.0, 16: 1527.0},
+}
+"""Issue 34's H100 figures: llama-server, random-weight target and draft, acceptance set
+by ``--spec-synth-rates`` to 0.8^i; output tok/s per draft length (0: no draft)."""
+
+
+def h100(measured: Sequence[int]) -> list[str]:
+    """The H100 landscape predicted from the draft lengths ``measured``."""
+    setting = Setting(
+        metrics=("chat.c1.output_throughput", "chat.c4.output_throughput"),
+        draft_param="spec_draft_n_max",
+        concurrency={"chat.c1": 1, "chat.c4": 4},
+    )
+    trials = []
+    for k in measured:
+        metrics = {f"chat.c{c}.output_throughput": H100_THROUGHPUT[c][k] for c in (1, 4)}
+        if k:
+            metrics |= {f"chat.c{c}.acceptance_length": H100_ACCEPTANCE[k] for c in (1, 4)}
+        trials.append(Measured({"spec_draft_n_max": k}, metrics))
+    drafts = list(H100_THROUGHPUT[1])
+    got = predict(setting, [{"spec_draft_n_max": k} for k in drafts], trials)
+    lines = []
+    for c in (1, 4):
+        for k, g in zip(drafts, got, strict=True):
+            if k in measured:
+                continue
+            p, truth = g[f"chat.c{c}.output_throughput"], H100_THROUGHPUT[c][k]
+            assert p.value is not None and p.low is not None and p.high is not None
+            inside = "yes" if p.low <= truth <= p.high else "no"
+            lines.append(
+                f"| {','.join(map(str, measured))} | c{c} | {k} | {truth:.0f} | {p.value:.0f} "
+                f"| {p.value / truth - 1:+.1%} | {p.low:.0f}-{p.high:.0f} | {inside} |"
+            )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--landscapes", default="original,mirror,mirror-seqs,mirror-tokens,curves")
+    parser.add_argument("--order", choices=("ucb", "near", "far"), default="ucb")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="only the policy started warm from an earlier sweep of a drifted landscape",
+    )
+    parser.add_argument(
+        "--h100", action="store_true", help="only the H100 draft-length figures, predicted"
+    )
+    args = parser.parse_args(argv)
+    if args.warm:
+        print(
+            f"{'landscape':<14} {'warm p50':>8} {'p90':>6} {'to its end p50':>14} "
+            f"{'launches p50':>12} {'wrong winners':>13} {'never':>5} {'misses/run':>10}"
+        )
+        for name in (n for n in args.landscapes.split(",") if n):
+            w = warm(name, args.seeds)
+            print(
+                f"{name:<14} {w['warm_median']:>8.1%} {w['warm_p90']:>6.1%} "
+                f"{w['warm_total_median']:>14.1%} {w['warm_launched_median']:>12g} "
+                f"{w['wrong_winners']:>13.0%} {w['never']:>5} {w['misses_per_run']:>10.2f}"
+            )
+        return 0
+    if args.h100:
+        print("| measured | level | draft | measured tok/s | predicted | error | interval | in |")
+        print("|---|---|---|---|---|---|---|---|")
+        for measured in ((0, 1, 2, 4), (0, 2, 4), (0, 4, 8)):
+            print("\n".join(h100(measured)))
+        return 0
+    global ORDER
+    ORDER = args.order
+    rows = [compare(name, args.seeds) for name in args.landscapes.split(",") if name]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2, default=str)
+        print()
+        return 0
+    print(
+        f"{'landscape':<14} {'configs':>7} {'grid':>6} {'tpe+predict p50':>15} {'p90':>6} "
+        f"{'predict p50':>11} {'p90':>6} {'to its end p50':>14} {'launches p50':>12} "
+        f"{'wrong winners':>13} {'never':>5} {'OOM started p50':>15} {'max':>4} "
+        f"{'misses/run':>10} {'ms/launch':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['landscape']:<14} {r['configs']:>7} {r['grid_to_best']:>6.0%} "
+            f"{r['tpe_median']:>15.1%} {r['tpe_p90']:>6.1%} {r['predict_median']:>11.1%} "
+            f"{r['predict_p90']:>6.1%} {r['predict_total_median']:>14.1%} "
+            f"{r['predict_launched_median']:>12g} {r['wrong_winners']:>13.0%} {r['never']:>5} "
+            f"{r['oom_started_median']:>15g} {r['oom_started_max']:>4} "
+            f"{r['misses_per_run']:>10.2f} {r['ms_per_launch']:>9.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Every configuration's metrics predicted from the trials measured so far (see the
+package's docstring for the reasoning)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servesweep.decide.perf.empirical import Features, fit_predict
+from servesweep.decide.perf.records import Measured, Prediction, Setting, Trust
+from servesweep.decide.perf.speculative import (
+    AcceptanceFit,
+    StepTime,
+    fit_acceptance,
+    fit_step_cost,
+    predict_throughput,
+)
+
+__all__ = ["predict", "verify"]
+
+
+def _split(metric: str) -> tuple[str, str]:
+    """``chat.c8.output_throughput`` -> (``chat.c8``, ``output_throughput``)."""
+    level, _, name = metric.rpartition(".")
+    return level, name
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset[str]) -> bool:
+    keys = (set(a) | set(b)) - ignore
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def _draft(setting: Setting, params: Mapping[str, Any]) -> int:
+    if setting.draft_param is None:
+        return 0
+    value = params.get(setting.draft_param, 0)
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _widened(p: Prediction, factor: float) -> Prediction:
+    if p.value is None or p.low is None or p.high is None or factor == 1.0:
+        return p
+    low = p.value - (p.value - p.low) * factor
+    high = p.value + (p.high - p.value) * factor
+    return Prediction(p.metric, p.value, max(low, 0.0) if p.low >= 0 else low, high, p.basis)
+
+
+def _measured(setting: Setting, metric: str, values: Sequence[float]) -> Prediction:
+    value = statistics.fmean(values)
+    spread = 2 * setting.noise * abs(value)
+    return Prediction(metric, value, value - spread, value + spread, "measured")
+
+
+def _acceptance(
+    setting: Setting, workload: str, trials: Sequence[Measured]
+) -> AcceptanceFit | None:
+    """The workload's acceptance curve: it does not depend on the other knobs (nor on
+    the batch), so every trial's levels of the workload tell."""
+    lengths: dict[int, list[float]] = {}
+    rates: tuple[float, ...] = ()
+    for t in trials:
+        for lv, rate in t.rates.items():
+            if lv.split(".")[0] == workload and len(rate) > len(rates):
+                rates = rate
+        for m, v in t.metrics.items():
+            lv, n = _split(m)
+            if n == setting.acceptance and lv.split(".")[0] == workload:
+                lengths.setdefault(_draft(setting, t.params), []).append(v)
+    return fit_acceptance(
+        {k: statistics.fmean(v) for k, v in lengths.items()}, rates, setting.noise
+    )
+
+
+def _speculative(
+    setting: Setting,
+    metric: str,
+    params: Mapping[str, Any],
+    trials: Sequence[Measured],
+    acceptances: dict[str, AcceptanceFit | None],
+) -> Prediction | None:
+    """Acceptance length from the acceptance curve; throughput from it and the step
+    cost, when the configuration's other knobs were measured at two draft lengths or
+    more (counting no speculation)."""
+    level, name = _split(metric)
+    knob = setting.draft_param
+    if knob is None or name not in (setting.throughput, setting.acceptance):
+        return None
+    draft = _draft(setting, params)
+    workload = level.split(".")[0]
+    if workload not in acceptances:
+        acceptances[workload] = _acceptance(setting, workload, trials)
+    acceptance = acceptances[workload]
+    if acceptance is None:
+        return None
+    if name == setting.acceptance:
+        if draft <= 0:
+            return None  # no speculation: no acceptance length
+        value, low, high = acceptance.length(draft)
+        return Prediction(metric, value, low, high, "speculative")
+    if level not in setting.concurrency:
+        return None
+    points: list[StepTime] = []
+    for t in trials:
+        if not _same(t.params, params, frozenset({knob})):
+            continue
+        k = _draft(setting, t.params)
+        for m, v in t.metrics.items():
+            lv, n = _split(m)
+            if n != setting.throughput or lv not in setting.concurrency or v <= 0:
+                continue
+            length = t.metrics.get(f"{lv}.{setting.acceptance}", acceptance.length(k)[0])
+            points.append(
+                StepTime(setting.concurrency[lv], k, setting.concurrency[lv] * length / v)
+            )
+    cost = fit_step_cost(points, setting.noise)
+    if cost is None:
+        return None
+    value, low, high = predict_throughput(acceptance, cost, setting.concurrency[level], draft)
+    return Prediction(metric, value, low, high, "speculative")
+
+
+def predict(
+    setting: Setting,
+    configs: Sequence[Mapping[str, Any]],
+    trials: Sequence[Measured],
+    earlier: Sequence[Measured] = (),
+    trust: Trust | None = None,
+) -> list[dict[str, Prediction]]:
+    """Per configuration, per metric of ``setting``, the prediction from this sweep's
+    ``trials`` and ``earlier`` sweeps' (same engine, model and GPUs: a warm start)."""
+    trust = trust or Trust()
+    known = [*trials, *earlier]
+    acceptances: dict[str, AcceptanceFit | None] = {}
+    features = Features.of([*configs, *(t.params for t in known)], setting.draft_param)
+    out: list[dict[str, Prediction]] = [{} for _ in configs]
+    for metric in setting.metrics:
+        _, name = _split(metric)
+        data = [(t.params, t.metrics[metric]) for t in known if metric in t.metrics]
+        empirical = fit_predict(features, data, configs, setting.noise)
+        ignore = setting.invariant.get(name, frozenset())
+        for i, params in enumerate(configs):
+            same = [v for p, v in data if _same(p, params, frozenset())]
+            alike = [v for p, v in data if _same(p, params, ignore)] if ignore else []
+            if same:
+                out[i][metric] = _measured(setting, metric, same)
+                continue
+            if alike:
+                p = _measured(setting, metric, alike)
+                found: Prediction | None = Prediction(metric, p.value, p.low, p.high, "invariant")
+            else:
+                found = _speculative(setting, metric, params, known, acceptances)
+            if found is None and empirical[i] is not None:
+                value, low, high = empirical[i]  # type: ignore[misc]
+                found = Prediction(metric, value, low, high, "empirical")
+            out[i][metric] = _widened(found, trust.factor(metric)) if found else Prediction(metric)
+    return out
+
+
+def verify(trust: Trust, prediction: Prediction, measured: float) -> Trust:
+    """The trust after a launched configuration measured ``measured``: a prediction
+    that missed its own interval widens that metric's intervals by as much as it would
+    have needed, for the rest of the sweep; one that held leaves them as they were
+    (never narrower)."""
+    p = prediction
+    if p.value is None or p.low is None or p.high is None or p.basis == "measured":
+        return trust
+    if p.low <= measured <= p.high:
+        return trust
+    half = (p.high - p.value) if measured > p.value else (p.value - p.low)
+    needed = abs(measured - p.value) / half if half > 0 else float("inf")
+    # interval already widened by the current factor: scale it by what this miss needed
+    factor = trust.factor(p.metric) * min(needed, 1e6)
+    return Trust({**trust.widen, p.metric: max(trust.factor(p.metric), factor)})

@@ -1,0 +1,84 @@
+"""The predictor's plain records: what it is given and what it answers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Measured", "Prediction", "Setting", "Trust"]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured configuration: its parameters and its level metrics, named
+    ``workload.level.metric`` (``chat.c8.output_throughput``)."""
+
+    params: Mapping[str, Any]
+    metrics: Mapping[str, float]
+    rates: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Per level (``chat.c8``), the cumulative acceptance rate per draft position the
+    engine counted (``accepted_per_pos`` over ``drafts``), when it did."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the predictor is told about the sweep."""
+
+    metrics: tuple[str, ...]
+    """The metrics to predict: the objective's and the constraints'."""
+    draft_param: str | None = None
+    """The parameter that sets the draft length (absent or 0: no speculation)."""
+    concurrency: Mapping[str, float] = field(default_factory=dict)
+    """Per level (``chat.c8``), the requests in flight: the batch of the step-cost model."""
+    invariant: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Per metric name (``acceptance_length``), the parameters known not to change it."""
+    throughput: str = "output_throughput"
+    acceptance: str = "acceptance_length"
+    noise: float = 0.02
+    """Relative noise of one measured figure."""
+
+
+BASES = ("measured", "invariant", "speculative", "empirical", "unknown")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A metric's predicted value and interval, or unknown (``value`` None)."""
+
+    metric: str
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    basis: str = "unknown"
+    """Which model answered: one of :data:`BASES`."""
+
+    @property
+    def known(self) -> bool:
+        return self.value is not None
+
+    def reaches(self, target: float, maximize: bool) -> bool:
+        """Whether the interval reaches ``target`` (an unknown one reaches anything)."""
+        if self.low is None or self.high is None:
+            return True
+        return self.high >= target if maximize else self.low <= target
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "basis": self.basis,
+        }
+
+
+@dataclass(frozen=True)
+class Trust:
+    """How much wider than its own estimate each metric's interval is drawn: a factor
+    per metric, at least 1, that only grows (:func:`servesweep.decide.perf.verify`)."""
+
+    widen: Mapping[str, float] = field(default_factory=dict)
+
+    def factor(self, metric: str) -> float:
+        return self.widen.get(metric, 1.0)

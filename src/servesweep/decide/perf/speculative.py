@@ -1,0 +1,268 @@
+"""The structural model of speculative decoding: acceptance apart from step cost.
+
+Acceptance depends on the target, the drafter, the text and the temperature, not on the
+GPUs or the batch: it is one curve per sweep, ``alpha_i``, the probability that draft
+position ``i`` is accepted once the positions before it were. A step then emits
+``E[L](k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j`` tokens per sequence with ``k`` drafted.
+The engines' per-position counters (``accepted_per_pos`` over ``drafts``) give the
+cumulative rates ``r_i = prod_{j<=i} alpha_j`` directly; without them the curve is
+fitted from acceptance lengths measured at a few draft lengths, as
+``alpha_i = a * d**(i - 1)`` (``d = 1``: a constant rate), and every ``(a, d)`` that
+fits them within the measurement's noise is kept, so a draft length far beyond the
+measured ones gets the spread of all curves that agree with what was measured.
+
+The cost of a step depends on the batch (concurrency ``c``) and on how many tokens are
+drafted and verified, never on the text: each measured level gives a step time
+``T = c * E[L] / throughput``. It is fitted, with non-negative coefficients, by several
+cost shapes that all start from a fixed part, a part per sequence and the cost of
+switching speculation on, and differ in how drafting grows with ``k`` (linearly, as
+``log2(1 + k)``, as ``sqrt(k)``; each also per sequence). Throughput is
+``c * E[L](k) / T(c, k)``. The interval is the envelope of the shapes and the
+acceptance curves, widened by the residuals and by a term that grows with the distance
+(in doublings of ``k``) to the nearest measured draft length, at the rate the
+measurements themselves show when each measured draft length is predicted from the
+others (leave one out).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "AcceptanceFit",
+    "StepCostFit",
+    "StepTime",
+    "accepted_length",
+    "alphas_from_rates",
+    "fit_acceptance",
+    "fit_step_cost",
+    "predict_throughput",
+]
+
+NOISE = 0.02
+"""Relative noise of one measured acceptance length or step time (a level's figure)."""
+GROWTH = 0.25
+"""Relative error per doubling of the draft length away from the measured ones, until
+three draft lengths let the measurements say (leave one out)."""
+
+
+def accepted_length(alphas: Sequence[float], k: int) -> float:
+    """``E[L](k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j``; positions past the curve's end
+    take its last rate."""
+    total, run = 1.0, 1.0
+    for i in range(k):
+        run *= alphas[min(i, len(alphas) - 1)] if alphas else 0.0
+        total += run
+    return total
+
+
+def alphas_from_rates(rates: Sequence[float]) -> tuple[float, ...]:
+    """Conditional acceptance per position from the cumulative rates the engines count
+    (position ``i`` accepted in a fraction ``r_i`` of the drafts)."""
+    out: list[float] = []
+    previous = 1.0
+    for rate in rates:
+        out.append(min(1.0, rate / previous) if previous > 0 else 0.0)
+        previous = rate
+    return tuple(out)
+
+
+_A_GRID = tuple(i / 200 for i in range(1, 200))
+_D_GRID = tuple(0.5 + i / 100 for i in range(51))
+
+
+@dataclass(frozen=True)
+class AcceptanceFit:
+    """The acceptance curves that agree with the measurements: ``(a, d)`` pairs, or the
+    measured per-position curve (``curves`` with one entry, exact)."""
+
+    best: tuple[float, ...]
+    """The curve that fits best: the predicted value."""
+    curves: tuple[tuple[float, ...], ...]
+    """Each a conditional acceptance per position (the last rate repeats): those that
+    agree with the measurements, the interval."""
+    measured: Mapping[int, float]
+    """Draft length -> acceptance length measured (returned as is for those)."""
+
+    def length(self, k: int) -> tuple[float, float, float]:
+        """(value, low, high) of ``E[L](k)``."""
+        if k <= 0:
+            return 1.0, 1.0, 1.0
+        if k in self.measured:
+            value = self.measured[k]
+            return value, value * (1 - 2 * NOISE), value * (1 + 2 * NOISE)
+        values = [accepted_length(c, k) for c in self.curves]
+        return accepted_length(self.best, k), min(values), max(values)
+
+
+def fit_acceptance(
+    lengths: Mapping[int, float], rates: Sequence[float] = (), noise: float = NOISE
+) -> AcceptanceFit | None:
+    """The acceptance curves from per-position rates (``rates``, exact as far as they
+    go) or from acceptance lengths per draft length (``lengths``); None from neither."""
+    measured = {k: v for k, v in lengths.items() if k > 0}
+    if rates:
+        alphas = alphas_from_rates(rates)
+        return AcceptanceFit(alphas, (alphas,), measured)
+    if not measured:
+        return None
+    a, d = np.meshgrid(np.array(_A_GRID), np.array(_D_GRID), indexing="ij")
+    sse = np.zeros_like(a)
+    for k, v in measured.items():
+        run, length = np.ones_like(a), np.ones_like(a)
+        for i in range(k):
+            run = run * a * d**i
+            length = length + run
+        sse += ((length - v) / (v * noise)) ** 2
+    least = float(sse.min())
+    at = np.unravel_index(int(sse.argmin()), sse.shape)
+    best_a, best_d = float(a[at]), float(d[at])
+    # the curves within the noise: chi-square with 2 parameters, 95 % (5.99) above the best
+    keep = sse <= least + 5.99
+    kept = list(zip(a[keep].tolist(), d[keep].tolist(), strict=True))
+    depth = max(32, max(measured) * 2)
+
+    def curve(a: float, d: float) -> tuple[float, ...]:
+        return tuple(a * d**i for i in range(depth))
+
+    return AcceptanceFit(curve(best_a, best_d), tuple(curve(a, d) for a, d in kept), measured)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One measured level as the cost model reads it."""
+
+    concurrency: float
+    draft: int
+    seconds: float
+    """Step time: ``concurrency * acceptance length / throughput``."""
+
+
+Shape = Callable[[float, int], tuple[float, ...]]
+
+
+def _shape(grow: Callable[[int], float]) -> Shape:
+    return lambda c, k: (1.0, c, float(k > 0), grow(k), c * grow(k))
+
+
+SHAPES: dict[str, Shape] = {
+    "linear": _shape(float),
+    "log": _shape(lambda k: math.log2(1 + k)),
+    "sqrt": _shape(lambda k: math.sqrt(k)),
+}
+"""How drafting and verifying grow with the draft length (features of the step time)."""
+
+
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients, over the subsets of the columns
+    (the cost shapes have five: 32 subsets)."""
+    best: tuple[float, np.ndarray] | None = None
+    columns = a.shape[1]
+    for size in range(1, columns + 1):
+        for keep in itertools.combinations(range(columns), size):
+            sub = a[:, keep]
+            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if (coef < 0).any():
+                continue
+            sse = float(((sub @ coef - y) ** 2).sum())
+            if best is None or sse < best[0] - 1e-15:
+                full = np.zeros(columns)
+                full[list(keep)] = coef
+                best = (sse, full)
+    return best[1] if best is not None else np.zeros(columns)
+
+
+@dataclass(frozen=True)
+class StepCostFit:
+    coefficients: Mapping[str, tuple[float, ...]]
+    """Per shape, the fitted coefficients."""
+    residual: float
+    """Relative residual (root mean square over the shapes and points, at least the noise)."""
+    growth: float
+    """Relative error added per doubling of the draft length away from a measured one."""
+    drafts: tuple[int, ...]
+    """The draft lengths measured."""
+
+    def seconds(self, concurrency: float, draft: int) -> tuple[float, float, float]:
+        """(median, low, high) of the step time over the shapes, before widening."""
+        values = sorted(
+            float(np.dot(SHAPES[name](concurrency, draft), coef))
+            for name, coef in self.coefficients.items()
+        )
+        return values[len(values) // 2], values[0], values[-1]
+
+    def spread(self, draft: int) -> float:
+        """Relative half-width to add: the residual, and the growth per doubling of the
+        distance to the nearest measured draft length."""
+        distance = min(abs(math.log2(1 + draft) - math.log2(1 + m)) for m in self.drafts)
+        return 2 * self.residual + self.growth * distance
+
+
+def _fit(points: Sequence[StepTime]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, shape in SHAPES.items():
+        a = np.array([shape(p.concurrency, p.draft) for p in points]) / np.array(
+            [[p.seconds] for p in points]
+        )
+        out[name] = _nnls(a, np.ones(len(points)))  # relative error: each row over its time
+    return out
+
+
+def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostFit | None:
+    """The step cost fitted from the measured levels (None from fewer than two draft
+    lengths, counting no speculation as one)."""
+    pts = list(points)
+    drafts = tuple(sorted({p.draft for p in pts}))
+    if len(drafts) < 2:
+        return None
+    coefs = _fit(pts)
+    errors = [
+        float(np.dot(SHAPES[name](p.concurrency, p.draft), coef)) / p.seconds - 1
+        for name, coef in coefs.items()
+        for p in pts
+    ]
+    residual = max(noise, math.sqrt(sum(e * e for e in errors) / len(errors)))
+    growth = 0.0
+    tried = False
+    for left in (d for d in drafts if d > 0):  # leave each draft length out, predict it
+        rest = [p for p in pts if p.draft != left]
+        if len({p.draft for p in rest if p.draft > 0}) < 2:
+            continue  # the cost of switching speculation on and of a draft token: two
+        tried = True
+        if True:
+            sub = _fit(rest)
+            distance = min(
+                abs(math.log2(1 + left) - math.log2(1 + m)) for m in {p.draft for p in rest}
+            )
+            for p in (p for p in pts if p.draft == left):
+                for name, coef in sub.items():
+                    miss = abs(
+                        float(np.dot(SHAPES[name](p.concurrency, p.draft), coef)) / p.seconds - 1
+                    )
+                    growth = max(growth, max(0.0, miss - 2 * residual) / max(distance, 1e-9))
+    if not tried:
+        growth = GROWTH  # too few draft lengths to tell: the prior rate
+    return StepCostFit(
+        {n: tuple(float(x) for x in c) for n, c in coefs.items()}, residual, growth, drafts
+    )
+
+
+def predict_throughput(
+    acceptance: AcceptanceFit, cost: StepCostFit, concurrency: float, draft: int
+) -> tuple[float, float, float]:
+    """(value, low, high) of the output throughput at ``concurrency`` with ``draft``
+    tokens drafted per step: ``c * E[L](k) / T(c, k)``."""
+    length, length_low, length_high = acceptance.length(draft)
+    step, step_low, step_high = cost.seconds(concurrency, draft)
+    if step <= 0 or step_low <= 0:
+        return math.inf, 0.0, math.inf
+    spread = cost.spread(draft)
+    value = concurrency * length / step
+    low = concurrency * length_low / step_high * (1 - spread)
+    high = concurrency * length_high / step_low * (1 + spread)
+    return value, max(0.0, low), high

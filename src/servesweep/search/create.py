@@ -1,0 +1,32 @@
+"""The search of a sweep: a grid or a sampler, chosen by the sweep file.
+
+Here and not on :class:`~servesweep.search.base.Search`, so that the base never imports
+its implementations (which import it); the sampler (and Optuna) is imported only for a
+sweep that samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from servesweep.search.base import History, Search
+from servesweep.search.grid import GridSearch
+from servesweep.spec.schema import SweepSpec
+
+__all__ = ["create_search"]
+
+
+def create_search(
+    spec: SweepSpec, history: History = (), only: Collection[str] | None = None
+) -> Search:
+    """The search of this sweep, continued from its stored trials.
+
+    A grid continues in its order (``only``: exactly the configurations of these
+    fingerprints, see :mod:`servesweep.search.grid`); a sampler replays the stored
+    trials so that the same seed gives the same sequence of proposals, and nothing
+    measured is proposed again."""
+    if spec.search.samples:
+        from servesweep.search.sampled import SampledSearch
+
+        return SampledSearch(spec, history)
+    return GridSearch(spec, history, only)

@@ -1,0 +1,209 @@
+"""servesweep.decide.perf: the performance prediction before a launch (issue 34).
+
+The speculative-decoding figures are those measured on an H100 (llama-server,
+random-weight target and draft, acceptance set by ``--spec-synth-rates`` to 0.8^i per
+position): acceptance length and output throughput per draft length at concurrency 1
+and 4 (no draft: draft length 0)."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
+from servesweep.decide.perf.speculative import accepted_length, alphas_from_rates
+
+DRAFT = "spec_draft_n_max"
+ACCEPTANCE = {0: 1.0, 1: 1.80, 2: 2.42, 4: 3.29, 8: 4.23, 16: 4.79}
+THROUGHPUT = {
+    1: {0: 809.0, 1: 809.0, 2: 827.0, 4: 877.0, 8: 898.0, 16: 853.0},
+    4: {0: 1641.0, 1: 1652.0, 2: 1795.0, 4: 2135.0, 8: 1944.0, 16: 1527.0},
+}
+H100 = Setting(
+    metrics=tuple(f"chat.c{c}.{m}" for c in (1, 4) for m in ("output_throughput",)),
+    draft_param=DRAFT,
+    concurrency={"chat.c1": 1, "chat.c4": 4},
+    invariant={"acceptance_length": frozenset({"ctx"})},
+)
+
+
+def _h100_trial(k: int) -> Measured:
+    metrics = {f"chat.c{c}.output_throughput": THROUGHPUT[c][k] for c in (1, 4)}
+    if k:
+        metrics |= {f"chat.c{c}.acceptance_length": ACCEPTANCE[k] for c in (1, 4)}
+    return Measured({DRAFT: k}, metrics)
+
+
+def test_the_expected_accepted_length_is_the_issues_formula() -> None:
+    alphas = alphas_from_rates([0.8**i for i in range(1, 17)])
+    assert alphas == pytest.approx([0.8] * 16)
+    lengths = [round(accepted_length(alphas, k), 2) for k in (1, 2, 4, 8, 16)]
+    assert lengths == [1.80, 2.44, 3.36, 4.33, 4.89]
+    assert accepted_length(alphas, 0) == 1.0
+
+
+@pytest.mark.parametrize("measured", [(0, 1, 2, 4), (0, 4, 8)])
+def test_longer_drafts_are_predicted_from_a_few_on_the_h100(measured: tuple[int, ...]) -> None:
+    configs = [{DRAFT: k} for k in THROUGHPUT[1]]
+    got = predict(H100, configs, [_h100_trial(k) for k in measured])
+    for config, prediction in zip(configs, got, strict=True):
+        k = config[DRAFT]
+        for c in (1, 4):
+            p = prediction[f"chat.c{c}.output_throughput"]
+            truth = THROUGHPUT[c][k]
+            assert p.low is not None and p.high is not None and p.value is not None
+            assert p.low <= truth <= p.high, (k, c, p)
+            if k in measured:
+                assert p.basis == "measured"
+            else:
+                assert p.basis == "speculative"
+                assert abs(p.value / truth - 1) < 0.16, (k, c, p.value, truth)
+
+
+def test_the_best_draft_length_per_concurrency_is_not_skipped() -> None:
+    """From no draft and draft lengths 1, 2, 4: the best at concurrency 1 (8, measured
+    later) can still beat the best so far; so every configuration the rule skips is
+    truly worse than the best so far."""
+    measured = (0, 1, 2, 4)
+    configs = [{DRAFT: k} for k in (8, 16)]
+    got = predict(H100, configs, [_h100_trial(k) for k in measured])
+    for c in (1, 4):
+        best = max(THROUGHPUT[c][k] for k in measured)
+        for config, prediction in zip(configs, got, strict=True):
+            p = prediction[f"chat.c{c}.output_throughput"]
+            if not p.reaches(best * 1.01, maximize=True):
+                assert THROUGHPUT[c][config[DRAFT]] < best
+    # the best at concurrency 1 (8: 898 tok/s against 877 for 4) is launched
+    assert got[0]["chat.c1.output_throughput"].reaches(877 * 1.01, maximize=True)
+
+
+def test_per_position_counters_give_the_acceptance_without_fitting() -> None:
+    rates = tuple(0.8**i for i in range(1, 17))
+    trials = [_h100_trial(0), _h100_trial(2), _h100_trial(4)]
+    counted = [trials[0], Measured(trials[1].params, trials[1].metrics, {"chat.c1": rates})]
+    setting = Setting(
+        metrics=("chat.c1.acceptance_length", "chat.c1.output_throughput"),
+        draft_param=DRAFT,
+        concurrency={"chat.c1": 1},
+    )
+    [from_rates] = predict(setting, [{DRAFT: 16}], [*counted, trials[2]])
+    [fitted] = predict(setting, [{DRAFT: 16}], trials)
+    exact = from_rates["chat.c1.acceptance_length"]
+    assert exact.basis == "speculative" and exact.value == pytest.approx(4.89, abs=0.005)
+    assert exact.low == exact.high == exact.value  # the counters, not a fit
+    fit = fitted["chat.c1.acceptance_length"]
+    assert fit.low is not None and fit.high is not None
+    assert fit.low < 4.79 < fit.high and fit.high - fit.low > 0.5  # fitted: an interval
+    assert from_rates["chat.c1.output_throughput"].basis == "speculative"
+
+
+DESIGN = [
+    {"seqs": 32, "tokens": 2048},
+    {"seqs": 128, "tokens": 2048},
+    {"seqs": 256, "tokens": 4096},
+    {"seqs": 64, "tokens": 8192},
+    {"seqs": 32, "tokens": 16384},
+    {"seqs": 256, "tokens": 16384},
+]
+"""Six configurations that identify an additive quadratic model of two knobs."""
+
+
+def _landscape(seqs: int, tokens: int) -> float:
+    i, j = math.log2(seqs / 32), math.log2(tokens / 2048)
+    return 900 * (1 + 0.24 * i - 0.05 * i * i) * (1 + 0.16 * j - 0.035 * j * j)
+
+
+SEQS = (32, 64, 128, 256)
+TOKENS = (2048, 4096, 8192, 16384)
+GRID = [{"seqs": s, "tokens": t} for s in SEQS for t in TOKENS]
+OBJ = Setting(metrics=("chat.c8.output_throughput",))
+
+
+def _measured(configs: list[dict[str, int]]) -> list[Measured]:
+    return [
+        Measured(c, {"chat.c8.output_throughput": _landscape(c["seqs"], c["tokens"])})
+        for c in configs
+    ]
+
+
+def test_far_from_anything_measured_the_prediction_is_unknown() -> None:
+    got = predict(OBJ, GRID, _measured([{"seqs": 64, "tokens": 4096}]))
+    known = set()
+    for config, prediction in zip(GRID, got, strict=True):
+        p = prediction["chat.c8.output_throughput"]
+        if p.known:
+            known.add((config["seqs"], config["tokens"]))
+            assert p.low is not None and p.high is not None
+            assert p.low <= _landscape(config["seqs"], config["tokens"]) <= p.high
+    # the measured one and one step along one knob; two steps or both knobs: unknown
+    assert known == {(64, 4096), (32, 4096), (128, 4096), (64, 2048), (64, 8192)}
+    assert Prediction("m").reaches(1e9, maximize=True)  # unknown can still win
+    assert not predict(OBJ, GRID, [])[0]["chat.c8.output_throughput"].known
+
+
+def test_the_empirical_model_predicts_a_separable_landscape_within_its_interval() -> None:
+    design = DESIGN
+    got = predict(OBJ, GRID, _measured(design))
+    for config, prediction in zip(GRID, got, strict=True):
+        p = prediction["chat.c8.output_throughput"]
+        truth = _landscape(config["seqs"], config["tokens"])
+        assert p.known and p.low is not None and p.high is not None
+        assert p.low <= truth <= p.high
+        assert p.basis == ("measured" if config in design else "empirical")
+
+
+def test_a_knob_that_cannot_change_a_metric_answers_with_the_measurement() -> None:
+    setting = Setting(
+        metrics=("chat.c1.acceptance_length",),
+        draft_param=DRAFT,
+        invariant={"acceptance_length": frozenset({"seqs"})},
+    )
+    trials = [Measured({"seqs": 32, DRAFT: 4}, {"chat.c1.acceptance_length": 3.3})]
+    got = predict(setting, [{"seqs": 256, DRAFT: 4}, {"seqs": 256, DRAFT: 2}], trials)
+    assert got[0]["chat.c1.acceptance_length"].basis == "invariant"
+    assert got[0]["chat.c1.acceptance_length"].value == 3.3
+    # another draft length: from the acceptance curves that give 3.3 at 4 (non-increasing
+    # acceptance per position: the first two positions hold at least half of the 2.3)
+    other = got[1]["chat.c1.acceptance_length"]
+    assert other.basis == "speculative" and other.low is not None and other.high is not None
+    assert 1 + 2.3 / 2 - 0.01 <= other.low < other.high <= 3.3
+
+
+def test_earlier_sweeps_start_the_prediction_warm() -> None:
+    cold = predict(OBJ, GRID, [])
+    warm = predict(OBJ, GRID, [], earlier=_measured(DESIGN))
+    assert not any(g["chat.c8.output_throughput"].known for g in cold)
+    assert all(g["chat.c8.output_throughput"].known for g in warm)
+
+
+def test_a_miss_widens_the_interval_for_the_rest_of_the_sweep_and_a_hit_never_narrows() -> None:
+    p = Prediction("chat.c8.output_throughput", 100.0, 90.0, 110.0, "empirical")
+    assert verify(Trust(), p, 105.0) == Trust()
+    wider = verify(Trust(), p, 130.0)
+    assert wider.factor(p.metric) == pytest.approx(3.0)
+    assert verify(wider, p, 100.0) == wider  # a hit keeps it
+    less = verify(wider, Prediction(p.metric, 100.0, 50.0, 150.0, "empirical"), 160.0)
+    assert less.factor(p.metric) >= wider.factor(p.metric)  # never narrower
+    [plain] = predict(OBJ, [{"seqs": 64, "tokens": 2048}], _measured(DESIGN))
+    [widened] = predict(OBJ, [{"seqs": 64, "tokens": 2048}], _measured(DESIGN), trust=wider)
+    a, b = plain["chat.c8.output_throughput"], widened["chat.c8.output_throughput"]
+    assert a.value == b.value
+    assert a.low is not None and a.high is not None and b.low is not None and b.high is not None
+    assert b.high - b.value == pytest.approx(3 * (a.high - a.value))  # type: ignore[operator]
+
+
+def test_the_predictor_does_no_io() -> None:
+    package = Path(__file__).resolve().parents[2] / "src" / "servesweep" / "decide" / "perf"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in {"open", "print", "input"}, path
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = [a.name for a in node.names]
+                module = getattr(node, "module", None) or ""
+                for name in [module, *names]:
+                    assert name.split(".")[0] not in {"os", "subprocess", "socket", "sqlite3"}
+                    assert not name.startswith(("servesweep.store", "servesweep.servers"))

@@ -1,0 +1,97 @@
+"""``servesweep plan`` shows each configuration's predicted performance beside its
+predicted memory, from the trials already in the results database (issue 34)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servesweep.cli.main import main
+from servesweep.models import LevelResult, Outcome, ServerConfig
+from servesweep.report.predicted import perf_setting
+from servesweep.spec.load import load_sweep_text
+from servesweep.store import open_store
+
+SWEEP = """
+name: perfplan
+server:
+  engine: sim
+  gpus: [0]
+  gpu_backend: fake
+  fake_gpu_dir: gpus
+  fake_gpus: {count: 1, memory: 80GiB}
+params:
+  grid:
+    max-num-seqs: [8, 16, 32, 64, 128, 256]
+workloads: [{name: chat, concurrency: [1, 4]}]
+objective: {maximize: output_throughput, workload: chat, concurrency: 4}
+constraints: ["chat.c1.ttft_p99_ms < 500"]
+"""
+OBJECTIVE = "chat.c4.output_throughput"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    out, _ = capsys.readouterr()
+    assert isinstance(exit_info.value.code, int)
+    return exit_info.value.code, out
+
+
+def _measure(db_path: Path, name: str, seqs: int, throughput: float) -> None:
+    with open_store(db_path) as db:
+        sweep = db.latest_sweep(name) or db.create_sweep(name, "s.yaml", SWEEP, "h", "0")
+        trial = db.ensure_trial(sweep.id, ServerConfig.of({"max-num-seqs": seqs}), in_plan=True)
+        db.begin_attempt(trial.id, 1.0, None)
+        for level, metrics in (
+            ("c1", {"output_throughput": throughput / 3, "ttft_p99_ms": 120.0}),
+            ("c4", {"output_throughput": throughput, "ttft_p99_ms": 180.0}),
+        ):
+            db.add_result(trial.id, LevelResult("chat", level, 0, metrics))
+        db.finish_trial(trial.id, Outcome.OK, 2.0)
+
+
+def test_the_plan_predicts_from_the_trials_in_the_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SWEEP)
+    db = tmp_path / "results.db"
+    code, out = _run(capsys, "plan", str(sweep), "--store", str(db), "--json")
+    assert code == 0
+    before = [t["predicted_performance"][OBJECTIVE] for t in json.loads(out)["trials"]]
+    assert {p["basis"] for p in before} == {"unknown"}  # nothing measured yet
+    _measure(db, "perfplan", 32, 1000.0)
+    code, out = _run(capsys, "plan", str(sweep), "--store", str(db), "--json")
+    trials = {t["params"]["max-num-seqs"]: t for t in json.loads(out)["trials"]}
+    assert trials[32]["predicted_performance"][OBJECTIVE]["basis"] == "measured"
+    assert trials[32]["predicted_performance"][OBJECTIVE]["value"] == 1000.0
+    near = trials[64]["predicted_performance"][OBJECTIVE]
+    assert near["basis"] == "empirical" and near["low"] < near["value"] < near["high"]
+    assert trials[256]["predicted_performance"][OBJECTIVE]["basis"] == "unknown"  # far
+    assert "predicted_memory" in trials[256]
+    code, out = _run(capsys, "plan", str(sweep), "--store", str(db))
+    assert code == 0
+    assert "performance (predicted from 1 measured trial(s) of this sweep and 0 of" in out
+    assert "1000 (measured)" in out and "unknown" in out
+    with open_store(db) as store:  # a new sweep of the same name: the old one starts it
+        store.create_sweep("perfplan", "s.yaml", SWEEP, "h2", "0")
+    code, out = _run(capsys, "plan", str(sweep), "--store", str(db))
+    assert "from 0 measured trial(s) of this sweep and 1 of earlier sweeps" in out
+    assert "1000 (measured)" in out
+
+
+def test_the_setting_names_the_engines_draft_length_when_swept() -> None:
+    text = SWEEP.replace("engine: sim", "engine: vllm\n  model: m").replace(
+        "max-num-seqs: [8, 16, 32, 64, 128, 256]",
+        "max-num-seqs: [8, 16]\n    speculative_config.num_speculative_tokens: [0, 2, 4]",
+    )
+    spec = load_sweep_text(text).spec
+    setting = perf_setting(spec, "speculative_config.num_speculative_tokens")
+    assert setting.metrics == (OBJECTIVE, "chat.c1.ttft_p99_ms")
+    assert setting.draft_param == "speculative_config.num_speculative_tokens"
+    assert setting.concurrency == {"chat.c4": 4.0, "chat.c1": 1.0}
+    assert setting.invariant == {"acceptance_length": frozenset({"max-num-seqs"})}
+    assert perf_setting(spec, None).draft_param is None
