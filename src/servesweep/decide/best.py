@@ -48,12 +48,15 @@ How it decides (also in docs/reports.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from servesweep import metrics_catalog as mc
 from servesweep.decide.confirmed import ConfirmSummary, confirm_note, summarise
-from servesweep.decide.refs import ResultIndex, objective_of, stored_spec
+from servesweep.decide.costs import CostView, cost_view
+from servesweep.decide.mismatches import mismatch_notes, trial_mismatches
+from servesweep.decide.refs import ResultIndex, objectives_of, stored_spec
 from servesweep.decide.resources import trial_gpus
 from servesweep.decide.screened import ScreeningSummary, screening_note, summarise_screening
 from servesweep.decide.stats import (
@@ -165,6 +168,10 @@ class BestResult:
     objective (the difference's interval at ``1 - 2 alpha`` inside ``± threshold``)."""
     launch_sds: tuple[float, ...] = ()
     """The relative variation between launches each objective was decided with."""
+    costs: CostView | None = None
+    """Each trial's GPUs and, with a price in the sweep file, its cost figures."""
+    mismatches: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    """By trial id: the swept parameters its server did not run as asked."""
 
     @property
     def feasible(self) -> bool:
@@ -200,13 +207,12 @@ def _objectives(
         out.append((parse_metric_ref(objective), _direction(direction)))
     out.extend((parse_metric_ref(text), _direction(d)) for text, d in objectives)
     if not out:
-        own = objective_of(data, index)
-        if own is None:
+        out.extend(objectives_of(data, index))
+        if not out:
             raise ConfigError(
                 "no objective: the sweep file has none and nothing was measured; "
                 "give one, e.g. --objective chat.c1.output_throughput"
             )
-        out.append(own)
     return out
 
 
@@ -410,6 +416,7 @@ def find_best(
             )
             notes.append(note)
         notes.extend(_uncertain_notes(winner, parsed))
+        notes.extend(mismatch_notes(data, [c.trial for c in ranking]))
     screened = summarise_screening(data)
     screened_note = ""
     if screened is not None:
@@ -446,6 +453,8 @@ def find_best(
         screening_note=screened_note,
         equivalent=equivalent,
         launch_sds=launch_sds,
+        costs=cost_view(data, index, [r for r, _ in objs] + [c.ref for c in parsed]),
+        mismatches={t.id: tuple(m) for t in data.trials if (m := trial_mismatches(data, t))},
     )
 
 

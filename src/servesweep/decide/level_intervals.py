@@ -73,6 +73,7 @@ INTERVAL_METRICS: frozenset[str] = frozenset(
     [latency(k, s).name for k in _KINDS for s in _STATS]
     + [m.name for m in _RATES]
     + [mc.ACCEPTANCE_LENGTH.name, mc.ERROR_RATE.name, mc.PASS_RATE.name]
+    + [mc.COST_PER_MTOK.name, mc.TOKENS_PER_DOLLAR.name]
 )
 """The metrics that carry an interval."""
 
