@@ -48,6 +48,7 @@ from servesweep.servers.engine_patterns import (
     FatalPattern,
 )
 from servesweep.spec.schema import ServerSpec
+from servesweep.spec.speculation import silent_speculation
 
 __all__ = [
     "PRESETS",
@@ -488,9 +489,14 @@ def build_launch(
     spec, ``server.env``, then ``env.NAME`` params. ``trial`` (its key) and ``log``
     (its server log) fill the generic template's ``{trial}``, ``{log}`` and
     ``{pid_file}`` (``server.commands.pid_file`` rendered for this trial).
+    Speculative decoding the engine would silently not run is a ConfigError
+    (:func:`servesweep.spec.speculation.silent_speculation`).
     """
     preset = get_preset(spec.engine)
     merged = merged_params_over(merged_params_over(preset.default_args, spec.args), params)
+    problem = silent_speculation(spec.engine, merged, spec.env)
+    if problem:
+        raise ConfigError(problem, key="params")
     flags, env_params = split_env_params(merged)
     if preset.build_argv is _generic_argv:
         context = _launch_context(spec, trial, log)
