@@ -492,6 +492,11 @@ class _Runner:
             metrics[ACCEPTANCE_LENGTH.name] = acc
             info["acceptance_source"] = detail.pop("source", "engine_counters")
             info["spec_decode"] = detail
+        elif self.target.spec_counters_when_speculating and not counter_error:
+            # the engine's counters exist whenever it speculates (vLLM defines them
+            # only with a speculative config): none, or no draft, is no speculation,
+            # and tokens per chunk are no acceptance length
+            info["spec_decode"] = {**detail, "speculation": "none in this level"}
         elif "acceptance_estimate_from_chunks" in info:
             metrics[ACCEPTANCE_LENGTH.name] = info["acceptance_estimate_from_chunks"]
             info["acceptance_source"] = "tokens_per_chunk_estimate"

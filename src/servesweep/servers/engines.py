@@ -91,6 +91,10 @@ class EnginePreset:
     draft position, label ``position``). Counters may carry labels: sum them."""
     tokenize_path: str | None = None
     """vLLM-style ``POST {model, prompt} -> {count}`` endpoint, when the engine has one."""
+    spec_counters_when_speculating: bool = False
+    """Whether /metrics has ``spec_decode_counters`` whenever the engine speculates
+    (vLLM: defined only with a speculative config): then their absence, or no draft
+    counted, means no speculation ran, and no acceptance length is estimated."""
     default_env: Mapping[str, str] = field(default_factory=dict)
     default_args: Mapping[str, Any] = field(default_factory=dict)
     """Params applied under the server's args (e.g. enable the metrics endpoint)."""
@@ -329,6 +333,7 @@ PRESETS: dict[str, EnginePreset] = {
         health_path="/health",
         fatal_patterns=VLLM_FATAL,
         spec_decode_counters=_VLLM_COUNTERS,
+        spec_counters_when_speculating=True,
         tokenize_path="/tokenize",
         spec_params=(
             "speculative_config.method",
@@ -425,6 +430,8 @@ PRESETS: dict[str, EnginePreset] = {
             "accepted_per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
             "emitted": "llamacpp:tokens_predicted_total",
         },
+        # always on /metrics, 0 until a request drafted (tools/server/server-task.cpp)
+        spec_counters_when_speculating=True,
         spec_params=(
             "spec_draft_model",
             "spec_draft_n_max",
