@@ -52,6 +52,7 @@ from servesweep.servers.engine_patterns import (
     FatalPattern,
 )
 from servesweep.spec.schema import ServerSpec
+from servesweep.spec.speculation import silent_speculation
 
 __all__ = [
     "PRESETS",
@@ -447,6 +448,8 @@ PRESETS: dict[str, EnginePreset] = {
             "accepted_per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
             "emitted": "llamacpp:tokens_predicted_total",
         },
+        # always on /metrics, 0 until a request drafted (tools/server/server-task.cpp)
+        spec_counters_when_speculating=True,
         spec_params=(
             "spec_draft_model",
             "spec_draft_n_max",
@@ -511,9 +514,14 @@ def build_launch(
     spec, ``server.env``, then ``env.NAME`` params. ``trial`` (its key) and ``log``
     (its server log) fill the generic template's ``{trial}``, ``{log}`` and
     ``{pid_file}`` (``server.commands.pid_file`` rendered for this trial).
+    Speculative decoding the engine would silently not run is a ConfigError
+    (:func:`servesweep.spec.speculation.silent_speculation`).
     """
     preset = get_preset(spec.engine)
     merged = merged_params_over(merged_params_over(preset.default_args, spec.args), params)
+    problem = silent_speculation(spec.engine, merged, spec.env)
+    if problem:
+        raise ConfigError(problem, key="params")
     flags, env_params = split_env_params(merged)
     if preset.build_argv is _generic_argv:
         context = _launch_context(spec, trial, log)
