@@ -39,12 +39,21 @@ Every policy reads the same measurements and decides through servesweep's own
   launch (the same launch factor); then the confirm phase on the full results, with
   the same budget.
 
-A winner is **wrong** when its true throughput is more than 2 % below the true best.
+The confirm phase is also run with one of servesweep's rules taken away (``no
+equivalence stop``; ``pairwise``: 95 % per comparison instead of family-wise; ``before``:
+neither these nor the launch variation in one launch's interval). ``--same K`` puts K
+configurations exactly as fast as the best (differing only in ``--seed``) in place of
+the two within 0.5-1.5 %; ``--threshold`` sets ``decision.threshold``.
+
+A winner is **wrong** when its true throughput is more than 2 % below the true best. A
+configuration within 0.5 % of the true best is **dropped** when the confirm phase stops
+relaunching it as beaten or the final result (winner and tie set) leaves it out.
 GPU-hours come from a model of a large deployment: 8 GPUs, 7 min to stop, release and
 load, 3 min per measured level. Numbers over ``--seeds`` seeds (Wilson 95 % interval
 of the wrong-winner rate).
 
-Run:  .venv/bin/python bench/winner_accuracy.py [--seeds 100] [--configs 12] [--json]
+Run:  .venv/bin/python bench/winner_accuracy.py [--seeds 100] [--configs 12] [--same 2]
+      [--threshold 0.05] [--json]
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from servesweep.decide.best import BestResult, find_best
-from servesweep.decide.confirm import Done, Round, cost, decide, spent_launches
+from servesweep.decide.confirm import Done, Relaunch, Round, cost, decide, spent_launches
 from servesweep.decide.intervals import wilson
 from servesweep.decide.level_intervals import level_intervals
 from servesweep.decide.screening import (
@@ -68,6 +77,7 @@ from servesweep.decide.screening import (
     screen_reason,
     screening_stats,
 )
+from servesweep.decide.uncertainty import Rules
 from servesweep.models import InstanceRecord, LevelResult, Outcome, RequestSample
 from servesweep.records import SweepData, SweepRecord, TrialRecord
 from servesweep.spec.constraints import parse_metric_ref
@@ -91,9 +101,17 @@ class Noise:
     repeat_sd: float = 0.005
 
 
-def landscape(rng: random.Random, n: int) -> list[float]:
-    """True throughputs: the best, two as good, two just worse, the rest worse."""
+def landscape(rng: random.Random, n: int, same: int = 0) -> list[float]:
+    """True throughputs: the best, two as good, two just worse, the rest worse; with
+    ``same``, that many configurations exactly as fast as the best (configurations
+    that differ only in ``--seed``) instead of the two as good."""
     out = [BEST]
+    if same:
+        out += [BEST] * same
+        out += [BEST * (1 - rng.uniform(0.025, 0.04)) for _ in range(2)]
+        out += [BEST * (1 - rng.uniform(0.05, 0.30)) for _ in range(n - 3 - same)]
+        rng.shuffle(out)
+        return out
     out += [BEST * (1 - rng.uniform(0.005, 0.015)) for _ in range(2)]
     out += [BEST * (1 - rng.uniform(0.025, 0.04)) for _ in range(2)]
     out += [BEST * (1 - rng.uniform(0.05, 0.30)) for _ in range(n - 5)]
@@ -184,6 +202,76 @@ class Decision:
     screened_out: int = 0
     good_screened_out: bool = False
     """A configuration within 2 % of the true best was screened out."""
+    equivalent: bool = False
+    """The confirm phase ended on equivalence."""
+    near_dropped: bool = False
+    """A configuration within 0.5 % of the true best was decisively beaten."""
+
+
+@dataclass
+class Variant:
+    """How the decisions are made: ``rules`` for ``best`` (None: the defaults) and
+    whether the confirm phase stops on equivalence."""
+
+    rules: Rules | None = None
+    equivalence: bool = True
+
+
+DECISION = [Rules()]
+"""``decision`` of the sweep file (``--threshold``)."""
+SAME = [0]
+"""``--same``."""
+
+
+def variants() -> dict[str, Variant]:
+    """The confirm policies compared: servesweep's; without its equivalence stop;
+    with pairwise comparisons at ``decision.confidence`` instead of family-wise ones;
+    and before the launch rule, the family-wise tie set and the equivalence test (one
+    launch's interval taken as it is, the phase ending only when separated or out of
+    budget)."""
+    rules = DECISION[0]
+    return {
+        "intervals+confirm": Variant(rules),
+        "intervals+confirm, no equivalence stop": Variant(rules, equivalence=False),
+        "intervals+confirm, pairwise": Variant(replace(rules, family_wise=False)),
+        "intervals+confirm, before": Variant(
+            replace(rules, launch_sd=0.0, family_wise=False), equivalence=False
+        ),
+    }
+
+
+def _best(results: dict[int, list[LevelResult]], variant: Variant) -> BestResult:
+    return find_best(_data(results), OBJECTIVE, rules=variant.rules)
+
+
+@dataclass
+class Confirmed:
+    best: BestResult
+    extra: int
+    """Extra launches spent."""
+    equivalent: bool
+    """The phase ended because the candidates left were equivalent."""
+    dropped: bool
+    """A configuration within 0.5 % of the true best was dropped: the confirm phase
+    stopped relaunching it as beaten, or the final result (winner and tie set) left it
+    out."""
+
+
+def _near(truth: list[float], trials: set[int]) -> bool:
+    """Whether one of ``trials`` is within :data:`NEAR` of the true best."""
+    top = max(truth)
+    return any(truth[t - 1] >= (1 - NEAR) * top for t in trials)
+
+
+def _near_dropped(now: BestResult, truth: list[float]) -> bool:
+    """Whether ``now`` (a final result) leaves out a configuration within :data:`NEAR`
+    of the true best."""
+    kept = {c.trial.id for c in now.ties} | ({now.trial.id} if now.trial else set())
+    return _near(truth, {c.trial.id for c in now.ranking} - kept)
+
+
+NEAR = 0.005
+"""A configuration this close to the true best (relative) must not be dropped."""
 
 
 def _confirm(
@@ -192,18 +280,29 @@ def _confirm(
     rng: random.Random,
     noise: Noise,
     confirm_launches: int,
-) -> tuple[BestResult, int]:
+    variant: Variant | None = None,
+) -> Confirmed:
     """The confirm phase as the driver decides it, on ``results`` (one level per launch,
-    grown in place): the result of ``best`` at its end and the extra launches spent."""
-    now = find_best(_data(results), OBJECTIVE)
+    grown in place): the result of ``best`` at its end, the extra launches spent, how
+    it ended and whether a near-best configuration was dropped on the way."""
+    variant = variant or Variant(DECISION[0])
+    now = _best(results, variant)
+    dropped = False
+    equivalent = False
     if confirm_launches >= 2:
         spec = ConfirmSpec(top=3, launches=1, budget=ConfirmBudget(launches=confirm_launches))
         rounds: list[Round] = []
         while True:
             tied = [c.trial.id for c in now.ranking if c is now.winner or c in now.ties]
+            same = frozenset(c.trial.id for c in now.equivalent) if variant.equivalence else None
             stored = {t: len(r) for t, r in results.items()}  # one level per launch
-            step = decide(spec, tied, stored, rounds)
+            step = decide(spec, tied, stored, rounds, equivalent=same or frozenset())
+            if rounds and isinstance(step, Relaunch):
+                # the candidates of the last round it no longer relaunches as beaten
+                left = set(rounds[-1].targets) - set(step.targets) - (same or frozenset())
+                dropped = dropped or _near(truth, left)
             if isinstance(step, Done):
+                equivalent = step.reason == "equivalent"
                 break
             for tid, more in step.more.items():
                 for k in range(more):
@@ -211,8 +310,9 @@ def _confirm(
                     launch = stored[tid] + k
                     results[tid].append(measure(truth[tid - 1], factor, 0, launch, rng, noise))
             rounds.append(Round(step.round, step.targets, done=True, relaunches=cost(step)))
-            now = find_best(_data(results), OBJECTIVE)
-    return now, spent_launches({t: len(r) for t, r in results.items()}, 1)
+            now = _best(results, variant)
+    extra = spent_launches({t: len(r) for t, r in results.items()}, 1)
+    return Confirmed(now, extra, equivalent, dropped or _near_dropped(now, truth))
 
 
 SCREEN_REQUESTS = REQUESTS // 4
@@ -228,7 +328,7 @@ def _references(
         return ()
     ref = parse_metric_ref(OBJECTIVE)
     out = []
-    for cand in find_best(_data(full), OBJECTIVE).ranking:
+    for cand in find_best(_data(full), OBJECTIVE, rules=DECISION[0]).ranking:
         stats = screening_stats([short[cand.trial.id]], ref)
         if stats is not None:
             out.append(Reference(cand.trial.id, cand.trial.id, (figure_of(stats, 0.95),)))
@@ -255,14 +355,22 @@ def screen_then_confirm(
         )
         if screen_reason(policy, [short[tid]]) is None:
             full[tid] = [measure(truth[tid - 1], factor, 0, 0, rng, noise)]
-    now, extra = _confirm(full, truth, rng, noise, confirm_launches)
+    done = _confirm(full, truth, rng, noise, confirm_launches)
+    now, extra = done.best, done.extra
     assert now.trial is not None
     n = len(ids)
     levels = n * SCREEN_REQUESTS / REQUESTS + len(full) + extra
     top = max(truth)
     good = any(truth[t - 1] >= 0.98 * top for t in ids if t not in full)
     return Decision(
-        now.trial.id, hours(n + extra, levels), n + extra, now.decided, n - len(full), good
+        now.trial.id,
+        hours(n + extra, levels),
+        n + extra,
+        now.decided,
+        n - len(full),
+        good,
+        done.equivalent,
+        done.dropped,
     )
 
 
@@ -270,7 +378,7 @@ def run_seed(
     seed: int, n: int, noise: Noise, confirm_launches: int
 ) -> tuple[list[float], dict[str, Decision]]:
     rng = random.Random(seed)
-    truth = landscape(rng, n)
+    truth = landscape(rng, n, SAME[0])
     ids = list(range(1, n + 1))
     # one launch of every configuration, three repeats in it (policies read 1 or 3)
     first: dict[int, list[LevelResult]] = {}
@@ -285,16 +393,26 @@ def run_seed(
         t: statistics.fmean(x.metrics["output_throughput"] for x in r) for t, r in first.items()
     }
     out["grid-repeats-3"] = Decision(max(three, key=three.__getitem__), hours(n, 3 * n), n, True)
-    best = find_best(_data(one), OBJECTIVE)
+    best = find_best(_data(one), OBJECTIVE, rules=DECISION[0])
     assert best.trial is not None
     leader = best.ranking[0].trial.id
-    out["intervals"] = Decision(leader, hours(n, n), n, best.decided)
+    out["intervals"] = Decision(
+        leader, hours(n, n), n, best.decided, near_dropped=_near_dropped(best, truth)
+    )
     # confirm: the driver's decision, round by round, on everything measured so far
-    now, extra = _confirm({t: list(r) for t, r in one.items()}, truth, rng, noise,
-                          confirm_launches)  # fmt: skip
-    assert now.trial is not None
-    chosen, decided = now.trial.id, now.decided
-    out["intervals+confirm"] = Decision(chosen, hours(n + extra, n + extra), n + extra, decided)
+    for name, variant in variants().items():
+        done = _confirm({t: list(r) for t, r in one.items()}, truth, rng, noise,
+                        confirm_launches, variant)  # fmt: skip
+        now, extra = done.best, done.extra
+        assert now.trial is not None
+        out[name] = Decision(
+            now.trial.id,
+            hours(n + extra, n + extra),
+            n + extra,
+            now.decided,
+            equivalent=done.equivalent,
+            near_dropped=done.dropped,
+        )
     out["screening+confirm"] = screen_then_confirm(ids, truth, rng, noise, confirm_launches)
     return truth, out
 
@@ -315,10 +433,20 @@ def main() -> None:
     parser.add_argument(
         "--screen-threshold", type=float, default=0.05, help="screening.threshold (0.05)"
     )
+    parser.add_argument("--threshold", type=float, default=0.01, help="decision.threshold (0.01)")
+    parser.add_argument(
+        "--same",
+        type=int,
+        default=0,
+        help="configurations exactly as fast as the best (differing only in --seed) "
+        "instead of the two within 0.5-1.5 %%",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     noise = Noise(args.launch_sd, args.request_sd)
     SCREEN_THRESHOLD[0] = args.screen_threshold
+    DECISION[0] = Rules(threshold=args.threshold)
+    SAME[0] = args.same
     if args.confirm_launches is None:
         # a grid with repeats 3 measures 2 more levels per configuration; one confirm
         # launch costs a launch and a level
@@ -327,6 +455,8 @@ def main() -> None:
     wrong: dict[str, int] = {}
     hours: dict[str, list[float]] = {}
     ties: dict[str, int] = {}
+    same: dict[str, int] = {}
+    near: dict[str, int] = {}
     screened: list[int] = []
     good_out = 0
     for seed in range(args.seeds):
@@ -336,6 +466,8 @@ def main() -> None:
             wrong[name] = wrong.get(name, 0) + (truth[o.chosen - 1] < 0.98 * top)
             hours.setdefault(name, []).append(o.gpu_hours)
             ties[name] = ties.get(name, 0) + (not o.decided)
+            same[name] = same.get(name, 0) + o.equivalent
+            near[name] = near.get(name, 0) + o.near_dropped
         screened.append(outcomes["screening+confirm"].screened_out)
         good_out += outcomes["screening+confirm"].good_screened_out
     rows: list[dict[str, Any]] = []
@@ -349,6 +481,8 @@ def main() -> None:
                 "wrong_hi": hi,
                 "gpu_hours": statistics.fmean(hours[name]),
                 "undecided": ties[name] / args.seeds,
+                "equivalent": same[name] / args.seeds,
+                "near_best_dropped": near[name] / args.seeds,
             }
         )
     mean_out = statistics.fmean(screened)
@@ -358,15 +492,20 @@ def main() -> None:
         return
     print(
         f"{args.seeds} seeds, {args.configs} configurations, launch sd {args.launch_sd:.1%}, "
-        f"request sd {args.request_sd:.1%} ({time.monotonic() - started:.0f} s)"
+        f"request sd {args.request_sd:.1%}, threshold {args.threshold:.1%}, "
+        f"{args.same} as fast as the best ({time.monotonic() - started:.0f} s)"
     )
-    print("| policy | wrong winners (95 % interval) | GPU-hours | left a tie |")
-    print("|---|---|---|---|")
+    print(
+        "| policy | wrong winners (95 % interval) | GPU-hours | left a tie | "
+        "ended equivalent | a config within 0.5 % of the best dropped |"
+    )
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['policy']} | {r['wrong_winners']:.1%} "
             f"({r['wrong_lo']:.1%}..{r['wrong_hi']:.1%}) "
-            f"| {r['gpu_hours']:.1f} | {r['undecided']:.0%} |"
+            f"| {r['gpu_hours']:.1f} | {r['undecided']:.0%} | {r['equivalent']:.0%} "
+            f"| {r['near_best_dropped']:.0%} |"
         )
     print(
         f"screening+confirm screened out {mean_out:.1f} of {args.configs} on average; "

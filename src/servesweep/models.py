@@ -225,6 +225,9 @@ class Evidence:
     exit_code: int | None = None
     signal: int | None = None
     matched_line: str | None = None
+    first_error_line: str | None = None
+    """The engine's first error line in the log (its cause), quoted beside the matched
+    or last line when it is another (``engine_patterns.PYTHON_ERRORS``)."""
     log_tail: tuple[str, ...] = ()
     log_path: str | None = None
     gpu_holders: tuple[GpuHolder, ...] = ()
@@ -240,6 +243,9 @@ class Evidence:
             text = f"({self.reason}) {text}"
         if self.matched_line:
             text += f': "{self.matched_line.strip()[:160]}"'
+        first = (self.first_error_line or "").strip()
+        if first and first != (self.matched_line or "").strip():
+            text += f'; the engine\'s first error line: "{first[:160]}"'
         if self.log_path:
             text += f" — see {self.log_path}"
         return text
@@ -259,6 +265,7 @@ class Evidence:
             exit_code=data.get("exit_code"),
             signal=data.get("signal"),
             matched_line=data.get("matched_line"),
+            first_error_line=data.get("first_error_line"),
             log_tail=tuple(data.get("log_tail") or ()),
             log_path=data.get("log_path"),
             gpu_holders=tuple(GpuHolder(**h) for h in data.get("gpu_holders") or ()),

@@ -134,3 +134,7 @@ class SweepData:
     screened: tuple[Mapping[str, Any], ...] = ()
     """What screening decided, one ``screening`` event per decision (``kept`` or
     not, why, when), in order."""
+    mismatches: tuple[Mapping[str, Any], ...] = ()
+    """Swept parameters a trial's server did not run as asked, as the engine said
+    (``config_mismatch`` events: ``trial``, ``t``, ``param``, ``asked``, ``engine``,
+    ``source``), in order."""

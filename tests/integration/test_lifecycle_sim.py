@@ -288,6 +288,11 @@ def test_sim_failure_modes_at_load(
     assert caught.value.failure_class is klass
     assert caught.value.evidence.reason == reason
     assert caught.value.evidence.log_tail
+    if "crash-at-load" in params:
+        # the fatal line is the traceback's header; the evidence also quotes the cause
+        cause = "RuntimeError: simulated crash while loading weights (--crash-at-load)"
+        assert caught.value.evidence.first_error_line == cause
+        assert cause in caught.value.evidence.summary()
     lc.stop(inst)
 
 

@@ -197,3 +197,31 @@ def test_streamed_chat_against_llama_server_loses_no_request(
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_start_quotes_llama_servers_first_error_line(
+    llama_server: str, model: Path, tmp_path: Path
+) -> None:
+    """A flag value llama-server refuses while loading (a model given as a LoRA
+    adapter): its log says why first and ``exiting due to model loading error`` last;
+    the trial's evidence quotes both, the cause as the engine's first error line."""
+    sweep = llama_server_sweep(
+        tmp_path / "sweep.yaml",
+        name="llama-server-bad",
+        binary=llama_server,
+        model=model,
+        port=free_port(),
+        points=[{"lora": str(model)}],
+    )
+    done = run_cli("run", str(sweep), timeout=240)
+    assert done.returncode == 1, done.stdout + done.stderr  # its only trial failed
+    (row,) = report_json(sweep)["trials"]
+    assert row["outcome"] == "failed" and row["failure_class"] == "start_crash", row
+    failure = row["failure"]
+    assert "failed to apply lora adapter" in failure["first_error_line"], failure
+    assert "exiting due to model loading error" in failure["message"], failure
+    # the one-line summary (the console's, the report's) quotes the cause too
+    assert "the engine's first error line:" in failure["summary"]
+    assert "failed to apply lora adapter" in failure["summary"]
+    assert "failed to apply lora adapter" in done.stdout + done.stderr

@@ -12,10 +12,13 @@ from tests.integration.sweep_helpers import kill_tagged, run_cli, write_sweep
 from servesweep import metrics_catalog as mc
 from servesweep.bench.load import LoadOptions, run_workload_sync
 from servesweep.bench.target import Target
+from servesweep.decide.cost import level_cost
+from servesweep.decide.refs import ResultIndex
 from servesweep.fakegpu import FakeGpuDir
 from servesweep.models import Phase
 from servesweep.servers.gpu import open_probe
 from servesweep.sim.testing import running_sim
+from servesweep.spec.constraints import MetricRef
 from servesweep.spec.schema import workload_spec
 from servesweep.store import open_store
 
@@ -50,6 +53,10 @@ def test_a_level_produces_every_level_metric_of_the_catalog(tmp_path: Path) -> N
     finally:
         probe.close()
     produced = {name for result in (*closed, *opened) for name in result.metrics}
+    # the cost of a level is derived from it when results are read (servesweep.decide.cost)
+    for result in (*closed, *opened):
+        priced, _ = level_cost(result.metrics, result.intervals, 1, 2.49)
+        produced |= set(priced)
     assert produced == mc.LEVEL_METRICS, (
         f"not in the catalog: {sorted(produced - mc.LEVEL_METRICS)}; "
         f"in the catalog, never produced: {sorted(mc.LEVEL_METRICS - produced)}"
@@ -72,5 +79,10 @@ def test_a_trial_records_the_seconds_of_every_timed_phase(tmp_path: Path) -> Non
         sweep_record = store.latest_sweep("catalog")
         assert sweep_record is not None
         (trial,) = store.trials(sweep_record.id)
+        data = store.load_sweep_data(sweep_record.id, with_samples=False)
     recorded = {mc.phase_metric(Phase(name)).name for name in trial.phase_seconds}
+    # the GPUs the trial held are read from its record
+    gpus = ResultIndex(data).stats(trial, MetricRef.of(None, None, mc.GPUS.name))
+    assert gpus is not None and gpus.mean == len(trial.gpus) > 0
+    recorded.add(mc.GPUS.name)
     assert recorded == mc.TRIAL_METRICS

@@ -55,3 +55,29 @@ def test_quickstart_html_report_in_chromium(tmp_path: Path) -> None:
         "chart-progress-gpu-hours",
     } <= ids  # fmt: skip
     assert "chart-memory" in ids  # the fake GPUs' memory over the sweep
+
+
+def test_quickstart_output_has_one_untrusted_acceptance_note_per_workload(
+    tmp_path: Path,
+) -> None:
+    """The quickstart's winner is decided on two metrics of one ignore_eos workload
+    (chat.c1.output_throughput, chat.c8.ttft_p99_ms): the run's output and ``best``
+    say once that its acceptance is untrusted, naming both (two configurations of its
+    grid, to keep the test short)."""
+    text = (ROOT / "examples" / "quickstart.yaml").read_text()
+    text = re.sub(r"port: \d+", f"port: {free_port()}", text)
+    text = re.sub(r"budget: \[[^]]*\]", "budget: [4, 8]", text)
+    text = re.sub(r"topk: \[[^]]*\]", "topk: [1]", text)
+    sweep_file = tmp_path / "quickstart.yaml"
+    sweep_file.write_text(text)
+    try:
+        done = run_cli("run", str(sweep_file), timeout=400)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        kill_tagged("quickstart", tmp_path)
+    best = run_cli("best", str(sweep_file))
+    assert best.returncode == 0, best.stderr
+    for output in (done.stdout, best.stdout):
+        notes = [line for line in output.splitlines() if "untrusted acceptance (?)" in line]
+        assert len(notes) == 1, output
+        assert "chat.c1.output_throughput, chat.c8.ttft_p99_ms" in notes[0]

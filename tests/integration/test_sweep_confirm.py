@@ -88,3 +88,48 @@ def test_tied_configs_are_relaunched_and_a_killed_confirm_continues(tmp_path: Pa
             assert len(store.load_sweep_data(with_samples=False).confirm) == len(data.confirm)
     finally:
         kill_tagged("confirm", tmp_path)
+
+
+def test_equivalent_configs_are_not_relaunched(tmp_path: Path) -> None:
+    """The same two configurations, with a threshold (20 %) far wider than their
+    difference's interval: equivalent after the grid, so the confirm phase relaunches
+    nothing and says so, rather than spending its budget to end "still tied"."""
+    sweep = write_sweep(
+        tmp_path,
+        name="equivalent",
+        grid={"seed": [1, 2]},
+        args={"budget": 8, "topk": 4, "step-ms": 6},
+        workloads=[
+            {
+                "name": "chat",
+                "concurrency": [2],
+                "requests": 12,
+                "max_tokens": 16,
+                "ignore_eos": True,
+            }
+        ],
+        extra={
+            "confirm": {"top": 3, "launches": 1, "budget": 4},
+            "decision": {"threshold": "20%"},
+        },
+    )
+    try:
+        run = run_cli("run", str(sweep), timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "confirm: #" in run.stdout and "equivalent within ±20%" in run.stdout, run.stdout
+        with open_store(tmp_path / "servesweep.db", readonly=True) as store:
+            data = store.load_sweep_data(with_samples=False)
+        assert [s["step"] for s in data.confirm] == ["done"]
+        assert data.confirm[-1]["reason"] == "equivalent"
+        for trial in data.trials:
+            assert [r.launch for r in data.results[trial.id]] == [0]  # never relaunched
+        best = run_cli("best", str(sweep), "--json")
+        assert best.returncode == 0, best.stderr
+        decision = json.loads(best.stdout)
+        assert decision["confirm"]["reason"] == "equivalent"
+        assert decision["confirm"]["note"].startswith("confirm: nothing to confirm (#")
+        assert decision["confirm"]["note"].endswith("are equivalent within ±20%)")
+        assert len(decision["decision"]["equivalent"]) == 1
+        assert "are equivalent within ±20% on chat" in decision["decision"]["why"]
+    finally:
+        kill_tagged("equivalent", tmp_path)

@@ -235,3 +235,34 @@ def test_a_slot_port_in_use_is_refused_before_anything_starts(tmp_path: Path) ->
     assert not tagged_processes("pport", tmp_path)
     with open_store(tmp_path / "servesweep.db", readonly=True) as store:
         assert all(t.started_at is None for t in store.trials(1)), "nothing was started"
+
+
+def test_a_configuration_larger_than_every_machine_is_skipped_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """``tensor-parallel-size: 4`` on a machine of 2 GPUs: that configuration is
+    skipped with the reason, the others run (the sweep is not refused)."""
+    sweep_file = write_sweep(
+        tmp_path,
+        name="toobig",
+        grid={"tensor-parallel-size": [1, 4, 2]},
+        args={"mem-per-gpu": "10GiB"},
+        workloads=[{"name": "chat", "concurrency": [1], "requests": 4, "max_tokens": 8}],
+        server_extra={"gpus_per_trial": "{param.tensor-parallel-size}"},
+    )
+    try:
+        done = run_cli("run", str(sweep_file), "--slots", "1", timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # the console says why
+        assert "no machine offers more than 2" in done.stdout + done.stderr
+        trials = {t["params"]["tensor-parallel-size"]: t for t in report_json(sweep_file)["trials"]}
+        assert set(trials) == {1, 2, 4}
+        assert trials[1]["outcome"] == trials[2]["outcome"] == "ok"
+        skipped = trials[4]
+        assert skipped["outcome"] == "skipped"
+        assert skipped["failure"]["reason"] == "too_few_gpus"
+        assert skipped["failure"]["message"] == (
+            "tensor-parallel-size=4 needs 4 GPUs; no machine offers more than 2: not launched"
+        )
+    finally:
+        kill_tagged("toobig", tmp_path)

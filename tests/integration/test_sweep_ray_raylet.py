@@ -131,6 +131,8 @@ def test_a_raylet_killed_under_rays_defaults_kills_the_server_its_own_session_wo
         assert f"trial {number} lost its node on {other.ip}: running it again" in shown
         assert f"/3] trial {number} again (attempt 2)" in shown, shown[-4000:]
         assert "[4/3]" not in shown
+        # the dead raylet's log block, which its two agents publish, is printed once
+        assert shown.count("Raylet is terminated.") == 1, shown
         status = subprocess.run(
             [*SERVESWEEP, "status", str(sweep)], capture_output=True, text=True, check=False
         )

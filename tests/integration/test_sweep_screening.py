@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.integration.sweep_helpers import (
     background_run,
     kill_tagged,
@@ -104,3 +105,39 @@ def test_a_clearly_worse_configuration_is_screened_out_and_the_saving_reported(
         assert "not spent: 30 requests" in text
     finally:
         kill_tagged("screen", tmp_path)
+
+
+def test_screened_out_configurations_are_measured_in_full_once_screening_is_off(
+    tmp_path: Path,
+) -> None:
+    workloads = [
+        {"name": "chat", "concurrency": [2], "requests": 24, "max_tokens": 16, "ignore_eos": True}
+    ]
+    sweep = write_sweep(
+        tmp_path,
+        name="unscreen",
+        grid={"step-ms": [2, 16]},
+        workloads=workloads,
+        extra={"screening": {"requests": 6}},
+    )
+    try:
+        first = run_cli("run", str(sweep), "--quiet", timeout=180)
+        assert first.returncode == 0, first.stdout + first.stderr
+        with open_store(tmp_path / "servesweep.db", readonly=True) as store:
+            outcomes = {t.params["step-ms"]: t.outcome for t in store.trials(1)}
+        assert outcomes == {2: Outcome.OK, 16: Outcome.PRUNED}
+        # the same sweep file without screening, run again (resume)
+        spec = yaml.safe_load(sweep.read_text())
+        del spec["screening"]
+        sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
+        again = run_cli("run", str(sweep), "--quiet", timeout=180)
+        assert again.returncode == 0, again.stdout + again.stderr
+        with open_store(tmp_path / "servesweep.db", readonly=True) as store:
+            data = store.load_sweep_data(with_samples=False)
+        by_step = {t.params["step-ms"]: t for t in data.trials}
+        assert by_step[16].outcome is Outcome.OK
+        assert [r.metrics["completed"] for r in data.results[by_step[16].id]] == [24]
+        # the configuration measured in full before is not measured again
+        assert [r.metrics["completed"] for r in data.results[by_step[2].id]] == [24]
+    finally:
+        kill_tagged("unscreen", tmp_path)

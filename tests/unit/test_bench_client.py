@@ -201,3 +201,49 @@ def test_a_whole_answer_with_an_impossible_usage() -> None:
     parse_into(r, [(1, json.dumps(body).encode())], stream=False)
     assert r.ok and r.usage_problem == "completion_tokens is 0 but the answer has text"
     assert r.completion_tokens is None and r.prompt_tokens is None
+
+
+def test_the_finish_reason_is_kept_streamed_and_whole() -> None:
+    # the model ended its turn: vLLM's last content chunk says "stop", a usage follows
+    reads = [
+        (1, _chat({"content": "a"})),
+        (
+            2,
+            _event({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}]})
+            + _event({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}})
+            + DONE,
+        ),
+    ]
+    assert _parse(reads).finish_reason == "stop"
+    assert _parse(_stream(3, None, finish=True, done=False)).finish_reason == "stop"
+    assert _parse([(1, _chat({"content": "a"}) + DONE)]).finish_reason is None
+    r = RawResult(index=0, sent_ns=0)
+    body = {
+        "choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+    }
+    parse_into(r, [(1, json.dumps(body).encode())], stream=False)
+    assert r.ok and r.finish_reason == "length"
+
+
+def test_an_answer_of_only_the_end_of_turn_token_is_an_answer() -> None:
+    # a real model (SmolLM2 on vLLM, a raw completion prompt) may end its turn at once:
+    # one token without text, counted by the closing chunk's usage
+    def u(n: int) -> dict[str, int]:
+        return {"prompt_tokens": 22, "completion_tokens": n, "total_tokens": 22 + n}
+
+    closing = {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}], "usage": u(1)}
+    reads = [
+        (1, _event({"choices": [{"index": 0, "text": ""}], "usage": u(0)})),
+        (2, _event(closing) + _event({"choices": [], "usage": u(1)}) + DONE),
+    ]
+    r = _parse(reads)
+    assert r.ok and r.error is None, r.message
+    assert (r.completion_tokens, r.finish_reason, r.chunk_ns, r.first_ns) == (1, "stop", [2], 2)
+    # the same without continuous usage (the usage only on the closing chunk)
+    r = _parse([(1, _event(closing) + DONE)])
+    assert r.ok and r.completion_tokens == 1 and r.chunk_ns == [1]
+    # a stream that ends with no token at all is still empty
+    none = {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}], "usage": u(0)}
+    r = _parse([(1, _event(none) + DONE)])
+    assert not r.ok and r.error == "empty"

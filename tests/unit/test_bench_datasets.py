@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,26 @@ def test_synthetic_fallback_and_calibration() -> None:
     )
 
 
+def test_synthetic_chat_prompts_leave_the_chat_templates_tokens_out() -> None:
+    # the server counts a chat prompt inside its template: 31 tokens of system turn and
+    # role markers come on top of the text's, and the prompt is that much shorter
+    async def two_tokens_per_word(text: str) -> int:
+        return 2 * len(text.split())
+
+    async def in_template(text: str) -> int:
+        return 31 + 2 * len(text.split())
+
+    prompts, info = asyncio.run(
+        synthetic_prompts(
+            2, 200, seed=1, count_tokens=two_tokens_per_word, count_prompt=in_template
+        )
+    )
+    assert info["template_tokens"] == 31 and info["words_per_prompt"] == 84
+    # what the server will count for the first prompt: within a word of the length asked
+    assert abs(info["first_prompt_tokens"] - 200) <= 2, info
+    assert all(len((p.text or "").split()) == 84 for p in prompts)
+
+
 def test_body_defaults_and_extras_merged_last() -> None:
     body = json.loads(
         build_body(
@@ -146,3 +168,20 @@ def test_body_defaults_and_extras_merged_last() -> None:
         )
     )
     assert plain["prompt"] == "x" and "stream_options" not in plain and "ignore_eos" not in plain
+
+
+def test_request_order_is_drawn_as_it_is_read() -> None:
+    start = time.process_time()
+    order = request_order(1000, 10_000_000_000, seed=7)
+    last = order[len(order) - 1]  # the warm-up reads the end: one pass drawn, not all
+    assert time.process_time() - start < 0.5
+    assert 0 <= last < 1000
+    # every pass is a permutation of the prompts, each pass its own shuffle
+    passes = [order[k * 1000 : (k + 1) * 1000] for k in (0, 1, 5)]
+    assert all(sorted(p) == list(range(1000)) for p in passes)
+    assert passes[0] != passes[1] != passes[2]
+    # a worker process gets the same order
+    assert pickle.loads(pickle.dumps(order))[123_456] == order[123_456]
+    assert order[-1] == last
+    with pytest.raises(IndexError):
+        order[len(order)]

@@ -220,3 +220,36 @@ def test_a_failed_request_keeps_its_error_text_and_resends_are_counted() -> None
     assert info["resent_requests"] == 1
     assert info["resent_example"] == ok.resent
     assert m["completed"] == 1 and m["failed"] == 1
+
+
+def test_answers_that_end_their_turn_despite_ignore_eos_are_said() -> None:
+    def answers(*reasons: str | None) -> list[RawResult]:
+        out = []
+        for i, reason in enumerate(reasons):
+            raw = _raw(i, 0.0, [10, 20], [1, 1], 2)
+            raw.finish_reason = reason
+            out.append(raw)
+        return out
+
+    # honoured: every answer ran to max_tokens
+    _, info, _, warnings = compute_level(
+        answers("length", "length"), LevelContext(t0_ns=0, ignore_eos=(True, True))
+    )
+    assert info["finish_reasons"] == {"length": 2}
+    assert not any("ignore_eos" in w for w in warnings)
+    # sent, but one answer ended at the model's end of turn all the same
+    _, info, _, warnings = compute_level(
+        answers("length", "stop", None), LevelContext(t0_ns=0, ignore_eos=(True, True))
+    )
+    assert info["finish_reasons"] == {"length": 1, "stop": 1, "none": 1}
+    [said] = [w for w in warnings if "ignore_eos" in w]
+    assert said.startswith("1 of 3 answers ended at the model's end of turn"), said
+    # asked, but the engine has no ignore_eos: not sent, and the lengths are the model's
+    _, _, _, warnings = compute_level(
+        answers("stop", "stop"), LevelContext(t0_ns=0, ignore_eos=(True, False))
+    )
+    [said] = [w for w in warnings if "ignore_eos" in w]
+    assert "does not support it (not sent): 2 of 2 answers ended" in said, said
+    # not asked: a model that ends its turn is no news
+    _, _, _, warnings = compute_level(answers("stop"), LevelContext(t0_ns=0))
+    assert not any("ignore_eos" in w for w in warnings)

@@ -14,6 +14,7 @@ from servesweep.bench.specdecode import (
     acceptance_from_counters,
     estimate_from_chunks,
     parse_counters,
+    parse_per_position,
 )
 from servesweep.bench.standalone import (
     BenchServer,
@@ -59,6 +60,30 @@ def test_acceptance_length_is_one_plus_accepted_per_draft() -> None:
     assert acceptance_from_counters({}, before, after) == (None, {})
     missing = acceptance_from_counters(COUNTERS, {}, {})
     assert missing[0] is None and missing[1]["counters_missing"]
+
+
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def test_accepted_tokens_per_draft_position() -> None:
+    text = (
+        f'{PER_POS}{{engine="0",model_name="m",position="0"}} 40.0\n'
+        f'{PER_POS}{{engine="0",model_name="m",position="1"}} 25.0\n'
+        f'{PER_POS}{{engine="1",model_name="m",position="1"}} 5.0\n'
+        f'{PER_POS}{{engine="0",model_name="m",position="2"}} 12.0\n'
+        f"{PER_POS}_created 1.7e9\n"
+        f'{PER_POS}{{engine="0",model_name="m"}} 99\n'
+    )
+    after = parse_per_position(text, PER_POS)
+    assert after == {f"{PER_POS}#0": 40.0, f"{PER_POS}#1": 30.0, f"{PER_POS}#2": 12.0}
+    counters = {**COUNTERS, "accepted_per_pos": PER_POS}
+    after |= {COUNTERS["drafts"]: 60.0, COUNTERS["accepted"]: 82.0}
+    before = {COUNTERS["drafts"]: 10.0, COUNTERS["accepted"]: 2.0, f"{PER_POS}#0": 2.0}
+    acc, detail = acceptance_from_counters(counters, before, after)
+    assert acc == pytest.approx(1 + 80 / 50)
+    assert detail["accepted_per_position"] == [38.0, 30.0, 12.0]
+    assert detail["acceptance_rate_per_position"] == [0.76, 0.6, 0.24]
+    assert sum(detail["accepted_per_position"]) == detail["accepted_tokens"]
 
 
 def test_engine_acceptance_gauge_is_averaged_over_engines() -> None:

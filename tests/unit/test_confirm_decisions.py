@@ -11,6 +11,7 @@ import pytest
 from helpers.report_data import T0, sweep_data, trial
 from servesweep.decide.best import find_best
 from servesweep.decide.confirm import Done, Relaunch, Round, cost, decide, spent_launches
+from servesweep.decide.confirmed import ConfirmSummary, confirm_note
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.report.best_view import best_to_json, format_best
@@ -89,6 +90,57 @@ def test_a_failed_relaunch_drops_the_candidate() -> None:
     assert decide(SPEC, [5, 7], {5: 3, 7: 2}, rounds, dropped=frozenset({7})) == Done("failed")
 
 
+def test_equivalent_candidates_are_not_relaunched_and_end_the_phase() -> None:
+    # every candidate left is equivalent to the leader: done, nothing relaunched
+    assert decide(SPEC, [5, 7, 2], {5: 1, 7: 1, 2: 1}, [], equivalent=frozenset({7, 2})) == Done(
+        "equivalent"
+    )
+    rounds = [Round(1, {5: 3, 7: 3, 2: 3}, done=True, relaunches=6)]
+    assert decide(
+        SPEC, [5, 7, 2], {5: 3, 7: 3, 2: 3}, rounds, equivalent=frozenset({7, 2})
+    ) == Done("equivalent")
+    # one equivalent, one still undecided: only the undecided one goes on with the leader
+    step = decide(SPEC, [5, 7, 2], {5: 3, 7: 3, 2: 3}, rounds, equivalent=frozenset({7}))
+    assert isinstance(step, Relaunch) and step.more == {5: 2, 2: 2}
+    # without the equivalence, the same standing spends the budget on all three
+    step = decide(SPEC, [5, 7, 2], {5: 3, 7: 3, 2: 3}, rounds)
+    assert isinstance(step, Relaunch) and step.more == {5: 2, 7: 2, 2: 2}
+
+
+def test_best_says_the_candidates_are_equivalent() -> None:
+    trials = [trial(5, {"b": 1}), trial(7, {"b": 2})]
+    # sixteen launches each that agree, 0.2 % apart: the difference is inside ± 1 %
+    # (launches measured to vary little: the stated 2 % gives way to what they show)
+    same = {
+        5: [_measured(221.0 + 0.1 * (k % 2), 0.2, launch=k) for k in range(16)],
+        7: [_measured(221.4 + 0.1 * (k % 2), 0.2, launch=k) for k in range(16)],
+    }
+    steps = (
+        _round({"5": 16, "7": 16}, 30),
+        {"step": "round_done", "round": 1, "seconds": 3.0},
+        {"step": "done", "reason": "equivalent"},
+    )
+    best = find_best(
+        dataclasses.replace(sweep_data(trials, same), confirm=steps), "chat.c1.output_throughput"
+    )
+    assert not best.decided and [c.trial.id for c in best.equivalent] == [5]
+    assert "are equivalent within ±1% on chat.c1.output_throughput" in best.why
+    assert best.confirm_note.endswith("#7 and #5 equivalent within ±1%")
+    assert "still tied" not in best.confirm_note
+    assert best_to_json(best)["decision"]["equivalent"] == [5]
+    # the same means with one launch each: launches vary by 2 %, so equivalence
+    # within 1 % is not shown; a tie, as before
+    one = {5: [_measured(221.1, 0.2)], 7: [_measured(221.5, 0.2)]}
+    best = find_best(sweep_data(trials, one), "chat.c1.output_throughput")
+    assert not best.decided and best.equivalent == ()
+    assert "equivalent" not in best.why
+    # a threshold below 1 % is said as it is
+    summary = ConfirmSummary(0, 0, (), "equivalent")
+    assert confirm_note(summary, 5, [5, 7], [], equivalent=[7], threshold=0.005) == (
+        "confirm: nothing to confirm (#5 and #7 are equivalent within ±0.5%)"
+    )
+
+
 _SWEEP = """
 name: s
 server: {engine: sim, port: 18999}
@@ -142,7 +194,11 @@ def _round(targets: dict[str, int], relaunches: int) -> dict[str, object]:
 
 def test_best_says_what_the_confirmation_changed() -> None:
     trials = [trial(5, {"b": 1}), trial(7, {"b": 2})]
-    results = {5: [_measured(221.0, 1.0)], 7: [_measured(230.0, 1.0)]}
+    # the first launch and the round's two relaunches of each, stored as its launches
+    results = {
+        5: [_measured(221.0, 1.0, launch=k) for k in range(3)],
+        7: [_measured(230.0, 1.0, launch=k) for k in range(3)],
+    }
     steps = (
         _round({"5": 2, "7": 2}, 2),
         {"step": "round_done", "round": 1, "seconds": 3.0},

@@ -210,6 +210,7 @@ def test_llama_server_argv_negates_only_negatable_flags() -> None:
             "embedding": False,
             "-ngl": 99,
             "spec_draft_model": "/d.gguf",
+            "spec-type": "draft-simple",
             "spec-draft-n-max": 8,
         },
     )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from servesweep.models import FailureClass
+from servesweep.models import Evidence, FailureClass
 from servesweep.servers.engines import PRESETS
-from servesweep.servers.logs import match_fatal
+from servesweep.servers.logs import first_error, match_fatal
 
 ARGS = FailureClass.INVALID_ARGS
 CRASH = FailureClass.START_CRASH
@@ -179,6 +179,8 @@ HEALTHY = {
         "main: server is listening on http://127.0.0.1:8080 - starting the main loop",
         "srv  update_slots: all slots are idle",
         "load_tensors: offloading 32 repeating layers to GPU",
+        # ggml looking for backends among the libraries next to it (ggml-backend-reg.cpp)
+        "load_backend: failed to find ggml_backend_init in /opt/llama/libggml-base.so",
     ],
 }
 
@@ -194,3 +196,111 @@ def test_every_preset_orders_traceback_last() -> None:
         if "traceback" in reasons:
             assert reasons[-1] == "traceback", name
         assert preset.fatal_patterns, name
+
+
+# A failed start's log as each engine prints it: the evidence quotes the engine's first
+# error line (its cause) beside the fatal or last line, which is often only the engine's
+# last word. Excerpts of real logs (paths shortened).
+FIRST_ERRORS = {
+    # llama-server on an H100, a flag value it refused (servesweep issue 35)
+    "llama-server": (
+        [
+            "load_backend: failed to find ggml_backend_init in /opt/llama/libggml-base.so",
+            "load_tensors: offloading 32 repeating layers to GPU",
+            "llama_context: constructing llama_context",
+            "common_init_from_params: failed to initialize speculative decoding context: "
+            "synthetic acceptance rates must contain 1 values, got 16",
+            "srv    load_model: failed to load model, '/models/m.gguf'",
+            "srv   operator(): operator(): cleaning up before exit...",
+            "llama_server: exiting due to model loading error",
+        ],
+        "common_init_from_params: failed to initialize speculative decoding context: "
+        "synthetic acceptance rates must contain 1 values, got 16",
+    ),
+    # vLLM V1: the engine core's exception, then the API server's generic one
+    "vllm": (
+        [
+            "WARNING 11-29 12:00:00 [_custom_ops.py:20] Failed to import from vllm._C with "
+            "ModuleNotFoundError(\"No module named 'vllm._C'\")",
+            "(EngineCore_DP0 pid=2712) ERROR 09-18 10:21:37 [core.py:718] EngineCore failed "
+            "to start.",
+            "(EngineCore_DP0 pid=2712) ERROR 09-18 10:21:37 [core.py:718] Traceback (most "
+            "recent call last):",
+            '(EngineCore_DP0 pid=2712) ERROR 09-18 10:21:37 [core.py:718]   File "vllm/v1/'
+            'engine/core.py", line 709, in run_engine_core',
+            "(EngineCore_DP0 pid=2712) ERROR 09-18 10:21:37 [core.py:718] ValueError: "
+            "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+            "Your Tesla T4 GPU has compute capability 7.5.",
+            "(APIServer pid=1179246) Traceback (most recent call last):",
+            '(APIServer pid=1179246)     raise RuntimeError("Engine core initialization failed. "',
+            "(APIServer pid=1179246) RuntimeError: Engine core initialization failed. See "
+            "root cause above. Failed core proc(s): {}",
+        ],
+        "(EngineCore_DP0 pid=2712) ERROR 09-18 10:21:37 [core.py:718] ValueError: Bfloat16 "
+        "is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 "
+        "GPU has compute capability 7.5.",
+    ),
+    # SGLang: the scheduler's traceback, then the launcher's sigquit line
+    "sglang": (
+        [
+            "[2025-04-23 21:31:30] Load weight begin. avail mem=78.84 GB",
+            "[2025-04-23 21:31:41 TP2] Scheduler hit an exception: Traceback (most recent "
+            "call last):",
+            '  File "sglang/srt/managers/scheduler.py", line 2015, in run_scheduler_process',
+            "    scheduler.event_loop_normal()",
+            "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered",
+            "[2025-04-23 21:31:41] Received sigquit from a child process. It usually means "
+            "the child failed.",
+        ],
+        "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered",
+    ),
+    # TensorRT-LLM: its logger's error line names the cause, the exception after it not
+    "trtllm": (
+        [
+            "[06/21/2025-01:30:42] [TRT-LLM] [RANK 0] [I] [Autotuner]: Autotuning process ends",
+            "[06/21/2025-01:30:42] [TRT-LLM] [RANK 0] [E] Failed to initialize executor on "
+            "rank 0: [TensorRT-LLM][ERROR] Assertion failed: Error occurred when running GEMM!",
+            "1       0x7fac7ac778fd tensorrt_llm::common::throwRuntimeError(char const*, int, "
+            "char const*) + 97",
+            "    raise RuntimeError(",
+            "RuntimeError: Executor worker returned error",
+        ],
+        "[06/21/2025-01:30:42] [TRT-LLM] [RANK 0] [E] Failed to initialize executor on rank "
+        "0: [TensorRT-LLM][ERROR] Assertion failed: Error occurred when running GEMM!",
+    ),
+    # llama-cpp-python: a traceback's exception line, not its quote of the source
+    "llamacpp": (
+        [
+            "Traceback (most recent call last):",
+            '  File "llama_cpp/llama.py", line 384, in __init__',
+            '    raise ValueError(f"Model path does not exist: {model_path}")',
+            "ValueError: Model path does not exist: /nope.gguf",
+        ],
+        "ValueError: Model path does not exist: /nope.gguf",
+    ),
+}
+
+
+@pytest.mark.parametrize("engine", sorted(FIRST_ERRORS))
+def test_first_error_line_is_the_engines_cause(engine: str) -> None:
+    lines, cause = FIRST_ERRORS[engine]
+    assert first_error(lines, PRESETS[engine].error_patterns) == cause
+
+
+@pytest.mark.parametrize("engine", sorted(HEALTHY))
+def test_healthy_lines_are_no_error_lines(engine: str) -> None:
+    assert first_error(HEALTHY[engine], PRESETS[engine].error_patterns) is None
+
+
+def test_summary_quotes_the_first_error_beside_the_last_line() -> None:
+    lines, cause = FIRST_ERRORS["llama-server"]
+    evidence = Evidence(
+        message=f"the instance exited while loading (exit 1); its last log line: {lines[-1]!r}",
+        first_error_line=first_error(lines, PRESETS["llama-server"].error_patterns),
+    )
+    summary = evidence.summary()
+    assert cause in summary and lines[-1] in summary
+    assert summary.index(lines[-1]) < summary.index(cause)
+    # the same line is quoted once
+    same = Evidence(message="fatal", matched_line=cause, first_error_line=cause).summary()
+    assert same.count(cause) == 1

@@ -3,7 +3,9 @@ the intervals of one level computed from its requests."""
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 import time
 
 import pytest
@@ -14,6 +16,8 @@ from servesweep.decide.intervals import (
     bootstrap_stats,
     combine,
     quantile,
+    subsample,
+    summary_of,
     t_quantile,
     wilson,
 )
@@ -157,3 +161,96 @@ def test_acceptance_is_marked_untrusted_on_synthetic_text_or_ignore_eos() -> Non
     assert acceptance_caveat("builtin:math", False) is None
     assert "ignore_eos" in (acceptance_caveat("builtin:chat", True) or "")
     assert "random-token prompts" in (acceptance_caveat("synthetic", False) or "")
+
+
+def test_a_subsampled_bootstrap_covers_the_truth_of_the_whole_level() -> None:
+    # 400 units bootstrapped on 100 of them, rescaled to all 400: the mean and the
+    # median keep the coverage of the full bootstrap above
+    covered = {"mean": 0, "median": 0}
+    widths: list[float] = []
+    rounds = 150
+    for seed in range(rounds):
+        r = random.Random(5000 + seed)
+        data = [[r.expovariate(1.0)] for _ in range(400)]
+        picked = subsample(len(data), 100)
+        assert picked is not None and len(picked) == 100
+        centers = summary_of(sorted(u[0] for u in data))
+        found = bootstrap_stats(
+            [[data[i] for i in picked]], resamples=200, scale_to=400, centers=[centers]
+        )[0]
+        for stat, truth in (("mean", 1.0), ("median", math.log(2))):
+            lo, hi = found[stat]
+            assert lo <= centers[stat] <= hi
+            covered[stat] += lo <= truth <= hi
+        widths.append(found["mean"][1] - found["mean"][0])
+    assert all(0.86 <= c / rounds <= 0.99 for c in covered.values()), covered
+    # the width of 400 units' interval (2 x 1.96 / sqrt(400) = 0.196), not 100 units'
+    assert 0.15 < statistics.fmean(widths) < 0.25
+
+
+def test_a_subsampled_ratio_covers_the_truth() -> None:
+    covered = 0
+    rounds = 150
+    for seed in range(rounds):
+        r = random.Random(9000 + seed)
+        num = [r.uniform(5, 15) for _ in range(400)]
+        den = [1.0] * 400
+        picked = subsample(400, 100)
+        assert picked is not None
+        ((lo, hi),) = bootstrap_ratio(  # type: ignore[misc]
+            [[num[i] for i in picked]],
+            [den[i] for i in picked],
+            scale_to=400,
+            centers=[sum(num) / 400],
+        )
+        assert lo < sum(num) / 400 < hi
+        covered += lo <= 10.0 <= hi
+    assert 0.86 <= covered / rounds <= 0.99
+
+
+def test_subsample_is_none_up_to_the_bound_and_seeded_above() -> None:
+    assert subsample(1000, 1000) is None
+    assert subsample(5000, 1000) == subsample(5000, 1000)
+    picked = subsample(5000, 1000) or []
+    assert len(set(picked)) == 1000 and picked == sorted(picked)
+
+
+def test_a_level_of_many_requests_costs_what_a_thousand_do() -> None:
+    small, d_small = sequential_level(1000, 4)
+    big, d_big = sequential_level(20_000, 4)
+    start = time.process_time()
+    iv_small = level_intervals(small, duration_s=d_small, slo={})
+    cost_small = time.process_time() - start
+    start = time.process_time()
+    iv_big = level_intervals(big, duration_s=d_big, slo={})
+    cost_big = time.process_time() - start
+    # bounded: the bootstrap resamples 1000 requests; the rest is one pass over all
+    assert cost_big < 3 * cost_small + 0.2
+    ttfts = sorted((s.ttft or 0.0) * 1e3 for s in big)
+    for stat, q in (("median", 0.5), ("p90", 0.9)):
+        lo, hi = iv_big[f"ttft_{stat}_ms"]
+        assert lo <= quantile(ttfts, q) <= hi
+    rate = 20_000 * 4 / d_big
+    lo, hi = iv_big["output_throughput"]
+    assert lo < rate < hi
+    # the interval is that of 20 000 requests: about sqrt(20) narrower than 1000's
+    w_small = iv_small["ttft_median_ms"][1] - iv_small["ttft_median_ms"][0]
+    w_big = iv_big["ttft_median_ms"][1] - iv_big["ttft_median_ms"][0]
+    assert 0.12 < w_big / w_small < 0.4
+
+
+def test_a_subsampled_level_takes_the_inter_token_centre_from_its_metrics() -> None:
+    samples, duration = sequential_level(1200, 8)
+    own = level_intervals(samples, duration_s=duration, max_units=300)
+    itl = sorted(
+        g * 1e3 for s in samples for g in s.chunk_gaps
+    )  # one token per chunk: each gap is one ITL
+    lo, hi = own["itl_median_ms"]
+    assert lo <= quantile(itl, 0.5) <= hi
+    stated = {f"itl_{k}_ms": v + 1.0 for k, v in summary_of(itl).items()}
+    moved = level_intervals(samples, duration_s=duration, max_units=300, values=stated)
+    assert moved["itl_median_ms"] == pytest.approx((lo + 1.0, hi + 1.0))
+    # up to the bound every request is resampled, exactly as before
+    assert level_intervals(samples, duration_s=duration, max_units=1200) == level_intervals(
+        samples, duration_s=duration, max_units=5000
+    )

@@ -18,6 +18,7 @@ from servesweep.bench.evals.runner import _summarize
 from servesweep.bench.evals.sandbox import Sandbox
 from servesweep.bench.metrics import LevelContext, compute_level
 from servesweep.bench.telemetry import summarize_gpu
+from servesweep.decide.cost import level_cost
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import Latency, Scope, Stat
 from servesweep.models import EvalTaskResult, Phase
@@ -59,7 +60,9 @@ def _level_names() -> set[str]:
         metrics, _, _, _ = compute_level(raws, ctx)
         names |= set(metrics)
     gpu, _ = summarize_gpu([(0, 0, 1000.0, 50.0, 300.0), (1, 1, 2000.0, 70.0, 320.0)])
-    return names | set(gpu)
+    # the cost of a level is derived from its output throughput when results are read
+    cost, _ = level_cost(metrics, {}, 2, 2.49)
+    return names | set(gpu) | set(cost)
 
 
 def _eval_names() -> set[str]:
@@ -96,7 +99,7 @@ def test_latency_and_phase_names_are_formed_in_one_place() -> None:
     for phase in mc.TIMED_PHASES:
         assert mc.phase_of(mc.phase_metric(phase).name) is phase
     assert mc.phase_of("done_s") is None
-    assert {f"{p.value}_s" for p in mc.TIMED_PHASES} == mc.TRIAL_METRICS
+    assert {f"{p.value}_s" for p in mc.TIMED_PHASES} | {mc.GPUS.name} == mc.TRIAL_METRICS
 
 
 def test_the_load_generator_produces_exactly_the_level_catalog_but_acceptance() -> None:

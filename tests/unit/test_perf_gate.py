@@ -14,7 +14,7 @@ from servesweep.bench.specdecode import (
     acceptance_from_counters,
     counter_names,
     parse_counters,
-    parse_positions,
+    parse_per_position,
 )
 from servesweep.decide.perf import Prediction, Trust, verify
 from servesweep.decide.perf.gate import (
@@ -136,9 +136,9 @@ def test_the_search_is_told_a_predicted_worse_trial_as_stopped_at_its_prediction
 
 
 def test_the_engines_per_position_acceptance_fills_the_rates() -> None:
-    info = {"spec_decode": {"drafts": 100.0, "accepted_per_pos": [80.0, 64.0, 51.2]}}
+    info = {"spec_decode": {"drafts": 100.0, "accepted_per_position": [80.0, 64.0, 51.2]}}
     assert level_rates(info) == pytest.approx((0.8, 0.64, 0.512))
-    assert level_rates({"spec_decode": {"drafts": 0.0, "accepted_per_pos": [1.0]}}) == ()
+    assert level_rates({"spec_decode": {"drafts": 0.0, "accepted_per_position": [1.0]}}) == ()
     assert level_rates({}) == ()
     result = LevelResult(
         workload="chat",
@@ -173,12 +173,12 @@ def test_the_per_position_counters_are_read_and_differenced_around_a_level() -> 
 
     def read(body: str) -> dict[str, float]:
         values = parse_counters(body, counter_names(counters))
-        values.update(parse_positions(body, name))
+        values.update(parse_per_position(body, name))
         return values
 
     before = read(text(10, 5, [4, 1]))
     after = read(text(110, 149, [84, 45, 20]))
     length, detail = acceptance_from_counters(counters, before, after)
     assert length == pytest.approx(1 + 144 / 100)
-    assert detail["accepted_per_pos"] == pytest.approx([80.0, 44.0, 20.0])
+    assert detail["accepted_per_position"] == pytest.approx([80.0, 44.0, 20.0])
     assert level_rates({"spec_decode": detail}) == pytest.approx((0.8, 0.44, 0.2))

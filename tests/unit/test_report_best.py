@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from helpers.report_data import T0, level, sweep_data, throughput_sweep, trial
 from servesweep.decide.best import find_best
-from servesweep.decide.uncertainty import Rules
+from servesweep.decide.intervals import standard_error
+from servesweep.decide.stats import MetricStats
+from servesweep.decide.uncertainty import Rules, decision_se, learned_launch_sd, margin
 from servesweep.errors import ConfigError
 from servesweep.models import LevelResult
 from servesweep.report.best_view import best_to_json, format_best
@@ -241,7 +244,9 @@ def test_a_winner_must_lead_beyond_uncertainty_and_threshold() -> None:
 
     def decide(a: tuple[float, float], b: tuple[float, float], **kw: float) -> bool:
         results = {1: [_measured(*a)], 2: [_measured(*b)]}
-        rules = Rules(**kw)  # type: ignore[arg-type]
+        # the intervals alone: no variation between launches (the launch rule's own test
+        # is test_one_launch_is_not_separated_by_less_than_launches_vary)
+        rules = Rules(**{"launch_sd": 0.0, **kw})  # type: ignore[arg-type]
         best = find_best(sweep_data(trials, results), "chat.c1.output_throughput", rules=rules)
         assert best.trial is not None and best.trial.id == 1  # the leader either way
         return best.decided
@@ -253,11 +258,95 @@ def test_a_winner_must_lead_beyond_uncertainty_and_threshold() -> None:
     won = find_best(
         sweep_data(trials, {1: [_measured(230.0, 1.0)], 2: [_measured(221.0, 1.0)]}),
         "chat.c1.output_throughput",
+        rules=Rules(launch_sd=0.0),
     )
     assert won.why.startswith(
         "#1 beats the runner-up #2 on chat.c1.output_throughput: leads by 4.1%"
     )
     assert won.runner_up is not None and won.runner_up.decisive
+
+
+def test_one_launch_is_not_separated_by_less_than_launches_vary() -> None:
+    """The issue's case: one of three identical configurations "beaten" at -1.6 % on
+    a single launch, while launches vary by about 2 %."""
+    trials = [trial(1, {"seed": 1}), trial(2, {"seed": 2})]
+    one = {1: [_measured(221.6, 0.5)], 2: [_measured(218.1, 0.5)]}
+    best = find_best(sweep_data(trials, one), "chat.c1.output_throughput")
+    assert not best.decided and [c.trial.id for c in best.ties] == [2]
+    assert best.launch_sds == (0.02,)
+    # the intervals alone (no launch variation) would have separated them
+    alone = find_best(sweep_data(trials, one), "chat.c1.output_throughput",
+                      rules=Rules(launch_sd=0.0))  # fmt: skip
+    assert alone.decided
+    # an 8 % lead is beyond what launches vary: decided on one launch each
+    far = {1: [_measured(240.0, 0.5)], 2: [_measured(221.0, 0.5)]}
+    assert find_best(sweep_data(trials, far), "chat.c1.output_throughput").decided
+    # measured in six launches each, 1.6 % is beyond what launches vary
+    many = {
+        1: [_launch(221.6 + (k % 2) * 0.4, 0.5, k) for k in range(6)],
+        2: [_launch(218.1 + (k % 2) * 0.4, 0.5, k) for k in range(6)],
+    }
+    assert find_best(sweep_data(trials, many), "chat.c1.output_throughput").decided
+
+
+def test_the_launch_variation_is_stated_until_relaunches_measure_it() -> None:
+    one = MetricStats.of([200.0], [(198.0, 202.0)])
+    assert learned_launch_sd([one, one], 0.02) == pytest.approx(0.02)
+    # two configurations of 5 launches each, 5 % apart between launches, tight inside:
+    # 8 degrees of freedom at 5 % against the stated 2 % worth 4
+    values = [200.0 * (1 + 0.05 * d) for d in (-1.2649, -0.6325, 0.0, 0.6325, 1.2649)]
+    five = MetricStats.of(values, [(v - 0.01, v + 0.01) for v in values],
+                          launches=range(5))  # fmt: skip
+    assert five.launch_sd is not None and five.launch_sd / 200 == pytest.approx(0.05, rel=1e-3)
+    learned = learned_launch_sd([five, five, one], 0.02)
+    assert learned == pytest.approx(((4 * 0.02**2 + 8 * 0.05**2) / 12) ** 0.5, rel=1e-3)
+    # the floor: one launch carries the whole launch variance, k launches 1/k of it
+    assert decision_se(one, 0.02) == pytest.approx(
+        (standard_error(198, 202, 0.95) ** 2 + 4.0**2) ** 0.5
+    )
+    tight = MetricStats.of([200.0, 200.0, 200.0, 200.0], [(199.9, 200.1)] * 4, launches=range(4))
+    se = decision_se(tight, 0.02)
+    assert se is not None and se == pytest.approx(
+        ((tight.within_se or 0.0) ** 2 + 4.0**2 / 4) ** 0.5
+    )
+    assert decision_se(MetricStats.of([200.0]), 0.02) is None  # exact: no interval
+
+
+def test_the_tie_set_is_family_wise_among_many_candidates() -> None:
+    assert Rules().for_ties(2) == Rules()
+    assert Rules().for_ties(12).confidence == pytest.approx(1 - 0.05 / 11)
+    assert Rules(family_wise=False).for_ties(12) == Rules(family_wise=False)
+    # the leader 7 % ahead of #2 on one launch each: beyond what launches vary for one
+    # comparison, not for one of eleven
+    values = {1: 240.0, 2: 224.3, **{i: 150.0 for i in range(3, 13)}}
+    trials = [trial(i, {"b": i}) for i in values]
+    results = {i: [_measured(v, 0.5)] for i, v in values.items()}
+    best = find_best(sweep_data(trials, results), "chat.c1.output_throughput")
+    assert [c.trial.id for c in best.ties] == [2]
+    assert "leads by 7.0% (±" in best.why and "at 99.5%), within its uncertainty" in best.why
+    pairwise = find_best(sweep_data(trials, results), "chat.c1.output_throughput",
+                         rules=Rules(family_wise=False))  # fmt: skip
+    assert pairwise.decided
+    # with two candidates nothing changes
+    two = {i: results[i] for i in (1, 2)}
+    assert find_best(sweep_data(trials[:2], two), "chat.c1.output_throughput").decided
+
+
+def test_equivalence_needs_the_whole_difference_inside_the_threshold() -> None:
+    a = MetricStats.of([221.4], [(221.2, 221.6)])
+    b = MetricStats.of([221.0], [(220.8, 221.2)])
+    assert margin(a, b, "max", Rules(launch_sd=0.0)).equivalent  # 0.2 % ± 0.1 %
+    assert not margin(a, b, "max", Rules(launch_sd=0.0, threshold=0.0)).equivalent
+    # launches vary by 2 %: one launch each cannot show equivalence within 1 %
+    assert not margin(a, b, "max", Rules()).equivalent
+    wide = MetricStats.of([221.4], [(218.0, 224.8)])
+    m = margin(wide, b, "max", Rules(launch_sd=0.0))
+    assert not m.equivalent and not m.decisive  # neither: still tied
+    assert m.equivalence_bound is not None and m.equivalence_bound > 0.01
+
+
+def _launch(value: float, half: float, launch: int) -> LevelResult:
+    return dataclasses.replace(_measured(value, half), launch=launch)
 
 
 def test_constraints_are_met_violated_or_uncertain() -> None:

@@ -74,9 +74,11 @@ def test_catalog() -> None:
     assert "ttft_p99_ms" in LEVEL_METRICS
     assert "chunk_gap_median_ms" in LEVEL_METRICS
     assert "gpu_power_mean_w" in LEVEL_METRICS
-    assert len(LEVEL_METRICS) == 20 + 5 * 5
+    assert {"cost_per_mtok", "tokens_per_dollar"} <= LEVEL_METRICS
+    assert len(LEVEL_METRICS) == 22 + 5 * 5
     assert {"pass_rate", "passed", "total", "errors", "error_rate"} == EVAL_METRICS
-    assert {"stop_s", "release_s", "start_s", "load_s", "ready_s", "bench_s"} == TRIAL_METRICS
+    phases = {"stop_s", "release_s", "start_s", "load_s", "ready_s", "bench_s"}
+    assert phases | {"gpus"} == TRIAL_METRICS
     assert isinstance(LEVEL_METRICS, frozenset)
 
 

@@ -328,7 +328,9 @@ def test_doc_fragments_load_inside_a_sweep() -> None:
         if block.startswith("params:"):
             search = "search: {strategy: tpe, trials: 10}\n" if "low:" in block else ""
             load_sweep_text(head + block + wl + search)
-        elif block.startswith(("search:", "workloads:", "decision:", "confirm:", "screening:")):
+        elif block.startswith(
+            ("search:", "workloads:", "decision:", "confirm:", "screening:", "cost:")
+        ):
             load_sweep_text(head + block + ("" if block.startswith("workloads:") else wl))
         elif block.startswith("constraints:"):
             text = (

@@ -223,12 +223,18 @@ def test_the_gpu_pool_on_a_cluster_is_the_largest_nodes() -> None:
     assert cluster_spec(spec, []).server.gpus == [0]
 
 
-def test_each_configuration_must_fit_on_some_node() -> None:
+def test_some_configuration_must_fit_on_some_node() -> None:
     nodes = [NodeInfo("a", (0, 1), "A"), NodeInfo("b", (0, 1, 2, 3), "B")]
     configs = [{"tp": 1}, {"tp": 2}]
     expr = _spec('  gpus_per_trial: "{param.tp} * 2"')
     assert trial_needs(expr, configs, nodes) == {"tp=1": 2, "tp=2": 4}
-    check_fit(trial_needs(expr, configs, nodes), nodes, "h:1")
+    assert check_fit(trial_needs(expr, configs, nodes), nodes, "h:1") == []
+    # a configuration that fits on no node is skipped (a warning), not the whole sweep
+    assert check_fit({"tp=1": 2, "tp=4": 8}, nodes, "h:1") == [
+        "tp=4 needs 8 GPUs, but no node of the Ray cluster at h:1 has that many (largest: b "
+        "with 4): skipped"
+    ]
+    # none fits: the sweep cannot run
     fixed = _spec("  gpus_per_trial: 8")
     with pytest.raises(ConfigError) as caught:
         check_fit(trial_needs(fixed, configs, nodes), nodes, "h:1")

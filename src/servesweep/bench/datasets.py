@@ -6,15 +6,19 @@ Sources (``WorkloadSpec.dataset``):
   ``builtin:math`` (40 prompts): written for servesweep, shipped as
   ``bench/data/*.jsonl``; one category each, so speculative decoding's acceptance
   can be compared per category.
-- ``synthetic``: prompts of ``input_tokens`` tokens, built from a fixed word list.
-  The length is calibrated through the server's tokenizer (``Target.tokenize_path``)
-  when it has one; otherwise the documented fallback is 1.3 tokens per word.
+- ``synthetic``: prompts of ``input_tokens`` tokens as the server counts them (its
+  ``usage.prompt_tokens``: for chat, the model's chat template included), built from a
+  fixed word list. The length is calibrated through the server's tokenizer
+  (``Target.tokenize_path``) when it has one; otherwise the documented fallback is 1.3
+  tokens per word (and the chat template's tokens come on top).
 - a JSONL file: one object a line with ``prompt`` (text) or ``messages`` (chat
   messages), optional ``max_tokens``.
 - a ShareGPT JSON file: a list of ``{"conversations": [{"from": "human", "value": ...}]}``;
   the first human turn is the prompt.
 
-The order of requests is deterministic for a given seed (:func:`request_order`).
+The order of requests is deterministic for a given seed (:func:`request_order`), and
+drawn as the requests are sent: a level of ten million requests shuffles only the
+prompts it reaches.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from servesweep.errors import DatasetError
 
 __all__ = [
     "FALLBACK_TOKENS_PER_WORD",
     "Prompt",
+    "RequestOrder",
     "build_body",
     "load_prompts",
     "request_order",
@@ -167,15 +172,71 @@ def _parse_sharegpt(text: str, name: str) -> list[Prompt]:
     return prompts
 
 
-def request_order(n_prompts: int, n_requests: int, seed: int) -> list[int]:
-    """Which prompt each request uses: a seeded shuffle, reshuffled each pass."""
-    rng = random.Random(seed)
-    order: list[int] = []
-    while len(order) < n_requests:
-        block = list(range(n_prompts))
+class RequestOrder(Sequence[int]):
+    """Which prompt each request uses: the prompts in a seeded shuffle, reshuffled
+    each pass, drawn lazily. Pass ``b`` is its own seeded shuffle (pass 0 from
+    ``seed``, the next ones from ``seed`` and their number), so request ``i`` costs a
+    shuffle of the prompts once per pass it reaches, wherever it lies: nothing is drawn
+    before the level starts, and a deep index (the warm-up's, at the end of the
+    order) costs one pass."""
+
+    def __init__(self, n_prompts: int, n_requests: int, seed: int) -> None:
+        if n_prompts < 1 and n_requests > 0:
+            raise ValueError("a request order needs at least one prompt")
+        self.n_prompts = n_prompts
+        self.n_requests = n_requests
+        self.seed = seed
+        self._pass: tuple[int, list[int]] | None = None
+
+    def _block(self, number: int) -> list[int]:
+        if self._pass is not None and self._pass[0] == number:
+            return self._pass[1]
+        rng = random.Random(self.seed if number == 0 else f"{self.seed}:{number}")
+        block = list(range(self.n_prompts))
         rng.shuffle(block)
-        order.extend(block)
-    return order[:n_requests]
+        self._pass = (number, block)
+        return block
+
+    def __len__(self) -> int:
+        return self.n_requests
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n_requests))]
+        if i < 0:
+            i += self.n_requests
+        if not 0 <= i < self.n_requests:
+            raise IndexError("request index out of range")
+        number, pos = divmod(i, self.n_prompts)
+        return self._block(number)[pos]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RequestOrder):
+            return (self.n_prompts, self.n_requests, self.seed) == (
+                other.n_prompts,
+                other.n_requests,
+                other.seed,
+            )
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pass": None}  # a worker process draws its own
+
+
+def request_order(n_prompts: int, n_requests: int, seed: int) -> RequestOrder:
+    """Which prompt each request uses: a seeded shuffle, reshuffled each pass, drawn
+    as the requests are sent (:class:`RequestOrder`)."""
+    return RequestOrder(n_prompts, n_requests, seed)
 
 
 def _words(n: int, rng: random.Random) -> str:
@@ -188,23 +249,36 @@ async def synthetic_prompts(
     *,
     seed: int = 0,
     count_tokens: Callable[[str], Awaitable[int]] | None = None,
+    count_prompt: Callable[[str], Awaitable[int]] | None = None,
 ) -> tuple[list[Prompt], dict[str, Any]]:
-    """``count`` prompts of about ``input_tokens`` tokens each, and how the length
-    was calibrated. With ``count_tokens`` (the server's tokenizer) the words-per-token
-    ratio is measured and the first prompt checked; else 1.3 tokens per word."""
+    """``count`` prompts of about ``input_tokens`` tokens each, as the server counts a
+    request's prompt, and how the length was calibrated.
+
+    With ``count_tokens`` (the server's tokenizer on plain text) the words-per-token
+    ratio is measured; with ``count_prompt`` too (the server's count of a request's
+    whole prompt: for chat, the user message inside the model's chat template, whose
+    system turn and role markers are tokens as well) the template's tokens are measured
+    and left out of the words, and the first prompt is checked with it. Without a
+    tokenizer: 1.3 tokens per word, the template unknown."""
     rng = random.Random(seed)
     ratio = FALLBACK_TOKENS_PER_WORD
     info: dict[str, Any] = {"source": "fallback", "tokens_per_word": ratio}
+    overhead = 0
+    count_first = count_prompt or count_tokens
     if count_tokens is not None:
         probe_words = max(32, int(input_tokens / ratio))
-        measured = await count_tokens(_words(probe_words, random.Random(seed + 1)))
+        probe = _words(probe_words, random.Random(seed + 1))
+        measured = await count_tokens(probe)
         if measured > 0:
             ratio = measured / probe_words
             info = {"source": "tokenize", "tokens_per_word": round(ratio, 4)}
-    n_words = max(1, round(input_tokens / ratio))
+            if count_prompt is not None:
+                overhead = max(0, await count_prompt(probe) - measured)
+                info["template_tokens"] = overhead
+    n_words = max(1, round(max(1, input_tokens - overhead) / ratio))
     prompts = [Prompt(text=_words(n_words, rng)) for _ in range(count)]
-    if count_tokens is not None and prompts:
-        info["first_prompt_tokens"] = await count_tokens(prompts[0].as_text())
+    if count_first is not None and prompts:
+        info["first_prompt_tokens"] = await count_first(prompts[0].as_text())
     info["words_per_prompt"] = n_words
     return prompts, info
 

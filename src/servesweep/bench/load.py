@@ -35,7 +35,7 @@ from servesweep.bench.specdecode import (
     acceptance_from_counters,
     counter_names,
     parse_counters,
-    parse_positions,
+    parse_per_position,
 )
 from servesweep.bench.target import Target
 from servesweep.bench.telemetry import GpuSampler, summarize_gpu
@@ -195,21 +195,35 @@ async def _prompts(
     if workload.input_tokens is None:
         raise BenchError(f"workload {workload.name}: dataset 'synthetic' needs 'input_tokens'")
     count = min(_MAX_SYNTHETIC, (workload.requests or _MAX_SYNTHETIC) + workload.warmup_requests)
-    count_tokens = None
+    count_tokens = count_prompt = None
     if target.tokenize_path:
         url = target.url(target.tokenize_path)
 
-        async def count_tokens(text: str) -> int:
-            answer = await post_json(session, url, {"model": target.model, "prompt": text}, headers)
+        async def tokenize(payload: dict[str, Any]) -> int:
+            answer = await post_json(session, url, {"model": target.model, **payload}, headers)
             n = answer.get("count") if isinstance(answer, dict) else None
             if not isinstance(n, int):
                 tokens = answer.get("tokens") if isinstance(answer, dict) else None
                 n = len(tokens) if isinstance(tokens, list) else 0
             return n
 
+        async def count_tokens(text: str) -> int:
+            return await tokenize({"prompt": text})
+
+        if workload.endpoint == "chat":
+            # the server counts the prompt inside the model's chat template (a system
+            # turn, role markers): its /tokenize applies the template to messages, as
+            # the chat endpoint does (vLLM: add_generation_prompt, no extra specials)
+            async def count_prompt(text: str) -> int:
+                return await tokenize({"messages": [{"role": "user", "content": text}]})
+
     try:
         prompts, info = await synthetic_prompts(
-            count, workload.input_tokens, seed=workload.seed, count_tokens=count_tokens
+            count,
+            workload.input_tokens,
+            seed=workload.seed,
+            count_tokens=count_tokens,
+            count_prompt=count_prompt,
         )
     except BenchError as exc:  # the tokenizer endpoint failed: fall back, say so
         prompts, info = await synthetic_prompts(count, workload.input_tokens, seed=workload.seed)
@@ -348,8 +362,9 @@ class _Runner:
         except BenchError as exc:
             return {}, str(exc)
         values = parse_counters(text, names)
-        if counters.get("accepted_per_pos"):
-            values.update(parse_positions(text, counters["accepted_per_pos"]))
+        per_pos = counters.get("accepted_per_pos")
+        if per_pos:
+            values.update(parse_per_position(text, per_pos))
         gauge = counters.get("accept_length")
         if gauge:  # a gauge of several engines is averaged, not summed
             values.update(parse_counters(text, [gauge], mean=True))
@@ -464,6 +479,7 @@ class _Runner:
             steady=steady,
             loop_lags_ns=lags,
             stream=self.w.stream,
+            ignore_eos=(self.w.ignore_eos, bool(self.data_info.get("ignore_eos"))),
         )
         metrics, info, samples, warnings = compute_level(raws, ctx)
         health = assess(metrics, rate=rate, stream=self.w.stream)
@@ -499,6 +515,11 @@ class _Runner:
             metrics[ACCEPTANCE_LENGTH.name] = acc
             info["acceptance_source"] = detail.pop("source", "engine_counters")
             info["spec_decode"] = detail
+        elif self.target.spec_counters_when_speculating and not counter_error:
+            # the engine's counters exist whenever it speculates (vLLM defines them
+            # only with a speculative config): none, or no draft, is no speculation,
+            # and tokens per chunk are no acceptance length
+            info["spec_decode"] = {**detail, "speculation": "none in this level"}
         elif "acceptance_estimate_from_chunks" in info:
             metrics[ACCEPTANCE_LENGTH.name] = info["acceptance_estimate_from_chunks"]
             info["acceptance_source"] = "tokens_per_chunk_estimate"
@@ -526,6 +547,7 @@ class _Runner:
             if acc_value is None
             else (acc_value, str(info.get("acceptance_source", ""))),
             confidence=DEFAULT_CONFIDENCE,
+            values=metrics,
         )
         return LevelResult(
             workload=self.w.name,

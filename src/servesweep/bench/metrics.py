@@ -42,6 +42,9 @@ class LevelContext:
     the moment the first slot found no more work (ns)."""
     loop_lags_ns: Sequence[int] = ()
     stream: bool = True
+    ignore_eos: tuple[bool, bool] = (False, False)
+    """Whether the workload asked for ``ignore_eos``, and whether it was sent (the
+    engine honours it): answers that still end at the model's end of turn are said."""
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -257,6 +260,7 @@ def compute_level(
     if rejected:
         info["usage_rejected"] = len(rejected)
         info["usage_rejected_example"] = rejected[0]
+    info["finish_reasons"] = dict(Counter(r.finish_reason or "none" for r in ok))
     info["tokens_per_chunk_source"] = dict(token_source)
     info["completion_tokens_source"] = (
         "usage" if all(r.completion_tokens is not None for r in ok) else "chunk_count"
@@ -313,6 +317,7 @@ def _warnings(
             "the server sent no usage in some responses: token counts are stream chunk counts, "
             "which undercount with speculative decoding; enable stream_options.include_usage"
         )
+    out.extend(_length_warnings(info["finish_reasons"], ctx.ignore_eos))
     rejected = info.get("usage_rejected")
     if rejected:
         out.append(
@@ -321,3 +326,26 @@ def _warnings(
             "(token-carrying chunks), not the server's; check the server's usage reporting"
         )
     return out
+
+
+def _length_warnings(reasons: Mapping[str, int], ignore_eos: tuple[bool, bool]) -> list[str]:
+    """What ``ignore_eos`` did to the answers' lengths, when it was asked for: each
+    answer should run to ``max_tokens`` (finish_reason ``length``)."""
+    asked, sent = ignore_eos
+    if not asked:
+        return []
+    stopped = reasons.get("stop", 0)
+    total = sum(reasons.values())
+    if not sent:
+        return [
+            f"ignore_eos was asked but this engine does not support it (not sent): "
+            f"{stopped} of {total} answers ended at the model's end of turn (finish_reason "
+            "stop), their lengths the model's own, not max_tokens"
+        ]
+    if stopped:
+        return [
+            f"{stopped} of {total} answers ended at the model's end of turn (finish_reason "
+            "stop) although ignore_eos was sent: the server did not honour it (or a stop "
+            "string of the request's ended them), their lengths not max_tokens"
+        ]
+    return []

@@ -56,6 +56,9 @@ class RawResult:
     a reused connection the server had closed, before any byte of its response)."""
     usage_problem: str | None = None
     """Why the server's usage was not believed (the token counts are then the client's)."""
+    finish_reason: str | None = None
+    """The answer's ``finish_reason`` (``length``: it reached ``max_tokens``; ``stop``:
+    the model ended its turn, or a stop string); None when the server sent none."""
 
 
 def error_message(body: bytes) -> str:
@@ -155,13 +158,15 @@ def _running_problem(usage: Any, last_ct: int) -> str:
     return f"completion_tokens went down from {last_ct} to {ct}"
 
 
-def _finished(objs: list[Any]) -> bool:
-    """Whether a chunk carries a ``finish_reason`` (looked for only without [DONE])."""
+def _finish_reason(objs: list[Any]) -> str | None:
+    """The last ``finish_reason`` the chunks carry (read once the stream has ended)."""
     for obj in reversed(objs):
         choices = obj.get("choices") if isinstance(obj, dict) else None
-        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
-            return True
-    return False
+        if choices and isinstance(choices[0], dict):
+            reason = choices[0].get("finish_reason")
+            if reason:
+                return str(reason)[:40]
+    return None
 
 
 def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
@@ -213,8 +218,12 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
             elif ct.__class__ is int and ct >= last_ct:
                 usage = u
                 # usage on the closing chunk only (llama-server) is the answer's
-                # usage, not continuous stats: that chunk carries no token itself
-                if choices and (continuous or answer or not choice.get("finish_reason")):
+                # usage, not continuous stats: that chunk carries no token itself,
+                # unless no chunk before it did: an answer of only the model's end of
+                # turn (a token without text) ends in the chunk that counts it
+                if choices and (
+                    continuous or answer or not choice.get("finish_reason") or not chunk_ns
+                ):
                     continuous = True
                     new_tokens = ct - last_ct
                     last_ct = ct
@@ -235,9 +244,10 @@ def parse_stream(result: RawResult, reads: list[tuple[int, bytes]]) -> None:
         problem = _take_usage(result, usage, streamed_chunks=len(chunk_ns))
     if problem is not None:
         _distrust_usage(result, problem)
+    result.finish_reason = _finish_reason(objs)
     if result.error is not None:
         return
-    if not done and not _finished(objs):
+    if not done and result.finish_reason is None:
         result.error = "incomplete"
         result.message = (
             f"the stream ended without data: [DONE] and without a finish_reason, after "
@@ -265,6 +275,8 @@ def _parse_whole(result: RawResult, body: bytes) -> None:
             )
         else:
             text = choice.get("text") or ""
+        reason = choice.get("finish_reason")
+        result.finish_reason = str(reason)[:40] if reason else None
     problem = _take_usage(result, obj.get("usage"), streamed_chunks=0)
     if problem is None and text and result.completion_tokens == 0:
         problem = "completion_tokens is 0 but the answer has text"

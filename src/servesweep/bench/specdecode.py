@@ -18,10 +18,12 @@ __all__ = [
     "counter_names",
     "estimate_from_chunks",
     "parse_counters",
-    "parse_positions",
+    "parse_per_position",
 ]
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_POSITION = re.compile(r'(?:^|[{,])\s*position\s*=\s*"(\d+)"')
+_MAX_POSITIONS = 64
 
 
 def counter_names(counters: Mapping[str, str]) -> list[str]:
@@ -32,8 +34,6 @@ def counter_names(counters: Mapping[str, str]) -> list[str]:
         wanted += ("emitted",)
     return [v for k, v in counters.items() if k in wanted]
 
-
-_POSITION = re.compile(r'position="(\d+)"')
 
 _GAUGE = "accept_length"
 """Key of an engine's own acceptance-length gauge (SGLang reports one) in
@@ -64,36 +64,40 @@ def parse_counters(text: str, names: Sequence[str], *, mean: bool = False) -> di
     return out
 
 
-def parse_positions(text: str, name: str) -> dict[str, float]:
-    """A per-position counter (``name{...,position="i"}``, vLLM's and llama.cpp's
-    ``accepted_per_pos``) as ``name[i]`` keys, each summed over its other labels."""
+def parse_per_position(text: str, name: str) -> dict[str, float]:
+    """The counter ``name`` by its ``position`` label (accepted tokens per draft
+    position), summed over its other labels: ``{"NAME#0": v0, "NAME#1": v1, ...}``."""
     out: dict[str, float] = {}
     for line in text.splitlines():
+        if not line.startswith(name):
+            continue
         m = _LINE.match(line)
-        if m is None or m.group(1) != name or not m.group(2):
+        if m is None or m.group(1) != name or m.group(2) is None:
             continue
         pos = _POSITION.search(m.group(2))
         try:
             value = float(m.group(3))
         except ValueError:
             continue
-        if pos is not None and math.isfinite(value):
-            key = f"{name}[{int(pos.group(1))}]"
-            out[key] = out.get(key, 0.0) + value
+        if pos is None or int(pos.group(1)) >= _MAX_POSITIONS or not math.isfinite(value):
+            continue
+        key = f"{name}#{int(pos.group(1))}"
+        out[key] = out.get(key, 0.0) + value
     return out
 
 
 def _per_position(
     name: str, before: Mapping[str, float], after: Mapping[str, float]
 ) -> list[float]:
-    """The per-position counter's deltas around a level, position 0 first (empty when
-    the engine reported none)."""
-    prefix = f"{name}["
-    positions = [int(k[len(prefix) : -1]) for k in after if k.startswith(prefix)]
+    """Deltas of the per-position series in position order (a missing position: 0)."""
+    prefix = f"{name}#"
+    positions = [int(k[len(prefix) :]) for k in after if k.startswith(prefix)]
     if not positions:
         return []
-    keys = [f"{name}[{i}]" for i in range(max(positions) + 1)]
-    return [after.get(k, 0.0) - before.get(k, 0.0) for k in keys]
+    return [
+        after.get(f"{prefix}{i}", 0.0) - before.get(f"{prefix}{i}", 0.0)
+        for i in range(max(positions) + 1)
+    ]
 
 
 def acceptance_from_counters(
@@ -131,9 +135,13 @@ def acceptance_from_counters(
         detail["draft_tokens"] = draft_tokens
         if draft_tokens > 0:
             detail["draft_acceptance_rate"] = accepted / draft_tokens
-    per_pos = _per_position(counters.get("accepted_per_pos", ""), before, after)
-    if per_pos:
-        detail["accepted_per_pos"] = per_pos
+    per_pos_name = counters.get("accepted_per_pos")
+    per_pos = _per_position(per_pos_name, before, after) if per_pos_name else []
+    if per_pos and drafts > 0:
+        # accepted at draft position i, per draft: falls with i (a draft's token is
+        # accepted only after every token before it was)
+        detail["accepted_per_position"] = per_pos
+        detail["acceptance_rate_per_position"] = [round(a / drafts, 4) for a in per_pos]
     if drafts <= 0:
         return None, detail
     detail["source"] = "engine_counters"

@@ -24,6 +24,9 @@ class Target:
     tokenize_path: str | None = None
     spec_decode_counters: Mapping[str, str] = field(default_factory=dict)
     """Prometheus counter names, see ``servers.engines.EnginePreset``."""
+    spec_counters_when_speculating: bool = False
+    """The engine's /metrics has those counters whenever it speculates: where they are
+    missing or count no draft, no speculation ran (no acceptance is estimated)."""
     timeout_s: float = 600.0
 
     def url(self, path: str) -> str:

@@ -236,6 +236,7 @@ class ProgressDisplay:
             ends = {
                 "no_tie": "nothing to confirm (no tie after the sweep)",
                 "separated": "the candidates separated",
+                "equivalent": event.message or "the candidates are equivalent",
                 "budget": "budget spent",
                 "failed": "too few candidates could be relaunched",
             }

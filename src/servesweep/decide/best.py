@@ -21,6 +21,15 @@ How it decides (also in docs/reports.md):
    Otherwise the result is a tie set, and the cheaper candidate of it wins (fewer
    GPUs, then less GPU memory, then lower latency; ``decision.prefer``), the reason
    said in one line. Values equal within ``rel_tol`` are ranked by run order.
+   Among n candidates the tie set is decided at the family-wise confidence
+   ``1 - alpha / (n - 1)`` (``Rules.for_ties``), so a configuration as good as the
+   leader is dropped with chance ``alpha`` however many there are.
+   Each mean's uncertainty counts the variation between launches, at least
+   (``decide.uncertainty.decision_se``): learned from the candidates measured in
+   several launches, pooled with ``decision.launch_sd`` (default 2 %) until they
+   say more. Candidates of the tie set whose difference from the leader lies,
+   on every objective, inside ``± threshold`` (an equivalence test, as in TOST) are
+   ``equivalent``: the result says so rather than "tie".
 5. When the sweep ran a screening pass (``screening`` in the sweep file: short
    levels first, full measurement only for those that could still win), the
    configurations it screened out are excluded as ``screened`` with the reason, and a
@@ -39,12 +48,15 @@ How it decides (also in docs/reports.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from servesweep import metrics_catalog as mc
 from servesweep.decide.confirmed import ConfirmSummary, confirm_note, summarise
-from servesweep.decide.refs import ResultIndex, objective_of, stored_spec
+from servesweep.decide.costs import CostView, cost_view
+from servesweep.decide.mismatches import mismatch_notes, trial_mismatches
+from servesweep.decide.refs import ResultIndex, objectives_of, stored_spec
 from servesweep.decide.resources import trial_gpus
 from servesweep.decide.screened import ScreeningSummary, screening_note, summarise_screening
 from servesweep.decide.stats import (
@@ -60,6 +72,7 @@ from servesweep.decide.uncertainty import (
     Rules,
     Verdict,
     judge,
+    learned_launch_sd,
     margin,
     prefer,
     tie_set,
@@ -150,6 +163,15 @@ class BestResult:
     screening: ScreeningSummary | None = None
     """What the sweep's screening pass decided and saved (None: it had none)."""
     screening_note: str = ""
+    equivalent: tuple[Candidate, ...] = ()
+    """Those of ``ties`` equivalent to the leader within the threshold on every
+    objective (the difference's interval at ``1 - 2 alpha`` inside ``± threshold``)."""
+    launch_sds: tuple[float, ...] = ()
+    """The relative variation between launches each objective was decided with."""
+    costs: CostView | None = None
+    """Each trial's GPUs and, with a price in the sweep file, its cost figures."""
+    mismatches: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    """By trial id: the swept parameters its server did not run as asked."""
 
     @property
     def feasible(self) -> bool:
@@ -185,13 +207,12 @@ def _objectives(
         out.append((parse_metric_ref(objective), _direction(direction)))
     out.extend((parse_metric_ref(text), _direction(d)) for text, d in objectives)
     if not out:
-        own = objective_of(data, index)
-        if own is None:
+        out.extend(objectives_of(data, index))
+        if not out:
             raise ConfigError(
                 "no objective: the sweep file has none and nothing was measured; "
                 "give one, e.g. --objective chat.c1.output_throughput"
             )
-        out.append(own)
     return out
 
 
@@ -363,8 +384,14 @@ def find_best(
     untrusted: list[Untrusted] = []
     confirmed: ConfirmSummary | None = None
     note = ""
+    launch_sds = tuple(
+        learned_launch_sd([c.stats[k] for c in ranking], rules.launch_sd) for k in range(len(dirs))
+    )
+    equivalent: tuple[Candidate, ...] = ()
     if ranking:
-        winner, tied, why, runner_up = _decide(data, index, ranking, objs, rules)
+        ties_rules = rules.for_ties(len(ranking))
+        winner, tied, why, runner_up = _decide(data, index, ranking, objs, rules, launch_sds)
+        equivalent = tuple(c for c in tied[1:] if _equivalent(tied[0], c, dirs, rules, launch_sds))
         ties = tuple(c for c in tied if c is not winner)
         decided = not ties
         notes.append(why)
@@ -372,13 +399,24 @@ def find_best(
         if confirmed is not None:
             leader = tied[0]
             beaten = [
-                (c.trial.id, margin(leader.stats[0], c.stats[0], dirs[0], rules))
+                (
+                    c.trial.id,
+                    margin(leader.stats[0], c.stats[0], dirs[0], ties_rules, launch_sds[0]),
+                )
                 for c in ranking
                 if c.trial.id in confirmed.candidates and c not in tied
             ]
-            note = confirm_note(confirmed, leader.trial.id, [c.trial.id for c in tied], beaten)
+            note = confirm_note(
+                confirmed,
+                leader.trial.id,
+                [c.trial.id for c in tied],
+                beaten,
+                equivalent=[c.trial.id for c in equivalent],
+                threshold=rules.threshold,
+            )
             notes.append(note)
         notes.extend(_uncertain_notes(winner, parsed))
+        notes.extend(mismatch_notes(data, [c.trial for c in ranking]))
     screened = summarise_screening(data)
     screened_note = ""
     if screened is not None:
@@ -413,6 +451,25 @@ def find_best(
         untrusted=tuple(untrusted),
         screening=screened,
         screening_note=screened_note,
+        equivalent=equivalent,
+        launch_sds=launch_sds,
+        costs=cost_view(data, index, [r for r, _ in objs] + [c.ref for c in parsed]),
+        mismatches={t.id: tuple(m) for t in data.trials if (m := trial_mismatches(data, t))},
+    )
+
+
+def _equivalent(
+    leader: Candidate,
+    cand: Candidate,
+    dirs: Sequence[str],
+    rules: Rules,
+    launch_sds: Sequence[float],
+) -> bool:
+    """Whether ``cand`` is equivalent to ``leader`` within the threshold on every
+    objective."""
+    return all(
+        margin(leader.stats[k], cand.stats[k], d, rules, launch_sds[k]).equivalent
+        for k, d in enumerate(dirs)
     )
 
 
@@ -428,12 +485,14 @@ def _decide(
     ranking: Sequence[Candidate],
     objs: Sequence[tuple[MetricRef, str]],
     rules: Rules,
+    launch_sds: Sequence[float],
 ) -> tuple[Candidate, list[Candidate], str, Margin | None]:
     """The winner, the tie set it came from (winner included), why, and its margin
     over the best candidate the tie set left out."""
     dirs = [d for _, d in objs]
     key = objs[0][0].key
-    tied, beaten = tie_set(ranking, lambda c, k: c.stats[k], dirs, rules)
+    family = rules.for_ties(len(ranking))
+    tied, beaten = tie_set(ranking, lambda c, k: c.stats[k], dirs, family, launch_sds)
     leader = tied[0]
     outside = next((c for c in ranking if c not in tied), None)
     beat = next((m for c, m in beaten if c is outside), None)
@@ -451,7 +510,22 @@ def _decide(
     costs = _costs(data, index, objs[0][0])
     chosen, reason = prefer(tied, costs, rules)
     others = ", ".join(f"#{c.trial.id}" for c in tied if c is not leader)
-    lead = margin(leader.stats[0], tied[1].stats[0], dirs[0], rules)
+    lead = margin(leader.stats[0], tied[1].stats[0], dirs[0], family, launch_sds[0])
+    if all(_equivalent(leader, c, dirs, rules, launch_sds) for c in tied[1:]):
+        far = max(
+            margin(leader.stats[0], c.stats[0], dirs[0], rules, launch_sds[0]).equivalence_bound
+            or 0.0
+            for c in tied[1:]
+        )
+        within = f"{rules.threshold:.1%}".replace(".0%", "%")  # 1%, 0.5%
+        return (
+            chosen,
+            tied,
+            f"tie: #{leader.trial.id} and {others} are equivalent within ±{within} on {key} "
+            f"(their differences at most {far:.1%} at {2 * rules.confidence - 1:.0%}); "
+            f"picked #{chosen.trial.id}: {reason}",
+            beat,
+        )
     return (
         chosen,
         tied,

@@ -11,8 +11,12 @@ The rules (successive elimination):
   of them in the first round; a later round keeps only those of the round before
   that are still tied (a candidate once beaten is never relaunched again), less the
   ones whose relaunch failed;
-* fewer than two candidates left: done (``separated``, or ``no_tie`` when the sweep
-  ended without a tie);
+* a candidate equivalent to the leader (``decide.uncertainty.Margin.equivalent``: the
+  difference's interval lies inside ``± decision.threshold``, an equivalence test as
+  in TOST) is not relaunched: more launches cannot make either the winner;
+* fewer than two candidates left: done (``equivalent`` when the others left were
+  equivalent to the leader, ``separated``, or ``no_tie`` when the sweep ended without
+  a tie);
 * each candidate of a round gets ``launches`` more launches, fewer when the budget
   has less room (an equal share for each); none left: done (``budget``), as when the
   phase's time budget is spent. The budget is what the rounds since the phase began
@@ -63,8 +67,9 @@ class Relaunch:
 @dataclass(frozen=True)
 class Done:
     reason: str
-    """``no_tie``, ``separated``, ``budget`` or ``failed`` (too few candidates whose
-    relaunches work)."""
+    """``no_tie``, ``separated``, ``equivalent`` (the candidates left are equivalent
+    to the leader within the threshold), ``budget`` or ``failed`` (too few candidates
+    whose relaunches work)."""
 
 
 def spent_launches(launches: Mapping[int, int], base: int) -> int:
@@ -80,12 +85,14 @@ def decide(
     *,
     dropped: frozenset[int] = frozenset(),
     elapsed_s: float = 0.0,
+    equivalent: frozenset[int] = frozenset(),
 ) -> Relaunch | Done:
     """What the confirm phase does next.
 
     ``tied``: the tie set now, leader first (ranking order); ``launches``: launches
     stored per trial; ``rounds``: the rounds so far; ``dropped``: trials whose relaunch failed;
-    ``elapsed_s``: seconds the finished rounds took."""
+    ``elapsed_s``: seconds the finished rounds took; ``equivalent``: those of ``tied``
+    equivalent to the leader within the threshold."""
     last = rounds[-1] if rounds else None
     if last is not None and not last.done:
         more = {
@@ -98,7 +105,11 @@ def decide(
     alive = [t for t in tied if t not in dropped]
     # the first round takes the top of the tie set; a later one only who is left of it
     alive = alive[: spec.top] if last is None else [t for t in alive if t in last.targets]
+    same = [t for t in alive if t in equivalent]
+    alive = [t for t in alive if t not in equivalent]
     if len(alive) < 2:
+        if same:
+            return Done("equivalent")
         if last is None:
             return Done("no_tie")
         still = [t for t in tied if t in last.targets]

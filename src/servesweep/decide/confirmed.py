@@ -19,6 +19,7 @@ __all__ = ["ConfirmSummary", "confirm_note", "steps_since_reset", "summarise"]
 _ENDS = {
     "separated": "separated",
     "budget": "still tied after the budget",
+    "equivalent": "equivalent",
     "failed": "stopped: too few of them could be relaunched",
 }
 
@@ -38,7 +39,9 @@ class ConfirmSummary:
     candidates: tuple[int, ...]
     """Trial ids the first round relaunched (the tie set after the sweep, at most ``top``)."""
     reason: str
-    """How it ended: ``no_tie``, ``separated``, ``budget``, ``failed``, an
+    """How it ended: ``no_tie``, ``separated``, ``equivalent`` (the candidates left
+    are equivalent within the threshold: more launches cannot make a winner),
+    ``budget``, ``failed``, an
     ``undecidable: ...`` line, or "" while under way (a stopped run)."""
     dropped: tuple[int, ...] = ()
 
@@ -79,13 +82,21 @@ def confirm_note(
     leader: int,
     tied: Sequence[int],
     beaten: Sequence[tuple[int, Margin]],
+    *,
+    equivalent: Sequence[int] = (),
+    threshold: float | None = None,
 ) -> str:
     """One line: ``confirm: 2 rounds, 4 relaunches of #5, #7; #7 now beats #5: leads
     by 2.1% (±0.8% at 95%)``. ``leader`` and ``tied`` are the standing now (trial ids,
     the tie set leader first), ``beaten`` the candidates of the phase the leader now
-    beats decisively, with the margin."""
+    beats decisively, with the margin; ``equivalent`` those of ``tied`` equivalent to
+    the leader within ``threshold``."""
     if summary.reason == "no_tie" and not summary.rounds:
         return "confirm: nothing to confirm (the leader was not tied after the sweep)"
+    within = "" if threshold is None else f" within ±{threshold:.1%}".replace(".0%", "%")
+    if summary.reason == "equivalent" and not summary.rounds:
+        who = " and ".join(f"#{t}" for t in (leader, *equivalent))
+        return f"confirm: nothing to confirm ({who} are equivalent{within})"
     if summary.reason.startswith("undecidable") and not summary.rounds:
         return f"confirm: not run ({summary.reason})"
     rounds = f"{summary.rounds} round{'s' if summary.rounds != 1 else ''}"
@@ -101,7 +112,13 @@ def confirm_note(
         end = _ENDS.get(summary.reason, "still tied") if summary.finished else "still tied"
         if end == "separated":
             end = "still tied"
-        parts.append(f"{' and '.join(f'#{t}' for t in still)} {end}")
+        same = [t for t in still if t in equivalent and t != leader]
+        rest = [t for t in still if t not in same]
+        if same:
+            parts.append(f"{' and '.join(f'#{t}' for t in (leader, *same))} equivalent{within}")
+            end = "still tied" if end == "equivalent" else end
+        if len(rest) > 1:
+            parts.append(f"{' and '.join(f'#{t}' for t in rest)} {end}")
     for trial in summary.dropped:
         parts.append(f"a relaunch of #{trial} failed")
     return "; ".join(parts)

@@ -9,6 +9,12 @@ at the sizes of one level, a few thousand values, pure Python costs milliseconds
   fast. Every statistic of :func:`summary_of` comes from the same resamples.
 - :func:`bootstrap_ratio`: the interval of a ratio of sums over the same units
   (tokens over seconds in flight), resampled like the statistics above.
+- :func:`subsample` and ``scale_to``: a level of more than :data:`MAX_UNITS` units is
+  bootstrapped on a seeded subsample of that many, and each interval is shrunk by
+  ``sqrt(m / n)`` around the subsample's own value and moved to the whole level's
+  (an m-out-of-n bootstrap): the work is bounded, the interval is the one of all
+  ``n`` units, and a level of at most :data:`MAX_UNITS` units gets exactly the
+  interval it got before.
 - :func:`wilson`: the Wilson score interval of a proportion (a pass rate of 4/5 is
   0.38..0.96 at 95 %, not evidence of >= 0.8).
 - :func:`combine`: the interval of a mean over repeats (or launches) from each
@@ -23,12 +29,14 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_RESAMPLES",
+    "MAX_UNITS",
     "SEED",
     "Combined",
     "Interval",
@@ -37,6 +45,7 @@ __all__ = [
     "combine",
     "quantile",
     "standard_error",
+    "subsample",
     "summary_of",
     "t_quantile",
     "wilson",
@@ -49,6 +58,11 @@ DEFAULT_RESAMPLES = 200
 :data:`_WORK_LIMIT`)."""
 SEED = 26
 """The bootstrap's fixed seed: the same requests give the same interval."""
+MAX_UNITS = 1_000
+"""Units (requests) one bootstrap resamples at most: a larger level is bootstrapped
+on a seeded subsample of this many, its intervals rescaled to the whole level
+(:func:`subsample`), so the intervals after a level of any size cost what those of
+a level of a thousand requests do."""
 _VALUES_PER_RESAMPLE = 8_000
 """Values one resample sorts at most: units with many values (a request's
 inter-token latencies) are thinned to evenly spaced order statistics of their own
@@ -129,6 +143,8 @@ def bootstrap_stats(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = SEED,
     statistic: Callable[[Sequence[float]], dict[str, float]] = summary_of,
+    scale_to: int | None = None,
+    centers: Sequence[Mapping[str, float] | None] | None = None,
 ) -> list[dict[str, tuple[float, float]]]:
     """Percentile-bootstrap intervals of ``statistic`` for several measures of the
     same units at once.
@@ -139,6 +155,11 @@ def bootstrap_stats(
     evaluates every measure on it, so the measures' intervals come from the same
     resampled requests. Returns, per group, ``{stat: (lo, hi)}``; empty for a group
     with fewer than two values or with fewer than two units.
+
+    ``scale_to`` and ``centers``: the units are a subsample of a level of
+    ``scale_to`` units whose statistics are ``centers[g]`` (:func:`subsample`); each
+    interval is rescaled to the whole level (:func:`_rescaled`). A statistic missing
+    from ``centers[g]`` gets no interval then.
     """
     if not groups:
         return []
@@ -166,10 +187,39 @@ def bootstrap_stats(
                 draws[i].setdefault(name, []).append(v)
     alpha = (1.0 - confidence) / 2.0
     for i in live:
+        own: Mapping[str, float] = {}
+        whole: Mapping[str, float] | None = None
+        if scale_to is not None and scale_to > n:
+            whole = (centers[i] if centers is not None else None) or {}
+            values = sorted(v for u in groups[i] for v in u)
+            own = statistic(values) if values else {}
         for name, vals in draws[i].items():
             vals.sort()
-            out[i][name] = (quantile(vals, alpha), quantile(vals, 1.0 - alpha))
+            found = (quantile(vals, alpha), quantile(vals, 1.0 - alpha))
+            if whole is None:
+                out[i][name] = found
+            elif name in whole and name in own:
+                out[i][name] = _rescaled(found, own[name], whole[name], n, scale_to or n)
     return out
+
+
+def subsample(n: int, m: int = MAX_UNITS, seed: int = SEED) -> list[int] | None:
+    """Indices (ascending) of a seeded subsample of ``m`` of ``n`` units drawn without
+    replacement; None when ``n <= m`` (every unit is used)."""
+    if n <= m:
+        return None
+    return sorted(random.Random(seed).sample(range(n), m))
+
+
+def _rescaled(
+    bounds: tuple[float, float], own: float, whole: float, m: int, n: int
+) -> tuple[float, float]:
+    """A subsample's percentile interval ``bounds`` (of ``m`` units, around its own
+    value ``own``) as the interval of the whole level (``n`` units, value ``whole``):
+    its deviations shrunk by ``sqrt(m / n)`` (the standard error of a mean, a ratio or
+    a quantile falls as one over the square root of the units)."""
+    f = math.sqrt(m / n)
+    return whole + (bounds[0] - own) * f, whole + (bounds[1] - own) * f
 
 
 def _thinned(
@@ -204,31 +254,40 @@ def bootstrap_ratio(
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = SEED,
+    scale_to: int | None = None,
+    centers: Sequence[float] | None = None,
 ) -> list[tuple[float, float] | None]:
     """Percentile-bootstrap intervals of ``sum(numerator) / sum(denominator)`` over
     units (requests), for several numerators sharing one denominator: unit ``u`` has
     ``numerators[k][u]`` and ``denominator[u]``. None for a numerator with fewer than
-    two units or a zero denominator."""
+    two units or a zero denominator. ``scale_to`` and ``centers``: the units are a
+    subsample of ``scale_to`` units whose ratios are ``centers`` (as in
+    :func:`bootstrap_stats`)."""
     n = len(denominator)
     if n < 2 or any(len(x) != n for x in numerators):
         return [None for _ in numerators]
     rng = random.Random(seed)
     draws: list[list[float]] = [[] for _ in numerators]
     for _ in range(resamples):
-        picks = rng.choices(range(n), k=n)
-        den = math.fsum(denominator[p] for p in picks)
+        get = itemgetter(*rng.choices(range(n), k=n))
+        den = math.fsum(get(denominator))
         if den <= 0:
             continue
         for k, num in enumerate(numerators):
-            draws[k].append(math.fsum(num[p] for p in picks) / den)
+            draws[k].append(math.fsum(get(num)) / den)
     alpha = (1.0 - confidence) / 2.0
     out: list[tuple[float, float] | None] = []
-    for vals in draws:
+    den_all = math.fsum(denominator)
+    for k, vals in enumerate(draws):
         if len(vals) < 2:
             out.append(None)
             continue
         vals.sort()
-        out.append((quantile(vals, alpha), quantile(vals, 1.0 - alpha)))
+        found = (quantile(vals, alpha), quantile(vals, 1.0 - alpha))
+        if scale_to is not None and scale_to > n and centers is not None:
+            own = math.fsum(numerators[k]) / den_all if den_all > 0 else math.nan
+            found = _rescaled(found, own, centers[k], n, scale_to)
+        out.append(found)
     return out
 
 

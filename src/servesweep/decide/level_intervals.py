@@ -15,6 +15,11 @@ numbers. Pure functions over :class:`~servesweep.models.RequestSample` and
 - acceptance length: the bootstrap of the tokens per decode chunk over requests,
   its relative width applied to the engine counters' value when those decided it;
 - pass rates and error rates: the Wilson interval.
+
+A level of more than :data:`~servesweep.decide.intervals.MAX_UNITS` completed requests is
+bootstrapped on a seeded subsample of that many, its intervals rescaled to the whole
+level around the whole level's figures (:func:`servesweep.decide.intervals.subsample`): the
+work after a level stays bounded at any number of requests.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from servesweep import metrics_catalog as mc
 from servesweep.decide.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
+    MAX_UNITS,
     bootstrap_ratio,
     bootstrap_stats,
+    subsample,
+    summary_of,
     wilson,
 )
 from servesweep.metrics_catalog import Latency, Stat, latency
@@ -65,6 +73,7 @@ INTERVAL_METRICS: frozenset[str] = frozenset(
     [latency(k, s).name for k in _KINDS for s in _STATS]
     + [m.name for m in _RATES]
     + [mc.ACCEPTANCE_LENGTH.name, mc.ERROR_RATE.name, mc.PASS_RATE.name]
+    + [mc.COST_PER_MTOK.name, mc.TOKENS_PER_DOLLAR.name]
 )
 """The metrics that carry an interval."""
 
@@ -93,11 +102,13 @@ def _rates(
     duration_s: float,
     confidence: float,
     resamples: int,
+    picked: Sequence[int] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Throughputs by Little's law: a rate over the level is the mean number of
     requests in flight (``sum(e2e) / duration``, which the load generator's
     concurrency or arrival rate sets) times a per-second-in-flight ratio of the
-    requests (tokens / e2e); the ratio is bootstrapped over the requests."""
+    requests (tokens / e2e); the ratio is bootstrapped over the requests (over the
+    ``picked`` ones, rescaled to all, when the level is subsampled)."""
     e2e = [(s.finished_at - s.sent_at) if s.finished_at is not None else 0.0 for s in done]
     total = math.fsum(e2e)
     if len(done) < _MIN_FOR_RATES or duration_s <= 0 or total <= 0:
@@ -119,7 +130,17 @@ def _rates(
         in_tokens,
         [a + b for a, b in zip(in_tokens, out_tokens, strict=True)],
     ]
-    found = bootstrap_ratio(numerators, e2e, confidence=confidence, resamples=resamples)
+    if picked is None:
+        found = bootstrap_ratio(numerators, e2e, confidence=confidence, resamples=resamples)
+    else:
+        found = bootstrap_ratio(
+            [[num[i] for i in picked] for num in numerators],
+            [e2e[i] for i in picked],
+            confidence=confidence,
+            resamples=resamples,
+            scale_to=len(done),
+            centers=[math.fsum(num) / total for num in numerators],
+        )
     return {
         name: (in_flight * b[0], in_flight * b[1])
         for name, b in zip(names, found, strict=True)
@@ -135,6 +156,8 @@ def level_intervals(
     acceptance: tuple[float, str] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
+    values: Mapping[str, float] | None = None,
+    max_units: int = MAX_UNITS,
 ) -> dict[str, tuple[float, float]]:
     """``{metric: (lo, hi)}`` at ``confidence`` for one level from its requests.
 
@@ -143,6 +166,12 @@ def level_intervals(
     empty: every completed request is good); ``acceptance`` the stored acceptance
     length and its source (``tokens_per_chunk_estimate`` or the engine's counters).
     A metric with too few requests for an interval is left out.
+
+    More than ``max_units`` completed requests: the bootstrap runs on a seeded
+    subsample of ``max_units`` of them and each interval is rescaled to the whole
+    level, around the whole level's figure (computed here from every request; for
+    the inter-token latencies, which every token of every request would have to be
+    sorted for, taken from ``values``, the level's metrics, when it has them).
     """
     done = [s for s in samples if s.ok and s.finished_at is not None]
     out: dict[str, tuple[float, float]] = {}
@@ -151,47 +180,110 @@ def level_intervals(
         found = wilson(failed, len(samples), confidence=confidence)
         if found is not None:
             out[mc.ERROR_RATE.name] = found
+    picked = subsample(len(done), max_units)
+    units = done if picked is None else [done[i] for i in picked]
     per_kind: dict[Latency, list[list[float]]] = {k: [] for k in _KINDS}
     middles: list[list[float]] = []
-    goods: list[bool] = []
-    for s in done:
-        e2e = (s.finished_at - s.sent_at) * 1e3 if s.finished_at is not None else None
-        ttft = s.ttft * 1e3 if s.ttft is not None else None
-        ct = s.completion_tokens if s.completion_tokens is not None else sum(s.chunk_tokens)
-        tpot = (e2e - ttft) / (ct - 1) if e2e is not None and ttft is not None and ct > 1 else None
-        itl: list[float] = []
-        if ttft is not None:
-            for gap, k in zip(s.chunk_gaps, s.chunk_tokens[1:], strict=False):
-                if k > 0:
-                    itl.extend([gap * 1e3 / k] * k)
+    for s in units:
+        ttft, tpot, e2e, _ = _latencies(s)
         per_kind[Latency.TTFT].append([] if ttft is None else [ttft])
         per_kind[Latency.TPOT].append([] if tpot is None else [tpot])
-        per_kind[Latency.ITL].append(itl)
+        per_kind[Latency.ITL].append(_itl(s) if ttft is not None else [])
         per_kind[Latency.E2E].append([] if e2e is None else [e2e])
-        middles.append([float(t) for t in s.chunk_tokens[1:-1]] if ttft is not None else [])
-        goods.append(
-            slo is not None and meets_slo(slo, {"ttft": ttft, "tpot": tpot, "e2e": e2e}, ct)
-        )
+        middles.append(_middle(s) if ttft is not None else [])
+    goods: list[bool] = []
+    whole: dict[Latency, list[float]] = {k: [] for k in _KINDS if k is not Latency.ITL}
+    ttfts, tpots, e2es = whole[Latency.TTFT], whole[Latency.TPOT], whole[Latency.E2E]
+    for s in done if slo or picked is not None else ():
+        ttft, tpot, e2e, ct = _latencies(s)
+        if slo:
+            goods.append(meets_slo(slo, {"ttft": ttft, "tpot": tpot, "e2e": e2e}, ct))
+        if picked is not None:
+            if ttft is not None:
+                ttfts.append(ttft)
+            if tpot is not None:
+                tpots.append(tpot)
+            if e2e is not None:
+                e2es.append(e2e)
+    if not slo:
+        goods = [slo is not None] * len(done)  # no SLO: every completed request is good
     groups = [per_kind[k] for k in _KINDS] + [middles]
-    found_stats = bootstrap_stats(groups, confidence=confidence, resamples=resamples)
+    centers: list[Mapping[str, float] | None] | None = None
+    chunk_estimate = _mean(middles)
+    if picked is not None:
+        centers = [_center(k, whole.get(k), done, values) for k in _KINDS]
+        middle = [s.chunk_tokens[1:-1] for s in done if s.ttft is not None]
+        count = sum(map(len, middle))
+        chunk_estimate = sum(map(sum, middle)) / count if count else None
+        centers.append(None if chunk_estimate is None else {"mean": chunk_estimate})
+    found_stats = bootstrap_stats(
+        groups,
+        confidence=confidence,
+        resamples=resamples,
+        scale_to=None if picked is None else len(done),
+        centers=centers,
+    )
     for kind, stats in zip(_KINDS, found_stats, strict=False):
         for stat in _STATS:
             if stat.value in stats:
                 out[latency(kind, stat).name] = stats[stat.value]
-    rates = _rates(done, goods, duration_s, confidence, resamples)
+    rates = _rates(done, goods, duration_s, confidence, resamples, picked)
     if slo is None:
         rates.pop(mc.GOODPUT.name, None)
     out.update(rates)
     chunk_mean = found_stats[-1].get("mean") if found_stats else None
     if acceptance is not None and chunk_mean is not None:
         value, source = acceptance
-        estimate = _mean(middles)
-        if source == "tokens_per_chunk_estimate" or estimate is None:
+        if source == "tokens_per_chunk_estimate" or chunk_estimate is None:
             out[mc.ACCEPTANCE_LENGTH.name] = chunk_mean
-        elif estimate > 0:
+        elif chunk_estimate > 0:
             lo, hi = chunk_mean
-            out[mc.ACCEPTANCE_LENGTH.name] = (value * lo / estimate, value * hi / estimate)
+            out[mc.ACCEPTANCE_LENGTH.name] = (
+                value * lo / chunk_estimate,
+                value * hi / chunk_estimate,
+            )
     return {k: v for k, v in out.items() if all(math.isfinite(x) for x in v)}
+
+
+def _latencies(s: RequestSample) -> tuple[float | None, float | None, float | None, int]:
+    """TTFT, TPOT and E2E of one request in ms, and its completion tokens."""
+    e2e = (s.finished_at - s.sent_at) * 1e3 if s.finished_at is not None else None
+    ttft = s.ttft * 1e3 if s.ttft is not None else None
+    ct = s.completion_tokens if s.completion_tokens is not None else sum(s.chunk_tokens)
+    tpot = (e2e - ttft) / (ct - 1) if e2e is not None and ttft is not None and ct > 1 else None
+    return ttft, tpot, e2e, ct
+
+
+def _itl(s: RequestSample) -> list[float]:
+    """One request's inter-token latencies in ms: a chunk's gap shared by its tokens."""
+    itl: list[float] = []
+    for gap, k in zip(s.chunk_gaps, s.chunk_tokens[1:], strict=False):
+        if k > 0:
+            itl.extend([gap * 1e3 / k] * k)
+    return itl
+
+
+def _middle(s: RequestSample) -> list[float]:
+    """Tokens per decode chunk of one request (first and last chunk left out)."""
+    return [float(t) for t in s.chunk_tokens[1:-1]]
+
+
+def _center(
+    kind: Latency,
+    values: list[float] | None,
+    done: Sequence[RequestSample],
+    metrics: Mapping[str, float] | None,
+) -> Mapping[str, float] | None:
+    """The whole level's statistics of ``kind``: from ``values`` (every request's),
+    or for ITL from the level's ``metrics`` (else from every token: slow)."""
+    if kind is Latency.ITL:
+        names = {stat.value: latency(kind, stat).name for stat in _STATS}
+        if metrics is not None and all(n in metrics for n in names.values()):
+            return {stat: float(metrics[n]) for stat, n in names.items()}
+        values = [v for s in done if s.ttft is not None for v in _itl(s)]
+    if not values:
+        return None
+    return summary_of(sorted(values))
 
 
 def _mean(units: Sequence[Sequence[float]]) -> float | None:

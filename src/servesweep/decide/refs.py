@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from servesweep import metrics_catalog as mc
+from servesweep.decide.resources import trial_gpus
 from servesweep.decide.stats import LevelStats, MetricStats, aggregate_levels, level_sort_key
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.metrics_catalog import TRIAL_METRICS, Scope, phase_of
@@ -27,6 +28,7 @@ from servesweep.spec.constraints import (
     parse_constraint,
     parse_metric_ref,
     resolve_objective,
+    resolve_objectives,
     validate_ref,
 )
 from servesweep.spec.load import load_sweep_text
@@ -38,6 +40,7 @@ __all__ = [
     "check_ref",
     "is_search",
     "objective_of",
+    "objectives_of",
     "ref_label",
     "stored_spec",
 ]
@@ -117,6 +120,9 @@ class ResultIndex:
             if phase is not None:
                 secs = trial.phase_seconds.get(phase.value)
                 return None if secs is None else MetricStats.of([float(secs)])
+            if ref.metric == mc.GPUS.name:
+                gpus = trial_gpus(self.data, trial)
+                return None if gpus is None else MetricStats.of([float(gpus)])
             return None
         candidates = [lvl for lvl in self.levels.get(trial.id, ()) if lvl.workload == ref.workload]
         if ref.level is not None:
@@ -263,6 +269,20 @@ def _check_measured(ref: MetricRef, index: ResultIndex) -> MetricRef:
     if scope is Scope.LEVEL and ref.level is None and len(levels) == 1:
         return replace(ref, level=levels[0])
     return ref
+
+
+def objectives_of(data: SweepData, index: ResultIndex | None = None) -> list[tuple[MetricRef, str]]:
+    """Every objective of the sweep file, in order (the first ranks, the next ones
+    break its ties), when its text still loads; else :func:`objective_of`'s one.
+    Empty when nothing was measured at all."""
+    spec = stored_spec(data)
+    if spec is not None:
+        try:
+            return [(ref, str(direction)) for ref, direction in resolve_objectives(spec)]
+        except ServesweepError:
+            pass
+    own = objective_of(data, index)
+    return [] if own is None else [own]
 
 
 def objective_of(data: SweepData, index: ResultIndex | None = None) -> tuple[MetricRef, str] | None:

@@ -1,4 +1,5 @@
-"""What each trial held and cost: its GPUs and GPU-seconds, from the stored records."""
+"""What each trial held and cost: its GPUs and GPU-seconds, from the stored records,
+and the price of a GPU-hour the sweep file gives (``cost``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import functools
 from servesweep.errors import ServesweepError
 from servesweep.records import SweepData, TrialRecord
 from servesweep.spec.load import load_sweep_text
+from servesweep.spec.schema import CostSpec
 
-__all__ = ["sweep_gpus", "trial_gpu_seconds", "trial_gpus"]
+__all__ = ["sweep_cost", "sweep_gpus", "trial_gpu_seconds", "trial_gpus"]
 
 
 @functools.lru_cache(maxsize=16)
@@ -19,6 +21,21 @@ def _spec_gpus(spec_text: str, spec_path: str) -> tuple[int, ...]:
         return tuple(load_sweep_text(spec_text, spec_path).spec.server.gpus)
     except ServesweepError:
         return ()  # an old or hand-edited sweep file: the count stays unknown
+
+
+@functools.lru_cache(maxsize=16)
+def _spec_cost(spec_text: str, spec_path: str) -> CostSpec | None:
+    if not spec_text.strip():
+        return None
+    try:
+        return load_sweep_text(spec_text, spec_path).spec.cost
+    except ServesweepError:
+        return None  # an old or hand-edited sweep file: no price
+
+
+def sweep_cost(data: SweepData) -> CostSpec | None:
+    """``cost`` of the sweep file the sweep ran (None: it gives no price)."""
+    return _spec_cost(data.sweep.spec_text, data.sweep.spec_path)
 
 
 def sweep_gpus(data: SweepData) -> tuple[int, ...]:

@@ -11,14 +11,15 @@ import math
 import statistics
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from servesweep.decide.acceptance import AcceptanceContext
+from servesweep.decide.cost import level_cost
 from servesweep.decide.intervals import DEFAULT_CONFIDENCE, Combined, Interval, combine
 from servesweep.decide.level_intervals import INTERVAL_METRICS, eval_intervals, level_intervals
 from servesweep.decide.numbers import format_number, format_stats
-from servesweep.decide.resources import trial_gpus
+from servesweep.decide.resources import sweep_cost, trial_gpus
 from servesweep.errors import ConfigError
 from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, DURATION_S
 from servesweep.models import LevelResult, Outcome, parse_level
@@ -266,8 +267,28 @@ def aggregate_levels(data: SweepData, trial_id: int) -> list[LevelStats]:
     """The trial's results grouped by (workload, level), repeats aggregated.
 
     Workloads keep their order of appearance; levels are sorted (c1, c8, r2...).
+    With a price in the sweep file (``cost``), each load level has its cost figures
+    too (:mod:`servesweep.decide.cost`).
     """
-    return aggregate_results(trial_id, data.results.get(trial_id, ()))
+    return aggregate_results(trial_id, _priced(data, trial_id, data.results.get(trial_id, ())))
+
+
+def _priced(data: SweepData, trial_id: int, results: Sequence[LevelResult]) -> list[LevelResult]:
+    """``results`` with the cost metrics of :func:`servesweep.decide.cost.level_cost` added,
+    when the sweep file gives a price."""
+    cost = sweep_cost(data)
+    trial = next((t for t in data.trials if t.id == trial_id), None)
+    if cost is None or trial is None:
+        return list(results)
+    gpus = trial_gpus(data, trial)
+    out: list[LevelResult] = []
+    for res in results:
+        own = result_intervals(res)
+        values, bounds = level_cost(res.metrics, own, gpus, cost.gpu_hour)
+        if values:
+            res = replace(res, metrics={**res.metrics, **values}, intervals={**own, **bounds})
+        out.append(res)
+    return out
 
 
 def aggregate_results(trial_id: int, results: Iterable[LevelResult]) -> list[LevelStats]:

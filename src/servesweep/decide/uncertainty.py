@@ -7,8 +7,18 @@ really met.
   uncertainty of the difference (the two intervals combined) and the practical
   threshold (:attr:`Rules.threshold`, default 1 %). A lead is *decisive* only when it
   is beyond both; otherwise the two are tied.
+- :func:`decision_se`: the standard error a decision gives a candidate's mean: its
+  interval's, and at least what launches vary (:attr:`Rules.launch_sd`, learned by
+  :func:`learned_launch_sd` from the sweep's own relaunches): one launch's interval
+  cannot see launch-to-launch variation, so a candidate of one launch is never
+  separated from another by less than launches vary.
+- :attr:`Margin.equivalent`: the two are equivalent within the threshold (an
+  equivalence test as in TOST: the difference's interval at ``1 - 2 alpha``, 90 %
+  for a 95 % decision, lies inside ``± threshold``); more launches would not make
+  either the winner.
 - :func:`tie_set`: the candidates the leader does not decisively beat, objective by
-  objective (a later objective can separate what an earlier one left tied).
+  objective (a later objective can separate what an earlier one left tied), at the
+  family-wise confidence of :meth:`Rules.for_ties`.
 - :func:`prefer`: among tied candidates, the cheaper one (fewer GPUs, then less GPU
   memory, then lower latency; :attr:`Rules.prefer` orders these), with the reason
   in one line.
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from servesweep.decide.intervals import DEFAULT_CONFIDENCE, standard_error, z_quantile
@@ -34,11 +44,15 @@ from servesweep.spec.constraints import Constraint
 
 __all__ = [
     "COSTS",
+    "DEFAULT_LAUNCH_SD",
     "DEFAULT_THRESHOLD",
+    "PRIOR_LAUNCHES",
     "Margin",
     "Rules",
     "Verdict",
+    "decision_se",
     "judge",
+    "learned_launch_sd",
     "margin",
     "prefer",
     "rescaled",
@@ -46,6 +60,13 @@ __all__ = [
 ]
 
 DEFAULT_THRESHOLD = 0.01
+DEFAULT_LAUNCH_SD = 0.02
+"""Relative standard deviation between launches of one configuration assumed until the
+sweep's relaunches measure it (the H200 measured 1.9-2.2 % for llama-server;
+``decision.launch_sd``)."""
+PRIOR_LAUNCHES = 4
+"""The weight of :data:`DEFAULT_LAUNCH_SD` against what relaunches measure, in degrees
+of freedom (a configuration measured in k launches brings k - 1)."""
 COSTS: tuple[str, ...] = ("gpus", "memory", "latency")
 """What "cheaper" weighs, in the default order of :attr:`Rules.prefer`."""
 
@@ -58,6 +79,25 @@ class Rules:
     threshold: float = DEFAULT_THRESHOLD
     """The smallest relative lead that counts (0.01: 1 %)."""
     prefer: tuple[str, ...] = COSTS
+    launch_sd: float = DEFAULT_LAUNCH_SD
+    """Relative standard deviation between launches (stated, or learned:
+    :func:`learned_launch_sd`)."""
+    family_wise: bool = True
+    """Drop a candidate from the tie set only at the family-wise confidence
+    (:meth:`for_ties`)."""
+
+    def for_ties(self, candidates: int) -> Rules:
+        """The rules the tie set is decided with among ``candidates``: each of the
+        leader's ``candidates - 1`` comparisons at ``1 - alpha / (candidates - 1)``
+        (Bonferroni), so that the chance of dropping any configuration as good as the
+        leader stays ``alpha`` however many there are (pairwise 95 % comparisons with 11
+        others dropped one of three equal configurations in 23 of 100 simulated sweeps).
+        Declaring the leader the winner needs every comparison anyway, so that claim
+        needs no correction; only its confidence is the stricter one."""
+        if not self.family_wise or candidates <= 2:
+            return self
+        alpha = (1.0 - self.confidence) / (candidates - 1)
+        return replace(self, confidence=1.0 - alpha)
 
     @classmethod
     def of(cls, spec: Mapping[str, Any] | None) -> Rules:
@@ -68,6 +108,7 @@ class Rules:
             confidence=float(spec.get("confidence", DEFAULT_CONFIDENCE)),
             threshold=float(spec.get("threshold", DEFAULT_THRESHOLD)),
             prefer=tuple(spec.get("prefer", COSTS)),
+            launch_sd=float(spec.get("launch_sd", DEFAULT_LAUNCH_SD)),
         )
 
 
@@ -75,6 +116,43 @@ def _se(stats: MetricStats) -> float | None:
     if stats.lo is None or stats.hi is None:
         return None
     return standard_error(stats.lo, stats.hi, stats.confidence or DEFAULT_CONFIDENCE)
+
+
+def decision_se(stats: MetricStats, launch_sd: float) -> float | None:
+    """The standard error of ``stats.mean`` a decision uses (None: no interval, an
+    exact value). Its interval's, and at least ``sqrt(within^2 + (launch_sd x
+    mean)^2 / launches)``: the part its requests give (``within_se``) plus the
+    variation between launches, ``launch_sd`` relative, divided among its launches.
+    With one launch the interval holds none of that variation; with several, their
+    spread already counts, and the floor keeps two launches that happen to agree from
+    hiding it."""
+    se = _se(stats)
+    if se is None:
+        return None
+    within = stats.within_se if stats.within_se is not None else se
+    floor = within * within + (launch_sd * stats.mean) ** 2 / max(1, stats.launches)
+    return math.sqrt(max(se * se, floor))
+
+
+def learned_launch_sd(
+    stats: Sequence[MetricStats], stated: float = DEFAULT_LAUNCH_SD, prior: int = PRIOR_LAUNCHES
+) -> float:
+    """The relative standard deviation between launches, learned from the candidates
+    measured in several launches (``stats``: one metric of each candidate): each with
+    ``k`` launches brings ``k - 1`` degrees of freedom of its launches' variance less
+    the part their requests explain (``k x within_se^2``), relative to its mean;
+    pooled with ``stated`` weighted as :data:`PRIOR_LAUNCHES` degrees of freedom, so
+    ``stated`` holds until relaunches have measured some."""
+    weight = float(prior)
+    total = prior * stated * stated
+    for st in stats:
+        if st.launches < 2 or st.launch_sd is None or st.mean == 0:
+            continue
+        within = st.within_se or 0.0
+        between = (st.launch_sd**2 - st.launches * within * within) / (st.mean * st.mean)
+        total += (st.launches - 1) * between
+        weight += st.launches - 1
+    return math.sqrt(max(0.0, total / weight)) if weight > 0 else stated
 
 
 def rescaled(stats: MetricStats, confidence: float) -> tuple[float, float] | None:
@@ -101,6 +179,10 @@ class Margin:
     """Half width of the difference's interval (None: neither value has one)."""
     threshold: float
     confidence: float
+    base: float = 0.0
+    """``|b|``: what the threshold is relative to."""
+    se: float | None = None
+    """Standard error of the difference (None: neither value has an interval)."""
 
     @property
     def beyond_noise(self) -> bool:
@@ -114,12 +196,31 @@ class Margin:
     def decisive(self) -> bool:
         return self.beyond_noise and self.practical
 
+    @property
+    def equivalence_bound(self) -> float | None:
+        """The largest relative difference the equivalence test leaves possible: the
+        far end of the difference's interval at ``1 - 2 alpha`` (90 % for a 95 %
+        decision), relative to ``base`` (None: no base)."""
+        if self.base <= 0:
+            return None
+        half = 0.0 if self.se is None else z_quantile(2 * self.confidence - 1) * self.se
+        return (abs(self.lead) + half) / self.base
+
+    @property
+    def equivalent(self) -> bool:
+        """Equivalent within the threshold (TOST at ``alpha = 1 - confidence``): the
+        whole interval of the difference at ``1 - 2 alpha`` lies inside ``± threshold``,
+        so neither leads by a difference that counts, however long it is measured."""
+        bound = self.equivalence_bound
+        return bound is not None and bound < self.threshold
+
     def describe(self) -> str:
         """``leads by 2.3 % (±0.8 % at 95 %)``, saying what keeps it from deciding."""
         text = f"leads by {self.relative:.1%}"
         if self.uncertainty is not None and self.lead != 0:
             rel = self.uncertainty / abs(self.lead) * abs(self.relative)
-            text += f" (±{rel:.1%} at {self.confidence:.0%})"
+            shown = f"{self.confidence:.1%}".replace(".0%", "%")  # 95%, 99.5% (family-wise)
+            text += f" (±{rel:.1%} at {shown})"
         if not self.beyond_noise:
             text += ", within its uncertainty"
         elif not self.practical:
@@ -127,14 +228,20 @@ class Margin:
         return text
 
 
-def margin(a: MetricStats, b: MetricStats, direction: str, rules: Rules) -> Margin:
-    """How far ``a`` leads ``b`` (``direction`` ``max`` or ``min``) under ``rules``."""
+def margin(
+    a: MetricStats, b: MetricStats, direction: str, rules: Rules, launch_sd: float | None = None
+) -> Margin:
+    """How far ``a`` leads ``b`` (``direction`` ``max`` or ``min``) under ``rules``;
+    each mean's standard error is :func:`decision_se`'s, with ``launch_sd`` (default
+    ``rules.launch_sd``)."""
     lead = a.mean - b.mean if direction == "max" else b.mean - a.mean
     base = abs(b.mean)
     relative = lead / base if base > 0 else (math.inf if lead > 0 else 0.0)
-    ses = [s for s in (_se(a), _se(b)) if s is not None]
-    uncertainty = z_quantile(rules.confidence) * math.sqrt(sum(s * s for s in ses)) if ses else None
-    return Margin(lead, relative, uncertainty, rules.threshold, rules.confidence)
+    sd = rules.launch_sd if launch_sd is None else launch_sd
+    ses = [s for s in (decision_se(a, sd), decision_se(b, sd)) if s is not None]
+    se = math.sqrt(sum(s * s for s in ses)) if ses else None
+    uncertainty = None if se is None else z_quantile(rules.confidence) * se
+    return Margin(lead, relative, uncertainty, rules.threshold, rules.confidence, base, se)
 
 
 def tie_set(
@@ -142,13 +249,15 @@ def tie_set(
     stats_of: Callable[[Any, int], MetricStats],
     dirs: Sequence[str],
     rules: Rules,
+    launch_sds: Sequence[float] | None = None,
 ) -> tuple[list[Any], list[tuple[Any, Margin]]]:
     """The candidates tied with the leader, leader first, in ranking order; and, for
     each candidate the leader beat decisively, on which objective's margin.
 
     ``ranked`` is best first by the means; ``stats_of(candidate, k)`` the stats of
-    objective ``k``. Objective by objective, the leader of those still tied keeps the
-    ones it does not decisively beat."""
+    objective ``k``; ``launch_sds[k]`` its variation between launches (default
+    ``rules.launch_sd``). Objective by objective, the leader of those still tied keeps
+    the ones it does not decisively beat."""
     tied = list(ranked)
     beaten: list[tuple[Any, Margin]] = []
     for k, direction in enumerate(dirs):
@@ -165,7 +274,8 @@ def tie_set(
         for cand in tied:
             if cand is leader:
                 continue
-            m = margin(stats_of(leader, k), stats_of(cand, k), direction, rules)
+            sd = None if launch_sds is None else launch_sds[k]
+            m = margin(stats_of(leader, k), stats_of(cand, k), direction, rules, sd)
             if m.decisive:
                 beaten.append((cand, m))
             else:

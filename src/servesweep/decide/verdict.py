@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
+from servesweep.decide.cost import priced
 from servesweep.decide.perf.gate import PREDICTED_WORSE
+from servesweep.metrics_catalog import GPUS
 from servesweep.models import LevelResult, Outcome, usable
 from servesweep.records import TrialRecord
 from servesweep.spec.constraints import TRIAL_METRICS, Constraint, MetricRef
@@ -67,6 +69,8 @@ class Goal:
     constraints: tuple[Constraint, ...] = ()
     include_unreliable: bool = False
     """Whether levels marked ``unreliable`` count (default: they are left out)."""
+    gpu_hour: float | None = None
+    """The sweep file's price of a GPU-hour: levels get their cost metrics."""
 
     @property
     def directions(self) -> tuple[Literal["max", "min"], ...]:
@@ -107,10 +111,14 @@ def measure(
 ) -> Measured | None:
     """The value of ``ref`` in one trial's results (mean over repeats), or None.
 
-    A trial metric (``load_s``) comes from the record's phase seconds. A reference
+    A trial metric (``load_s``) comes from the record's phase seconds, ``gpus`` from
+    the GPUs it was given. A reference
     without a level takes the results of its workload that carry the metric (an
     eval, a capacity search's summary, a workload of one level)."""
     if ref.workload is None:
+        if ref.metric == GPUS.name and record is not None:
+            held = record_gpus(record)
+            return None if held is None else Measured(float(held))
         if ref.metric in TRIAL_METRICS and record is not None:
             secs = record.phase_seconds.get(ref.metric.removesuffix("_s"))
             return None if secs is None else Measured(float(secs))
@@ -129,6 +137,15 @@ def measure(
     if not found:
         return None
     return Measured(sum(found) / len(found), max(found) - min(found), len(found))
+
+
+def record_gpus(record: TrialRecord) -> int | None:
+    """The GPUs a trial was given (its attempt's, else its instance's); None: unknown."""
+    if record.gpus:
+        return len(record.gpus)
+    if record.instance is not None and record.instance.gpus:
+        return len(record.instance.gpus)
+    return None
 
 
 def violation(constraint: Constraint, value: float | None) -> float:
@@ -198,7 +215,7 @@ def judge(goal: Goal, record: TrialRecord, results: Sequence[LevelResult]) -> Ve
         return Verdict(
             VerdictKind.RETRY, (None,) * count, (0.0,) * count, (), f"not finished: {outcome.value}"
         )
-    results = usable(results, goal.include_unreliable)
+    results = priced(usable(results, goal.include_unreliable), record_gpus(record), goal.gpu_hour)
     measured = [measure(ref, results, record) for ref, _ in goal.objectives]
     values = tuple(None if m is None else m.mean for m in measured)
     spreads = tuple(0.0 if m is None else m.spread for m in measured)

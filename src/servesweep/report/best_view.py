@@ -46,6 +46,9 @@ def format_best(result: BestResult) -> str:
             lines.append(f"  {d} {key} = {format_number(stats.mean)}{shown}")
         for con, verdict in zip(result.constraints, win.verdicts, strict=True):
             lines.append(f"  constraint {con}: {verdict.describe()}")
+        held = result.costs.headline(win.trial) if result.costs else ""
+        if held:
+            lines.append(f"  cost: {held}")
         if win.trial.launch_command:
             lines.append(f"  launch: {win.trial.launch_command}")
     for note in result.notes:
@@ -59,7 +62,8 @@ def format_best(result: BestResult) -> str:
         lines.append("ranking:")
         for i, cand in enumerate(result.ranking, 1):
             vals = ", ".join(format_number(v) for v in cand.values)
-            lines.append(f"  {i}. {cand.label}: {vals}")
+            held = result.costs.describe(cand.trial) if result.costs else ""
+            lines.append(f"  {i}. {cand.label}: {vals}" + (f" [{held}]" if held else ""))
     if result.excluded:
         lines.append("excluded:")
         for exc in result.excluded:
@@ -87,6 +91,11 @@ def _candidate_json(result: BestResult, cand: Candidate) -> dict[str, Any]:
             for con, v in zip(result.constraints, cand.verdicts, strict=True)
         },
         "launch_command": cand.trial.launch_command,
+        **(result.costs.of(cand.trial).to_dict() if result.costs else {}),
+        "config_mismatch": [
+            {k: m.get(k) for k in ("param", "asked", "engine", "source")}
+            for m in result.mismatches.get(cand.trial.id, ())
+        ],
     }
 
 
@@ -104,6 +113,8 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
             "confidence": result.rules.confidence,
             "threshold": result.rules.threshold,
             "prefer": list(result.rules.prefer),
+            "launch_sd": list(result.launch_sds),
+            "equivalent": [c.trial.id for c in result.equivalent],
             "acceptance_trusted": not result.untrusted,
             "untrusted_acceptance": [u.to_dict() for u in result.untrusted],
             "runner_up_margin": None
@@ -120,6 +131,7 @@ def best_to_json(result: BestResult) -> dict[str, Any]:
         "screening": None
         if result.screening is None
         else {**result.screening.to_dict(), "note": result.screening_note},
+        "cost": None if result.costs is None else result.costs.to_dict(),
         "best": None if result.winner is None else _candidate_json(result, result.winner),
         "ties": [_candidate_json(result, c) for c in result.ties],
         "pareto": [_candidate_json(result, c) for c in result.pareto],

@@ -31,8 +31,10 @@ from markupsafe import Markup
 
 from servesweep.decide.acceptance import UNTRUSTED_MARK
 from servesweep.decide.best import BestResult, Candidate, find_best
+from servesweep.decide.mismatches import describe, trial_mismatches
 from servesweep.decide.numbers import format_number, format_stats
 from servesweep.decide.refs import ResultIndex, is_search
+from servesweep.decide.resources import trial_gpus
 from servesweep.decide.standing import objective_ref
 from servesweep.decide.stats import (
     LevelStats,
@@ -47,7 +49,7 @@ from servesweep.decide.stats import (
 )
 from servesweep.decide.uncertainty import margin
 from servesweep.errors import ServesweepError
-from servesweep.metrics_catalog import ACCEPTANCE_LENGTH
+from servesweep.metrics_catalog import ACCEPTANCE_LENGTH, GPUS
 from servesweep.models import Outcome
 from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best_view import untrusted_suffix
@@ -208,6 +210,7 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
     }
     if best.winner is not None:
         win = best.winner
+        held = best.costs.headline(win.trial) if best.costs else ""
         out["winner"] = {
             "label": win.label + untrusted_suffix(best),
             "lines": [
@@ -217,7 +220,10 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
             + [
                 f"constraint {c}: {v.describe()}"
                 for c, v in zip(best.constraints, win.verdicts, strict=True)
-            ],
+            ]
+            + (
+                [f"cost: {held}"] if best.costs and (held := best.costs.headline(win.trial)) else []
+            ),
             "command": win.trial.launch_command or "(launch command not recorded)",
         }
     # against the winner: tied with it, or behind it beyond uncertainty and threshold
@@ -225,6 +231,8 @@ def _best(best: BestResult | None, error: str | None) -> dict[str, Any]:
     leader = best.winner
     for i, cand in enumerate(best.ranking, 1):
         pareto = " (Pareto)" if cand in best.pareto else ""
+        held = best.costs.describe(cand.trial) if best.costs else ""
+        pareto += f" [{held}]" if held else ""
         rows.append((i, cand.label + pareto, [stats_cell(s) for s in cand.stats],
                      Cell(_standing(best, cand)) if leader is not None else None))  # fmt: skip
     out["ranking"] = rows
@@ -251,17 +259,19 @@ def _results(data: SweepData, index: ResultIndex, every: bool = False) -> dict[s
     params = swept_params(data)
     levels = [lvl for lv in index.levels.values() for lvl in lv]
     metrics = metric_names(levels)
+    default, _ = column_priority(data, index)
     if not every:
-        default, _ = column_priority(data, index)
         metrics = [m for m in default if m in metrics]
+    gpus = [GPUS.name] if GPUS.name in default and GPUS.name not in params else []
     repeats = any(len(lvl.repeats) > 1 for lvl in levels)
-    head = ["trial", *params, "outcome", "workload", "level"]
+    head = ["trial", *params, *gpus, "outcome", "workload", "level"]
     head += ["repeats"] if repeats else []
     head += [*metrics, "warnings"]
     rows: list[tuple[str, list[Cell], tuple[str, ...]]] = []
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
         lead = [num(trial.number, f"#{trial.number}")]
         lead += [_param_cell(trial.params.get(p)) for p in params]
+        lead += [_param_cell(trial_gpus(data, trial)) for _ in gpus]
         lead.append(Cell(outcome_text(trial)))
         trial_levels = index.levels.get(trial.id, [])
         if not trial_levels:
@@ -277,6 +287,7 @@ def _results(data: SweepData, index: ResultIndex, every: bool = False) -> dict[s
             ctx = lvl.acceptance
             if ctx is not None and ctx.caveat is not None:
                 marks += (f"acceptance_length not trusted ({ctx.describe()}): {ctx.caveat}",)
+            marks += tuple(f"config_mismatch: {describe(m)}" for m in trial_mismatches(data, trial))
             cells = [*lead, Cell(lvl.workload), level]
             cells += [num(len(lvl.repeats))] if repeats else []
             cells += [_metric_cell(lvl, m) for m in metrics]
@@ -351,7 +362,8 @@ def _failure_entries(data: SweepData) -> list[tuple[dict[str, Any], TrialRecord]
         cls = trial.failure_class.value if trial.failure_class else "unclassified"
         facts: list[tuple[str, object]] = [("class", cls), ("reason", ev.reason)]
         facts += [("message", ev.message), ("exit code", ev.exit_code), ("signal", ev.signal)]
-        facts += [("matched log line", ev.matched_line), ("log", ev.log_path or trial.log_path)]
+        facts += [("matched log line", ev.matched_line), ("first error line", ev.first_error_line)]
+        facts += [("log", ev.log_path or trial.log_path)]
         facts += [("where", trial.lane if trial.node or trial.slot is not None else None)]
         facts += [("GPU holders", "; ".join(h.describe() for h in ev.gpu_holders) or None)]
         facts += [("processes", "; ".join(p.describe() for p in ev.processes) or None)]

@@ -18,6 +18,7 @@ from rich.text import Text
 from servesweep.decide.acceptance import UNTRUSTED_MARK
 from servesweep.decide.best import find_best
 from servesweep.decide.refs import ResultIndex, objective_of
+from servesweep.decide.resources import trial_gpus
 from servesweep.decide.stats import (
     KEY_METRICS,
     LevelStats,
@@ -32,6 +33,7 @@ from servesweep.decide.stats import (
     swept_params,
 )
 from servesweep.errors import ConfigError, ServesweepError
+from servesweep.metrics_catalog import COST_PER_MTOK, GPUS
 from servesweep.models import Outcome
 from servesweep.records import SweepData, TrialRecord
 from servesweep.report.best_view import untrusted_suffix
@@ -104,10 +106,13 @@ def column_priority(data: SweepData, index: ResultIndex) -> tuple[list[str], lis
     decoding (when measured), then the key metrics."""
     levels = [lvl for lv in index.levels.values() for lvl in lv]
     measured = metric_names(levels)
-    decision = [m for m in _decision_metrics(data) if m in measured]
+    named = _decision_metrics(data)
+    decision = [m for m in named if m in measured or m == GPUS.name]
     repeats = ["n"] if any(len(lvl.repeats) > 1 for lvl in levels) else []
     order = [*FIXED, *decision[:1], *repeats, *swept_params(data), *decision[1:]]
+    order += [GPUS.name] if COST_PER_MTOK.name in measured else []
     order += [m for m in ("acceptance_length", "pass_rate", *KEY_METRICS) if m in measured]
+    order += [m for m in (COST_PER_MTOK.name,) if m in measured]
     default = list(dict.fromkeys(order))
     return default, sorted(set(measured) - set(default))
 
@@ -129,6 +134,9 @@ def _cells(
                     row.append(_outcome_cell(trial))
                 elif h in params:
                     row.append(format_value(trial.params.get(h)))
+                elif h == GPUS.name:
+                    gpus = trial_gpus(data, trial)
+                    row.append("-" if gpus is None else str(gpus))
                 elif lvl is None:
                     row.append("-")
                 elif h == "workload":

@@ -28,6 +28,7 @@ def goal_of(spec: SweepSpec) -> Goal:
         resolve_objectives(spec),
         validate_constraints(spec),
         include_unreliable=spec.include_unreliable,
+        gpu_hour=spec.cost.gpu_hour if spec.cost is not None else None,
     )
 
 

@@ -36,10 +36,14 @@ __all__ = [
     "CUDA_ERROR",
     "GPU_MEMORY_HELD",
     "LLAMACPP_PY_FATAL",
+    "LLAMA_SERVER_ERRORS",
     "LLAMA_SERVER_FATAL",
+    "PYTHON_ERRORS",
     "SGLANG_FATAL",
     "TRACEBACK",
+    "TRTLLM_ERRORS",
     "TRTLLM_FATAL",
+    "VLLM_ERRORS",
     "VLLM_FATAL",
     "FatalPattern",
 ]
@@ -251,3 +255,46 @@ LLAMA_SERVER_FATAL: tuple[FatalPattern, ...] = (
     ),
     CUDA_ERROR,
 )
+
+
+# -- error lines: what a failure's evidence quotes as the engine's first error ------------
+#
+# A fatal pattern classifies; the line it matches is often the engine's last word
+# (``llama_server: exiting due to model loading error``, vLLM's ``Engine core
+# initialization failed. See root cause above.``), not the cause printed before it. The
+# evidence also quotes the first line of the log that states an error, found with these
+# patterns: most telling first (the first line of the earliest pattern that matches).
+
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s\]):])(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S")
+"""A raised exception's line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``),
+with the prefixes engines add (``[rank0]: ``, ``(EngineCore_DP0 pid=1) ``); not a
+traceback's quote of the raising source (``raise ValueError(...)``)."""
+_CLI_ERROR = re.compile(r"(?:^|: )error: |^\s*Error: ")
+"""argparse (``vllm serve: error: unrecognized arguments``) and click (``Error: No such
+option``)."""
+_LOGGED_ERROR = re.compile(r"\bERROR\b|\[ERROR\]")
+"""A logger's error level (vLLM ``ERROR 12-06 ...``, TensorRT-LLM ``[TensorRT-LLM][ERROR]``,
+uvicorn ``ERROR:``)."""
+
+PYTHON_ERRORS: tuple[re.Pattern[str], ...] = (_EXCEPTION_LINE, _CLI_ERROR, _LOGGED_ERROR)
+"""The Python engines' error lines: the first raised exception (the root cause of a
+chain is printed first), else an argument parser's error, else a logged error."""
+VLLM_ERRORS: tuple[re.Pattern[str], ...] = (
+    # pydantic's validator message names what vLLM refused (its header does not)
+    re.compile(r"^\s*(\(\w+ pid=\d+\) )?(Value|Assertion) error, "),
+    *PYTHON_ERRORS,
+)
+TRTLLM_ERRORS: tuple[re.Pattern[str], ...] = (
+    # its logger's error level names the cause (``[TRT-LLM] [RANK 0] [E] Failed to
+    # initialize executor on rank 0: [TensorRT-LLM][ERROR] ...``); the exception raised
+    # after it only says ``Executor worker returned error``
+    re.compile(r"\[TRT-LLM\](?: \[RANK \d+\])? \[E\]|\[TensorRT-LLM\]\[ERROR\]"),
+    *PYTHON_ERRORS,
+)
+LLAMA_SERVER_ERRORS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^(?!.*\bload_backend: )(?=.*\b(error|failed|failure)\b)", re.IGNORECASE),
+)
+"""llama.cpp's error lines (``error: invalid argument``, ``failed to initialize
+speculative decoding context: ...``, ``error loading model``); not ggml's search for
+backends, which says ``load_backend: failed to find ggml_backend_init in ...`` of a
+library that is not one and goes on."""

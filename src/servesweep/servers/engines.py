@@ -39,15 +39,20 @@ from servesweep.servers.engine_args import (
 from servesweep.servers.engine_check import VERSION_TIMEOUT, locate, program_version, run_probe
 from servesweep.servers.engine_patterns import (
     COMMON_FATAL,
+    LLAMA_SERVER_ERRORS,
     LLAMA_SERVER_FATAL,
     LLAMACPP_PY_FATAL,
+    PYTHON_ERRORS,
     SGLANG_FATAL,
     TRACEBACK,
+    TRTLLM_ERRORS,
     TRTLLM_FATAL,
+    VLLM_ERRORS,
     VLLM_FATAL,
     FatalPattern,
 )
 from servesweep.spec.schema import ServerSpec
+from servesweep.spec.speculation import silent_speculation
 
 __all__ = [
     "PRESETS",
@@ -79,6 +84,9 @@ class EnginePreset:
     """Prometheus text endpoint (None: the engine has none)."""
     fatal_patterns: tuple[FatalPattern, ...] = ()
     """Most specific first; see :mod:`servesweep.servers.engine_patterns`."""
+    error_patterns: tuple[re.Pattern[str], ...] = PYTHON_ERRORS
+    """The engine's error lines, most telling first: a failure's evidence quotes the
+    first (``Evidence.first_error_line``), its cause, beside the matched or last line."""
     request_extras: Mapping[str, Any] = field(default_factory=dict)
     """Fields added to every generation request."""
     supports_ignore_eos: bool = True
@@ -90,6 +98,10 @@ class EnginePreset:
     draft position, label ``position``). Counters may carry labels: sum them."""
     tokenize_path: str | None = None
     """vLLM-style ``POST {model, prompt} -> {count}`` endpoint, when the engine has one."""
+    spec_counters_when_speculating: bool = False
+    """Whether /metrics has ``spec_decode_counters`` whenever the engine speculates
+    (vLLM: defined only with a speculative config): then their absence, or no draft
+    counted, means no speculation ran, and no acceptance length is estimated."""
     default_env: Mapping[str, str] = field(default_factory=dict)
     default_args: Mapping[str, Any] = field(default_factory=dict)
     """Params applied under the server's args (e.g. enable the metrics endpoint)."""
@@ -331,7 +343,9 @@ PRESETS: dict[str, EnginePreset] = {
         build_argv=_vllm_argv,
         health_path="/health",
         fatal_patterns=VLLM_FATAL,
+        error_patterns=VLLM_ERRORS,
         spec_decode_counters=_VLLM_COUNTERS,
+        spec_counters_when_speculating=True,
         tokenize_path="/tokenize",
         spec_params=(
             "speculative_config.method",
@@ -388,6 +402,7 @@ PRESETS: dict[str, EnginePreset] = {
         health_path="/health",
         metrics_path=None,
         fatal_patterns=TRTLLM_FATAL,
+        error_patterns=TRTLLM_ERRORS,
         spec_params=(
             "extra_llm_api_options.speculative_config.decoding_type",
             "extra_llm_api_options.speculative_config.max_draft_len",
@@ -424,6 +439,7 @@ PRESETS: dict[str, EnginePreset] = {
         build_argv=_llama_server_argv,
         health_path="/health",
         fatal_patterns=LLAMA_SERVER_FATAL,
+        error_patterns=LLAMA_SERVER_ERRORS,
         default_args={"metrics": True},
         spec_decode_counters={
             "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
@@ -432,6 +448,8 @@ PRESETS: dict[str, EnginePreset] = {
             "accepted_per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
             "emitted": "llamacpp:tokens_predicted_total",
         },
+        # always on /metrics, 0 until a request drafted (tools/server/server-task.cpp)
+        spec_counters_when_speculating=True,
         spec_params=(
             "spec_draft_model",
             "spec_draft_n_max",
@@ -498,9 +516,14 @@ def build_launch(
     spec, ``server.env``, then ``env.NAME`` params. ``trial`` (its key) and ``log``
     (its server log) fill the generic template's ``{trial}``, ``{log}`` and
     ``{pid_file}`` (``server.commands.pid_file`` rendered for this trial).
+    Speculative decoding the engine would silently not run is a ConfigError
+    (:func:`servesweep.spec.speculation.silent_speculation`).
     """
     preset = get_preset(spec.engine)
     merged = merged_params_over(merged_params_over(preset.default_args, spec.args), params)
+    problem = silent_speculation(spec.engine, merged, spec.env)
+    if problem:
+        raise ConfigError(problem, key="params")
     flags, env_params = split_env_params(merged)
     if preset.build_argv is _generic_argv:
         context = _launch_context(spec, trial, log)

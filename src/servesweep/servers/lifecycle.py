@@ -267,6 +267,7 @@ class ServerLifecycle:
                 exit_code=status.exit_code,
                 signal=status.signal,
                 matched_line=match.line if match else None,
+                first_error_line=logs.first_error(lines, self.preset.error_patterns),
                 log_tail=tail,
                 log_path=instance.log_path,
             ),

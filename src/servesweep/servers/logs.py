@@ -13,6 +13,7 @@ last line is kept until its newline arrives, or returned by ``flush``).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import time
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "FatalMatch",
     "LogProgress",
     "LogWatcher",
+    "first_error",
     "instance_lines",
     "log_marker",
     "match_fatal",
@@ -166,17 +168,28 @@ def _marker_end(path: Path, marker: str) -> int:
 def match_fatal(lines: Iterable[str], patterns: Sequence[FatalPattern]) -> FatalMatch | None:
     """The line matching the most specific pattern: patterns earlier in ``patterns``
     win (``oom`` before a generic ``Traceback``); for one pattern, the first line."""
+    found = _earliest(lines, [p.pattern for p in patterns])
+    return None if found is None else FatalMatch(patterns[found[0]], found[1])
+
+
+def first_error(lines: Iterable[str], patterns: Sequence[re.Pattern[str]]) -> str | None:
+    """The engine's first error line: the first line matching the earliest pattern of
+    ``patterns`` that matches any (see ``engine_patterns.PYTHON_ERRORS``)."""
+    found = _earliest(lines, patterns)
+    return None if found is None else found[1]
+
+
+def _earliest(lines: Iterable[str], patterns: Sequence[re.Pattern[str]]) -> tuple[int, str] | None:
+    """(rank of the earliest pattern that matches a line, the first line it matches)."""
     best: tuple[int, str] | None = None
     for line in lines:
         for rank, pattern in enumerate(patterns):
             if best is not None and rank >= best[0]:
                 break
-            if pattern.pattern.search(line):
+            if pattern.search(line):
                 best = (rank, line.strip()[:_MAX_LINE])
                 break
-    if best is None:
-        return None
-    return FatalMatch(patterns[best[0]], best[1])
+    return best
 
 
 def instance_lines(

@@ -199,6 +199,12 @@ class _Gate:
         kw.setdefault("log_tail", self.log.tail())
         return Evidence(message=message, log_path=self.instance.log_path, **kw)
 
+    def first_error(self) -> str | None:
+        """The engine's first error line in the instance's whole log (its cause)."""
+        path, tag = self.instance.log_path, self.instance.invocation_id
+        lines = logs.instance_lines(path, tag) if path else self.log.seen
+        return logs.first_error(lines, self.preset.error_patterns)
+
     def check_log(self) -> None:
         match = logs.match_fatal(self.log.new_lines(), self.preset.fatal_patterns)
         if match is None:
@@ -228,6 +234,7 @@ class _Gate:
                 f"the server log has a fatal line after {self.elapsed():.1f}s{what}{advice}",
                 reason=pattern.reason,
                 matched_line=match.line,
+                first_error_line=self.first_error(),
                 exit_code=status.exit_code if status else None,
                 signal=status.signal if status else None,
                 timings={"load_s": self.elapsed()},
@@ -255,6 +262,7 @@ class _Gate:
                 reason="exited",
                 exit_code=status.exit_code,
                 signal=status.signal,
+                first_error_line=self.first_error(),
                 timings={"load_s": self.elapsed()},
                 details={} if caught_up else {"log_incomplete": True},
             ),

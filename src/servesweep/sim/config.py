@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from servesweep.fakegpu.units import parse_size
 from servesweep.helpstyle import click_style
 
-__all__ = ["SimConfig", "build_parser", "parse_args"]
+__all__ = ["MODEL_MAX_LEN", "SimConfig", "build_parser", "parse_args"]
+
+MODEL_MAX_LEN = 4096
+"""The longest context the simulated model holds (``max_model_len`` at most)."""
 
 _DESCRIPTION = """\
 servesweep's simulated inference engine: an OpenAI-compatible server that loads,
@@ -63,6 +66,8 @@ class SimConfig:
     """A fresh start decodes ``cold_slowdown`` times slower, warming linearly back to
     normal over this many requests (cold kernels and caches of a new launch)."""
     cold_slowdown: float = 1.0
+    max_model_len: int = MODEL_MAX_LEN
+    """The context length asked (``--max-model-len``); it runs at most :data:`MODEL_MAX_LEN`."""
 
 
 def _size(text: str) -> int:
@@ -129,6 +134,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--seed", metavar="N", type=int, default=0, help="seed of every random choice (default 0)"
+    )
+    g.add_argument(
+        "--max-model-len",
+        metavar="N",
+        type=int,
+        default=MODEL_MAX_LEN,
+        help=f"context length; the simulated model holds at most {MODEL_MAX_LEN} tokens and a "
+        "larger value is cut to that without a word, as /v1/models then says (max_model_len)",
     )
     g.add_argument(
         "--truth",
@@ -345,6 +358,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:
         batch_slowdown=ns.batch_slowdown,
         max_num_seqs=ns.max_num_seqs,
         seed=ns.seed,
+        max_model_len=ns.max_model_len,
         budget=ns.budget,
         topk=ns.topk,
         window=ns.window,

@@ -21,14 +21,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from servesweep.sim.config import SimConfig
+from servesweep.sim.config import MODEL_MAX_LEN, SimConfig
 from servesweep.sim.oracle import Oracle
 from servesweep.sim.specdecode import SpecModel
 from servesweep.sim.tokenizer import count_tokens, split_pieces
 
 __all__ = ["MAX_MODEL_LEN", "Engine", "Plan", "Trace"]
 
-MAX_MODEL_LEN = 4096
+MAX_MODEL_LEN = MODEL_MAX_LEN
 _SPIN_STREAMS = 2
 """Up to this many running requests, the last ~1.2 ms before a deadline are spent
 yielding to the loop instead of in epoll (whose timeout has 1 ms granularity)."""

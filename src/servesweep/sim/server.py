@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from servesweep.sim.config import MODEL_MAX_LEN
 from servesweep.sim.engine import Engine, Plan
 from servesweep.sim.tokenizer import chat_prompt_text, token_ids
 
@@ -86,7 +87,8 @@ class SimServer:
             "owned_by": "servesweep-sim",
             "root": self.model,
             "parent": None,
-            "max_model_len": 4096,
+            # a longer context than the model holds is cut to it without a word
+            "max_model_len": min(self.engine.cfg.max_model_len, MODEL_MAX_LEN),
             "sim_instance": self.instance,
         }
         return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)

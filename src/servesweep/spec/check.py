@@ -4,8 +4,10 @@ The schema checks each value; these check how values relate: duplicate workload
 names and levels, the params expansion (empty lists, zips, exclusions, ``when``),
 that the plan (or a sampling search's space) is not empty, the search settings, the
 objectives and the constraints, the placeholders of the command templates
-(:mod:`servesweep.spec.templates`). Errors carry the key (``params.when.0``,
-``constraints.1``); :func:`servesweep.spec.load.load_sweep` adds the file and line.
+(:mod:`servesweep.spec.templates`), and that no configuration sets up speculative
+decoding its engine silently does not run (:mod:`servesweep.spec.speculation`).
+Errors carry the key (``params.when.0``, ``constraints.1``);
+:func:`servesweep.spec.load.load_sweep` adds the file and line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from servesweep.spec.expand import Expansion, expand_params
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.screening import screening_plan
 from servesweep.spec.space import ZIP_DIMENSION, SearchSpace, build_space
+from servesweep.spec.speculation import silent_speculation
 from servesweep.spec.templates import check_templates
 
 __all__ = ["check_spec"]
@@ -97,16 +100,38 @@ def _check_strategy(spec: SweepSpec) -> None:
         )
 
 
+def _flag_key(key: str) -> str:
+    return key if key.startswith("env.") else key.replace("_", "-")
+
+
+def _check_speculation(spec: SweepSpec, configs: list[dict[str, Any]]) -> None:
+    """A draft model (or knob) the engine would load and not speculate with: refused
+    before anything starts, naming the configuration and the fix."""
+    server = spec.server
+    args = {_flag_key(k): v for k, v in server.args.items()}
+    for config in configs or [{}]:
+        merged = {**args, **{_flag_key(k): v for k, v in config.items()}}
+        problem = silent_speculation(server.engine, merged, server.env)
+        if problem and not config:
+            raise ConfigError(problem, key="server.args")
+        if problem:
+            shown = ", ".join(f"{k}: {v}" for k, v in config.items())
+            raise ConfigError(f"configuration {{{shown}}}: {problem}", key="params")
+
+
 def check_spec(spec: SweepSpec) -> None:
     """Run every cross-field check (ConfigError with the key of the first problem)."""
     configs: list[dict[str, Any]]
     if spec.search.samples:
+        # a sampled value is known only when it is drawn: each launch checks its
+        # speculation then (servers.engines.build_launch)
         configs = _space_params(_check_space(spec))
     else:
         expansion = expand_params(spec.params)
         if not expansion.configs:
             raise ConfigError(_empty_plan_message(expansion), key="params")
         configs = [dict(config.params) for config in expansion.configs]
+        _check_speculation(spec, configs)
     _check_workloads(spec)
     _check_strategy(spec)
     resolve_objectives(spec)

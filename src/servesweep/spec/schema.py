@@ -539,6 +539,19 @@ class DecisionSpec(_Frozen):
     """The smallest relative lead that makes a winner (0.01 or ``1%``)."""
     prefer: list[CostName] = Field(default_factory=_default_prefer, min_length=1)
     """Among tied configurations, what makes one cheaper, most important first."""
+    launch_sd: Fraction = 0.02
+    """Relative standard deviation between launches of one configuration assumed until
+    the sweep's relaunches measure it (0.02 or ``2%``)."""
+
+
+class CostSpec(_Frozen):
+    """What a GPU costs: each load level gets its ``cost_per_mtok`` and
+    ``tokens_per_dollar`` from its output throughput and the trial's GPU count."""
+
+    gpu_hour: float = Field(gt=0, allow_inf_nan=False)
+    """The price of one GPU for one hour."""
+    currency: str = Field(default="USD", pattern=r"^[A-Za-z$€£¥]{1,8}$")
+    """Shown beside the figures (``USD``, ``EUR``...); no conversion is made."""
 
 
 class ConfirmBudget(_Frozen):
@@ -653,6 +666,9 @@ class SweepSpec(_Frozen):
     """Where the trials run (this machine by default)."""
     decision: DecisionSpec = Field(default_factory=DecisionSpec)
     """How ``best`` tells a winner from a tie."""
+    cost: CostSpec | None = None
+    """The price of a GPU-hour: gives each load level its cost per million output
+    tokens (None: no cost figures)."""
     launches: int = Field(default=1, ge=1)
     """Separate launches of the server every configuration is measured in (a
     workload's own ``launches`` overrides it)."""

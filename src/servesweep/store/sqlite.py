@@ -699,6 +699,7 @@ class Store:
             confirm=tuple(self.events(sweep.id, "confirm")),
             screening=screening,
             screened=tuple(self.events(sweep.id, "screening")),
+            mismatches=tuple(self.events(sweep.id, "config_mismatch")),
         )
 
 

@@ -35,6 +35,7 @@ from servesweep.records import TelemetryPoint
 
 __all__ = [
     "BaselineTaken",
+    "ConfigMismatched",
     "ConfirmStep",
     "Event",
     "Fact",
@@ -419,6 +420,20 @@ class Screened(Fact):
 class SweepWarning(Fact):
     kind: ClassVar[str] = "warning"
     message: str = ""
+
+
+@dataclass(frozen=True)
+class ConfigMismatched(SweepWarning):
+    """The ready server of a trial does not run a swept parameter as asked
+    (:mod:`servesweep.servers.config_check`): a warning, stored with the values."""
+
+    kind: ClassVar[str] = "config_mismatch"
+    param: str = ""
+    asked: Any = None
+    engine: Any = None
+    """What the engine reports it runs."""
+    source: str = ""
+    """Where the engine said it (``/props default_generation_settings.n_ctx``)."""
 
 
 def headline(result: LevelResult) -> dict[str, float]:

@@ -64,12 +64,13 @@ def perf_setting(spec: SweepSpec, draft: str | None = None) -> Setting:
 
 def level_rates(info: Mapping[str, Any]) -> tuple[float, ...]:
     """A level's cumulative acceptance rate per draft position, from the engine's
-    counters stored in its info (``spec_decode.accepted_per_pos`` over
-    ``spec_decode.drafts``); empty when the engine did not count them."""
+    counters stored in its info (``spec_decode.accepted_per_position`` over
+    ``spec_decode.drafts``, as ``bench.specdecode`` stores them); empty when the
+    engine did not count them."""
     detail = info.get("spec_decode")
     if not isinstance(detail, Mapping):
         return ()
-    per_pos = detail.get("accepted_per_pos")
+    per_pos = detail.get("accepted_per_position")
     drafts = detail.get("drafts")
     if not isinstance(per_pos, Sequence) or not isinstance(drafts, int | float) or drafts <= 0:
         return ()

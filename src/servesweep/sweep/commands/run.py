@@ -368,6 +368,10 @@ def _run(
             if trial.evidence is not None and trial.evidence.reason in PREDICTED:
                 store.reset_trial(trial.id)
         trials = store.trials(sweep.id, in_plan_only=True)
+    if spec.screening_pass is None:  # screening off: what it screened out is measured now
+        for trial in trials:
+            if trial.evidence is not None and trial.evidence.reason == "screened":
+                store.reset_trial(trial.id)
     for trial in store.trials(sweep.id):
         if trial.outcome is Outcome.RUNNING:
             # the run that owned it died; its results are incomplete: run it again

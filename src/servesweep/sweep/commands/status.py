@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from servesweep.decide.mismatches import describe, trial_mismatches
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.ownership import lock_holder
@@ -52,6 +53,7 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
         trials = store.trials(sweep.id, in_plan_only=True)
         removed = len(store.trials(sweep.id)) - len(trials)
         lost = {e["trial"]: e for e in store.events(sweep.id, "node_lost") if e.get("trial")}
+        mismatched = tuple(store.events(sweep.id, "config_mismatch"))
         live = store.live_instances(sweep.id)
         others = []
         if name is None:
@@ -63,6 +65,8 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
     now = time.time()
     holder = lock_holder(str(path))
     rows = [_row(t, now, lost.get(t.id), holder is not None) for t in trials]
+    for row, trial in zip(rows, trials, strict=True):
+        row["config_mismatch"] = [describe(m) for m in trial_mismatches(mismatched, trial)]
     return {
         "sweep": sweep.name,
         "id": sweep.id,
@@ -197,6 +201,8 @@ def format_status(status: dict[str, Any]) -> str:
             line += f"  {row['failure_class']}: {row['message']}"
         elif row["outcome"] == "skipped" and row["message"]:
             line += f"  {row['message']}"  # why not launched: the prediction
+        if row.get("config_mismatch"):
+            line += "  config_mismatch: " + "; ".join(row["config_mismatch"])
         lines.append(line)
     instances = status["instances"]
     if instances:

@@ -37,6 +37,9 @@ class ConfirmRun:
         self.launches: dict[int, int] = {}
         """Launches stored per candidate trial (the next launch's number)."""
         self.tied: list[int] = []
+        self.equivalent: list[int] = []
+        """Of ``tied``, those equivalent to the leader within the threshold."""
+        self.threshold = 0.0
 
     def _steps(self) -> list[Mapping[str, Any]]:
         return steps_since_reset(self.store.events(self.sweep_id, "confirm"))
@@ -75,6 +78,7 @@ class ConfirmRun:
             rounds,
             dropped=frozenset(dropped),
             elapsed_s=elapsed,
+            equivalent=frozenset(self.equivalent),
         )
 
     def _standing(self) -> None:
@@ -84,6 +88,8 @@ class ConfirmRun:
         if result.winner is not None:
             tied.add(result.winner.trial.id)
         self.tied = [c.trial.id for c in result.ranking if c.trial.id in tied]
+        self.equivalent = [c.trial.id for c in result.equivalent]
+        self.threshold = result.rules.threshold
         self.launches = {
             t.id: max((r.launch for r in data.results.get(t.id, ())), default=-1) + 1
             for t in data.trials
@@ -115,4 +121,16 @@ class ConfirmRun:
         steps = self._steps()
         relaunches = sum(int(s.get("relaunches", 0)) for s in steps if s["step"] == "round")
         rounds = sum(1 for s in steps if s["step"] == "round")
-        self.note(ConfirmStep(step="done", reason=done.reason, round=rounds, relaunches=relaunches))
+        message = ""
+        if done.reason == "equivalent" and self.tied:
+            who = " and ".join(f"#{t}" for t in (self.tied[0], *self.equivalent))
+            message = f"{who} equivalent within ±{self.threshold:.1%}".replace(".0%", "%")
+        self.note(
+            ConfirmStep(
+                step="done",
+                reason=done.reason,
+                round=rounds,
+                relaunches=relaunches,
+                message=message,
+            )
+        )

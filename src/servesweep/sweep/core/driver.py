@@ -35,12 +35,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from servesweep.decide.confirm import Done
 from servesweep.decide.screening import ScreenPolicy
-from servesweep.errors import ConfigError, Interrupted, ServesweepError
-from servesweep.models import Phase
+from servesweep.errors import Interrupted, ServesweepError
+from servesweep.models import Evidence, Outcome, Phase
 from servesweep.spec.screening import screening_plan
 from servesweep.spec.slots import GpuNeed, gpu_need, params_label, slot_port
 from servesweep.store import Store, SweepRecord, TrialRecord
@@ -203,14 +204,17 @@ class Driver:
 
     def _queue(self, trial: TrialRecord) -> None:  # the gates decide when it is placed
         self._trials[trial.id] = trial
-        need = self.need.of(trial.params)
+        need = replace(self.need, pool=2**31).of(trial.params)  # checked against machines
         capacity = self.machines.largest() or 1
         if need > capacity:
-            raise ConfigError(
-                f"trial {trial.number} ({params_label(trial.params)}) needs {need} GPUs; no "
-                f"machine offers more than {capacity}",
-                key="server.gpus_per_trial",
+            # skipped with the reason, as a predicted OOM is: the rest of the sweep runs
+            message = (
+                f"{params_label(trial.params)} needs {need} GPUs; no machine offers more "
+                f"than {capacity}: not launched"
             )
+            ev = Evidence(message=message, reason="too_few_gpus")
+            self.writer.note(TrialFinished(trial=trial.id, outcome=Outcome.SKIPPED, evidence=ev))
+            return
         self.state.jobs.append(Job(trial.id, need))
 
     def _scheduler(self) -> Scheduler:
@@ -285,8 +289,7 @@ class Driver:
         """The memory and performance gates' decision for a trial about to be placed,
         with what the trials measured so far give now (a grid queues its plan at the
         start): True when it is finished ``skipped`` (predicted_oom, predicted_worse)
-        instead. A search that keeps proposing what it skips stops
-        (``rules.skipped_too_often``)."""
+        instead. A search that keeps proposing what it skips stops (``rules``)."""
         trial = self._trials.get(trial_id) or self.store.trial(trial_id)
         end = self.memory.check(trial) or self.perf.check(trial)
         if end is None:
@@ -407,13 +410,10 @@ class Driver:
         self.ends.finished(event, self.source)
 
     def _launch_open(self) -> None:
-        """Launch the trials skipped as predicted worse that could still win
-        (``PredictGate.still_open``), round by round, before the sweep ends."""
+        """Launch the skipped trials that could still win (``PredictGate.still_open``)."""
         while not self.state.stopping and (again := self.perf.still_open()):
-            for trial in again:
-                self.store.reset_trial(trial.id)
-                self.perf.forced.add(trial.id)
-                self._trials[trial.id] = self.store.trial(trial.id)
+            for trial in map(self.perf.reopen, again):
+                self._trials[trial.id] = trial
                 self.state.jobs.append(Job(trial.id, self.need.of(trial.params)))
             if not self.machines.prepared:
                 self._prepare_nodes()

@@ -174,6 +174,12 @@ class PredictGate:
             trial=trial.id, predicted=predicted, measured=values, widen=dict(self.trust.widen)
         )
 
+    def reopen(self, trial: TrialRecord) -> TrialRecord:
+        """A trial :meth:`still_open` named, pending again and never skipped again."""
+        self.store.reset_trial(trial.id)
+        self.forced.add(trial.id)
+        return self.store.trial(trial.id)
+
     def still_open(self) -> list[TrialRecord]:
         """The trials skipped as predicted worse whose interval, with the trust the
         sweep has now, still reaches the leader's value: to launch before the end."""

@@ -8,7 +8,7 @@ the search told. A confirm relaunch that failed is dropped from the confirm phas
 
 from __future__ import annotations
 
-from servesweep.models import Outcome
+from servesweep.models import FailureClass, Outcome
 from servesweep.spec.slots import GpuNeed
 from servesweep.store import Store, TrialRecord
 from servesweep.sweep.core.machines import Machines
@@ -94,8 +94,8 @@ class TrialEnds:
         """Queue a trial whose node was lost once more, first in line
         (``rules.lost_trial``); whether it was."""
         state = self.state
-        if state.stopping:
-            return False
+        if state.stopping or trial.failure_class is not FailureClass.NODE_LOST:
+            return False  # (a skipped trial may need more GPUs than the pool has)
         need = self.need.of(trial.params)
         decision = lost_trial(trial, state.retried.get(trial.id, 0), need, self.machines.largest())
         if isinstance(decision, NotAgain):

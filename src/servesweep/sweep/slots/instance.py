@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from servesweep.errors import TrialFailed
 from servesweep.models import InstanceRecord
-from servesweep.servers.engines import get_preset
+from servesweep.servers import logs
+from servesweep.servers.config_check import check_server
+from servesweep.servers.engines import EnginePreset, get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.gpu.base import GpuProbe
+from servesweep.servers.http_probe import connect_host
 from servesweep.servers.launchers import Launcher, make_launcher
 from servesweep.servers.launchers.base import StopResult
 from servesweep.servers.lifecycle import ServerLifecycle
@@ -21,6 +25,7 @@ from servesweep.servers.ownership import Ownership
 from servesweep.servers.release import ReleaseResult
 from servesweep.spec.schema import ServerSpec
 from servesweep.sweep.events import (
+    ConfigMismatched,
     Event,
     GpusReleased,
     InstanceGone,
@@ -32,6 +37,7 @@ from servesweep.sweep.slots.data import CurrentInstance, Placement, SweepContext
 from servesweep.sweep.slots.launch import slot_server
 
 __all__ = [
+    "config_mismatches",
     "instance_pids",
     "placed",
     "released_events",
@@ -156,3 +162,34 @@ def stop_timeout(server: ServerSpec) -> float:
     timeouts, and a minute for everything around them."""
     t = server.timeouts
     return t.stop + t.kill + t.release + 60.0
+
+
+def config_mismatches(
+    trial: int,
+    server: ServerSpec,
+    preset: EnginePreset,
+    instance: InstanceRecord,
+    params: Mapping[str, Any],
+    api_key: str | None,
+) -> list[ConfigMismatched]:
+    """What the ready server of ``trial`` runs differently from its swept ``params``,
+    as the engine says it (:func:`servesweep.servers.config_check.check_server`)."""
+    lines: list[str] = []
+    if preset.name == "vllm" and instance.log_path:
+        lines = logs.instance_lines(instance.log_path, instance.invocation_id)
+    found = check_server(
+        preset.name,
+        connect_host(server.host),
+        instance.port or server.port,
+        params,
+        api_key=api_key,
+        log_lines=lines,
+    )
+    return [
+        ConfigMismatched(
+            trial=trial,
+            message=f"trial {trial}: the server does not run what was asked: {m.describe()}",
+            **m.to_dict(),
+        )
+        for m in found
+    ]

@@ -148,5 +148,6 @@ def slot_target(
         metrics_path=preset.metrics_path,
         tokenize_path=preset.tokenize_path,
         spec_decode_counters=dict(preset.spec_decode_counters),
+        spec_counters_when_speculating=preset.spec_counters_when_speculating,
         timeout_s=server.timeouts.request,
     )

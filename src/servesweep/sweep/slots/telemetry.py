@@ -7,6 +7,7 @@ import time
 
 from servesweep.records import TelemetryPoint
 from servesweep.servers.lifecycle import ServerLifecycle
+from servesweep.sweep.events import TelemetrySampled
 
 __all__ = ["SlotTelemetry"]
 
@@ -58,6 +59,20 @@ class SlotTelemetry:
             points, self._points = self._points, []
         return tuple(
             TelemetryPoint(trial_id, t, g, u, ut, p, self._node) for t, g, u, ut, p in points
+        )
+
+    def released(self, holder: int | None, trial: int | None) -> list[TelemetrySampled]:
+        """After a stop and release: the samples taken since the last drain belong to
+        the instance that held the memory, the stopped instance's trial ``holder``, not
+        to ``trial`` that waited for it (a trial's peak is its own instance's): the event
+        that reports them as ``holder``'s. With no instance stopped (the first trial,
+        after an interrupt) they belong to no trial and are discarded, like an idle
+        slot's. A configuration's own next launch (``holder == trial``) keeps them."""
+        if holder is not None and holder == trial:
+            return []
+        points = self.drain(holder or 0)
+        return (
+            [TelemetrySampled(trial=holder, points=points)] if holder is not None and points else []
         )
 
     def stop(self) -> None:

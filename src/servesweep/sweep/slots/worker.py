@@ -29,14 +29,7 @@ from servesweep.bench.target import Target
 from servesweep.bench.workers import WorkerPool
 from servesweep.decide.screening import screen_reason
 from servesweep.errors import BenchError, DatasetError, Interrupted, TrialFailed
-from servesweep.models import (
-    Evidence,
-    FailureClass,
-    InstanceRecord,
-    LevelResult,
-    Outcome,
-    Phase,
-)
+from servesweep.models import Evidence, FailureClass, InstanceRecord, LevelResult, Outcome, Phase
 from servesweep.servers.engines import get_preset
 from servesweep.servers.gpu import open_probe
 from servesweep.servers.launchers import make_launcher
@@ -67,6 +60,7 @@ from servesweep.sweep.slots.data import (
 )
 from servesweep.sweep.slots.generators import GeneratorPools
 from servesweep.sweep.slots.instance import (
+    config_mismatches,
     instance_pids,
     placed,
     released_events,
@@ -244,8 +238,8 @@ class SlotWorker:
         if trial is not None:
             self._enter(trial, Phase.STOP)
         self._telemetry.fast(True)
+        current = self.current
         try:
-            current = self.current
             if current is not None:
                 old_pids = instance_pids(self.lifecycle, current.instance)
                 stop = self.lifecycle.stop(current.instance)
@@ -259,6 +253,8 @@ class SlotWorker:
             )
         finally:
             self._telemetry.fast(False)
+            for event in self._telemetry.released(current.trial if current else None, trial):
+                self.emit(event)
         for event in released_events(result, tuple(self.server.gpus), trial, self.node):
             self.emit(event)
 
@@ -392,6 +388,9 @@ class SlotWorker:
             report(phase, elapsed, line)
 
         info = self.lifecycle.wait_ready(instance, progress)
+        for mismatch in config_mismatches(order.trial, self.server, self.preset, instance,
+                                          order.params, self.context.api_key):  # fmt: skip
+            self.emit(mismatch)
         if not in_ready:
             # became ready between two polls: the whole wait was loading
             self._enter(order.trial, Phase.READY)

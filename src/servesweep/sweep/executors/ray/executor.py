@@ -40,6 +40,7 @@ from servesweep.servers.gpu import FAKE_GPUS_ENV
 from servesweep.sweep.events import Event, NodeLost
 from servesweep.sweep.executors.local import prepare_here
 from servesweep.sweep.executors.ray.actor import LoadFrom, SlotActor, on_node
+from servesweep.sweep.executors.ray.console import print_raylet_errors_once
 from servesweep.sweep.executors.ray.handle import RaySlot
 from servesweep.sweep.executors.ray.nodes import (
     BufferChannel,
@@ -115,6 +116,7 @@ def connect(address: str | None) -> RayConnection:
         _check_reachable(target)
     try:
         ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False)
+        print_raylet_errors_once()  # a dead raylet's log block, once (not twice)
     except (ConnectionError, RayError, ValueError, RuntimeError) as exc:
         raise ConfigError(
             f"cannot join the Ray cluster at {target}: {short_error(str(exc), 200)}",

@@ -294,9 +294,10 @@ def trial_needs(
     return {label: need.of(p) for label, p in zip(labels, configs, strict=True)}
 
 
-def check_fit(needs: Mapping[str, int], nodes: Sequence[NodeInfo], where: str) -> None:
-    """ConfigError when the cluster has no node with GPUs, or a configuration (label ->
-    GPUs it needs) fits on no node."""
+def check_fit(needs: Mapping[str, int], nodes: Sequence[NodeInfo], where: str) -> list[str]:
+    """ConfigError when the cluster has no node with GPUs, or no configuration (label ->
+    GPUs it needs) fits on any node; the warnings for those that fit on none (the run
+    skips them, with the reason)."""
     if not nodes:
         raise ConfigError(
             f"the Ray cluster at {where} has no alive node with GPUs (declare them with "
@@ -304,27 +305,32 @@ def check_fit(needs: Mapping[str, int], nodes: Sequence[NodeInfo], where: str) -
             key="--ray",
         )
     largest = max(nodes, key=lambda n: len(n.gpus))
-    for label, need in needs.items():
-        if need > len(largest.gpus):
-            raise ConfigError(
-                f"{label} needs {need} GPUs, but no node of the Ray cluster at {where} has "
-                f"that many (largest: {largest.name} with {len(largest.gpus)})",
-                key="server.gpus_per_trial",
-            )
+    too_big = {label: need for label, need in needs.items() if need > len(largest.gpus)}
+    lines = [
+        f"{label} needs {need} GPUs, but no node of the Ray cluster at {where} has that "
+        f"many (largest: {largest.name} with {len(largest.gpus)})"
+        for label, need in too_big.items()
+    ]
+    if lines and len(too_big) == len(needs):
+        raise ConfigError(lines[0], key="server.gpus_per_trial")
+    return [f"{line}: skipped" for line in lines]
 
 
 def check_cluster(spec: SweepSpec, nodes: Sequence[NodeInfo], where: str) -> list[str]:
-    """Before anything is created: ConfigError when a configuration of the plan fits on
-    no node (a sampling search's are checked as it proposes them) or ``gpus_per_trial``
-    is bad; the warnings to show (``server.gpus`` is not used on a cluster)."""
+    """Before anything is created: ConfigError when no configuration of the plan fits on
+    any node or ``gpus_per_trial`` is bad; the warnings to show (the configurations that
+    fit on no node, which the run skips; ``server.gpus`` is not used on a cluster). A
+    sampling search's configurations are checked as it proposes them."""
+    warnings = []
     if not spec.search.samples:
         configs = [c.params for c in expand_configs(spec)]
-        check_fit(trial_needs(spec, configs, nodes), nodes, where)
+        warnings += check_fit(trial_needs(spec, configs, nodes), nodes, where)
     gpu_need(cluster_spec(spec, nodes))
     if not spec.server.gpus:
-        return []
+        return warnings
     # said whenever the list is set, even when it happens to match a node's GPUs
     return [
+        *warnings,
         f"server.gpus {spec.server.gpus} is not used on a Ray cluster: each node's GPUs "
-        "are those Ray offers there"
+        "are those Ray offers there",
     ]

@@ -1,0 +1,148 @@
+"""The speculative-decoding landscape on a GPU, measured in full by servesweep.
+
+llama-server (CUDA) with a random-weight target and a tiny random-weight draft of the same
+vocabulary; acceptance set by hand with ``--spec-synth-rates`` (unconditional per-position
+acceptance, rate_i = a**i for i = 1..k), so the text cannot move it. For each acceptance
+profile ``a`` and draft length ``k`` in 1, 2, 4, 8, 16 one launch, plus the no-draft baseline;
+each launch measures output throughput at concurrency 1 and 4 and the engine's own
+acceptance counters. The performance predictor (servesweep.decide.perf) is then judged
+against these measurements: predicted from the first launches, compared with the rest
+(bench/predict_gpu_landscape.py reads the stores this writes).
+
+    python3 bench/gpu_spec_landscape.py OUT --binary LLAMA_SERVER --profiles 0.8 0.6 [--rehearsal]
+
+Writes OUT/model/{target,draft}.gguf once, then OUT/<profile>/sweep.yaml and runs
+``servesweep run`` and ``servesweep report --format json`` on it (OUT/<profile>/report.json).
+``--rehearsal`` runs the same on the CPU with a tiny target (a check of the mechanics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.helpers.gguf_model import TinyLlamaShape, write_tiny_gguf  # noqa: E402
+
+from servesweep.sim.testing import free_port  # noqa: E402
+
+DRAFT_LENGTHS = (1, 2, 4, 8, 16)
+TARGET = TinyLlamaShape(n_embd=1536, n_layer=16, n_head=12, n_head_kv=4, n_ff=4096)
+TARGET_REHEARSAL = TinyLlamaShape(n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=512)
+DRAFT = TinyLlamaShape()
+
+
+def rates(a: float, k: int) -> str:
+    return ",".join(f"{a**i:.6f}" for i in range(1, k + 1))
+
+
+def sweep_file(
+    out: Path, binary: str, target: Path, draft: Path, a: float, rehearsal: bool, baseline: bool
+) -> Path:
+    points: list[dict[str, Any]] = [{}] if baseline else []
+    for k in DRAFT_LENGTHS:
+        points.append(
+            {
+                "model-draft": str(draft),
+                "spec-type": "draft-simple",
+                "spec-draft-n-max": k,
+                "spec-draft-n-min": 0,
+                "spec-draft-p-min": 0.0,
+                "spec-draft-ngl": 0 if rehearsal else 99,
+                "spec-synth-rates": rates(a, k),
+            }
+        )
+    spec: dict[str, Any] = {
+        "name": f"gpu-spec-landscape-{a}",
+        "store": str(out / "servesweep.db"),
+        "server": {
+            "engine": "llama-server",
+            "executable": [binary],
+            "model": str(target),
+            "port": free_port(),
+            "gpus": [] if rehearsal else [0],
+            "gpu_backend": "none" if rehearsal else "nvml",
+            "args": {
+                "-ngl": 0 if rehearsal else 99,
+                "flash-attn": "off" if rehearsal else "on",
+                "parallel": 4,
+                "ctx-size": 8192,
+                "seed": 1,
+                "alias": "landscape",
+            },
+            "timeouts": {"stop": "30s", "kill": "10s", "release": "120s", "ready": "300s"},
+            "release": {"tolerance": "1GiB", "settle": "300ms", "foreign_holders": "fail"},
+            "log_dir": str(out / "runs"),
+        },
+        "params": {"points": points},
+        "workloads": [
+            {
+                "name": "chat",
+                "dataset": "synthetic",
+                "input_tokens": 64,
+                "ignore_eos": True,
+                "concurrency": [1, 4],
+                "requests": 8 if rehearsal else 24,
+                "max_tokens": 32 if rehearsal else 256,
+                "temperature": 0.0,
+            }
+        ],
+        "objective": {"maximize": "chat.c4.output_throughput"},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--binary", required=True)
+    ap.add_argument("--profiles", type=float, nargs="+", default=[0.8, 0.6])
+    ap.add_argument("--rehearsal", action="store_true")
+    args = ap.parse_args()
+    models = args.out / "model"
+    models.mkdir(parents=True, exist_ok=True)
+    target, draft = models / "target.gguf", models / "draft.gguf"
+    t0 = time.monotonic()
+    if not target.exists():
+        write_tiny_gguf(target, seed=1, shape=TARGET_REHEARSAL if args.rehearsal else TARGET)
+    if not draft.exists():
+        write_tiny_gguf(draft, seed=2, shape=DRAFT)
+    print(f"models ready in {time.monotonic() - t0:.1f}s", flush=True)
+    servesweep = [sys.executable, "-m", "servesweep.cli.main"]
+    rc = 0
+    for a in args.profiles:
+        out = args.out / f"a{a}"
+        sweep = sweep_file(out, args.binary, target, draft, a, args.rehearsal, baseline=True)
+        t1 = time.monotonic()
+        run = subprocess.run([*servesweep, "run", str(sweep)], check=False)
+        print(f"profile {a}: run rc={run.returncode} in {time.monotonic() - t1:.0f}s", flush=True)
+        rc = rc or run.returncode
+        rep = subprocess.run(
+            [*servesweep, "report", str(sweep), "--format", "json"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        (out / "report.json").write_text(rep.stdout)
+        try:
+            data = json.loads(rep.stdout)
+        except json.JSONDecodeError:
+            print(rep.stderr[-2000:])
+            continue
+        for row in data.get("trials", []):
+            print(json.dumps({k: row.get(k) for k in ("trial", "params", "outcome")})[:400])
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
