@@ -1,18 +1,15 @@
-"""llama-server's draft model in the memory prediction: its weights, its own context's
-KV cache, compute and output buffers, and the target's output rows for the positions
-a verify step checks (llama.cpp: ``common_speculative_init_result``,
-``server_output_limits``)."""
+"""llama-server's draft model in the memory prediction: its weights and its own
+context's KV cache (llama.cpp: ``common_speculative_init_result``), its compute and
+output buffers in the workspace; and the CPU backend's repacked copies of quantized
+block weights."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
 from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
 from servesweep.servers.memory import Capacity, MemoryModel, read_model_facts
-from servesweep.servers.memory.rules import Params, _spec_n_max
 from servesweep.spec.load import load_sweep_text
 
 GiB = 2**30
@@ -39,14 +36,15 @@ def test_the_draft_holds_weights_kv_cache_and_buffers(tmp_path: Path) -> None:
     plain = model.predict({"ctx-size": 1024})
     loaded = model.predict({"ctx-size": 1024, "spec-draft-model": str(draft)})
     assert plain.draft == 0 and loaded.verdict == "fits"
-    # a draft model is loaded, with its context, even where no spec-type drafts with it
-    weights = draft.stat().st_size  # the tiny GGUF is nearly all tensor data
-    assert weights * 0.9 < loaded.draft
     kv_per_cell = DRAFT.n_layer * DRAFT.n_head_kv * (DRAFT.n_embd // DRAFT.n_head) * 2 * 2
+    # a draft model is loaded, with its context, even where no spec-type drafts with it
+    facts = read_model_facts(str(draft))
+    assert loaded.draft == facts.weights_bytes + kv_per_cell * 1024
     bigger = model.predict({"ctx-size": 4096, "spec-draft-model": str(draft)})
-    # the draft's context has as many cells as the target's (f16 K and V), and its
-    # compute buffer's f16 mask (flash attention) spans them for 512 ubatch tokens
-    assert bigger.draft - loaded.draft == kv_per_cell * 3072 + 512 * 3072 * 2
+    # the draft's context has as many cells as the target's (f16 K and V)
+    assert bigger.draft - loaded.draft == kv_per_cell * 3072
+    # its compute and output buffers count with the workspace
+    assert loaded.workspace > plain.workspace
     q8 = model.predict(
         {
             "ctx-size": 4096,
@@ -60,30 +58,25 @@ def test_the_draft_holds_weights_kv_cache_and_buffers(tmp_path: Path) -> None:
     assert (loaded.weights, loaded.kv_cache) == (plain.weights, plain.kv_cache)
 
 
-def test_speculation_widens_the_targets_output_buffer(tmp_path: Path) -> None:
-    model, draft = _model(tmp_path)
-    base = {"ctx-size": 1024, "spec-draft-model": str(draft)}
-    idle = model.predict(base)
-    n8 = model.predict({**base, "spec-type": "draft-simple", "spec-draft-n-max": 8})
-    n2 = model.predict({**base, "spec-type": "draft-simple", "spec-draft-n-max": 2})
-    row = read_model_facts(str(tmp_path / "target.gguf")).vocab * 4  # f32 logits
-    assert n8.workspace - idle.workspace == 8 * row
-    assert n2.workspace - idle.workspace == 2 * row
-    assert n8.draft == n2.draft == idle.draft
+def test_repacked_quantized_blocks_count_on_the_host(tmp_path: Path) -> None:
+    """llama.cpp's CPU backend copies q4_0/q4_k/iq4_nl block weights (rows a multiple of
+    8) into its own layout: a CPU_REPACK buffer beside the mapped file."""
+    import gguf
+    import numpy as np
 
-
-@pytest.mark.parametrize(
-    ("params", "n_max"),
-    [
-        ({}, 0),
-        ({"spec-draft-model": "d.gguf"}, 0),  # no spec-type: nothing is drafted
-        ({"spec-type": "draft-simple"}, 3),  # llama.cpp's default draft length
-        ({"spec-type": "draft-simple", "spec-draft-n-max": 6}, 6),
-        ({"spec-type": "ngram-mod"}, 64),
-        ({"spec-type": "ngram-simple,draft-simple", "spec-draft-n-max": 4}, 48),
-        ({"spec-type": ["ngram-cache"]}, 8),
-        ({"draft-max": 16}, 16),  # an older build's flag, as written
-    ],
-)
-def test_draft_length_follows_llama_cpp(params: dict[str, object], n_max: int) -> None:
-    assert _spec_n_max(Params(params)) == n_max
+    path = tmp_path / "q4.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_head_count(2)
+    writer.add_embedding_length(64)
+    writer.add_context_length(256)
+    q4 = np.zeros((16, 64 // 32 * 18), dtype=np.uint8)  # 16 rows of 64 q4_0 weights
+    odd = np.zeros((12, 64 // 32 * 18), dtype=np.uint8)  # 12 rows: not repacked
+    writer.add_tensor("blk.0.ffn_up.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("blk.0.ffn_down.weight", odd, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("token_embd.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert read_model_facts(str(path)).repack_bytes == 16 * 36

@@ -126,15 +126,17 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     the activations (36 bytes per hidden unit; without flash attention, the scores of
     every head over a sequence's context, ``ctx-size / parallel``), plus the f16 mask
     with flash attention (on by default in llama-server: ``-fa auto``), and the host's
-    output buffer (``parallel`` x (1 + the draft length with speculation) x vocabulary
-    x 4); on a GPU with flash attention and a
+    output buffer (``parallel`` x vocabulary x 4); on a GPU with flash attention and a
     quantized ``cache-type-k/-v``, f16 copies of one layer's keys and values over all
     ``ctx-size`` cells; fitted to llama-server's buffer report (docs/benchmarks.md).
     On a GPU, the CUDA context and library workspaces (512 MiB until a trial's NVML
-    figure calibrates it: :attr:`Calibration.overhead`). Draft model (``model-draft``,
-    loaded whether or not a ``spec-type`` drafts with it): its weights, its own
-    context's KV cache over ``ctx-size`` cells, compute and output buffers
-    (:func:`_draft_bytes`)."""
+    figure calibrates it: :attr:`Calibration.overhead`). On the host, the CPU backend's
+    repacked copies of quantized block weights (:attr:`ModelFacts.repack_bytes`) count
+    with the weights. Draft model (``spec-draft-model``, loaded with a context of its
+    own whether or not a ``spec-type`` drafts with it): its weights and that context's
+    KV cache over ``ctx-size`` cells (``spec-draft-type-k/-v``, default f16; an older
+    build's ``ctx-size-draft``); its compute and output buffers count with the
+    workspace."""
     facts = shape.model
     if facts is None:
         return unknown(shape.engine, shape.model_error, shape.capacity)
@@ -171,11 +173,7 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     flash = fa in ("on", "1", "true", "auto")
     unified = p.flag("kv-unified", "kvu") or shape.engine != "llama-server"
     ctx_seq = ctx if unified else max(ctx // parallel, 1)
-    # the output buffer: one row of logits per sequence, and one per draft position
-    # that a verify step checks (llama-server: parallel x (1 + draft length), at most
-    # batch-size rows)
-    rows = min(parallel * (1 + _spec_n_max(p)), max(batch, parallel))
-    workspace = _compute_bytes(facts, ubatch, ctx_seq, flash) + rows * facts.vocab * 4
+    workspace = _compute_bytes(facts, ubatch, ctx_seq, flash) + parallel * facts.vocab * 4
     if flash and on_gpu and not facts.mla:
         # CUDA's flash attention reads a quantized cache through f16 copies of one
         # layer's K and V over every cell (measured on an H200: docs/benchmarks.md)
@@ -183,14 +181,23 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
             facts.head_dim_v if type_v not in _FLOAT_CACHE else 0
         )
         workspace += ctx * facts.n_kv_heads * dims * 2
+    if not on_gpu:  # the CPU backend's repacked copies of quantized block weights
+        weights += facts.repack_bytes
     draft = 0
     if p.get("model-draft", "md", "spec-draft-model"):
-        if shape.draft is None:
+        d = shape.draft
+        if d is None:
             return unknown(shape.engine, f"draft model: {shape.draft_error}", shape.capacity)
+        ctx_draft = p.int("ctx-size-draft", "cd", default=ctx) or ctx
+        type_dk = str(p.get("spec-draft-type-k", "cache-type-k-draft", "ctkd", default="f16"))
+        type_dv = str(p.get("spec-draft-type-v", "cache-type-v-draft", "ctvd", default="f16"))
         try:
-            draft = _draft_bytes(shape.draft, p, ctx, ubatch, ctx_seq, flash, parallel)
+            draft_kv = _kv_row(d, type_dk.lower(), type_dv.lower()) * d.n_layers * ctx_draft
         except ValueError as exc:
             return unknown(shape.engine, f"draft cache type: {exc}", shape.capacity)
+        draft = d.weights_bytes + (0 if on_gpu else d.repack_bytes) + draft_kv
+        # the draft's own context: its compute buffer and one output row per sequence
+        workspace += _compute_bytes(d, ubatch, ctx_seq, flash) + parallel * d.vocab * 4
     cal = shape.calibration
     weights, kv = int(weights * cal.weights), int(kv * cal.kv_cache)
     workspace = int(workspace * cal.workspace) + (_context(cal) if on_gpu else 0)
@@ -223,49 +230,6 @@ def _compute_bytes(facts: ModelFacts, ubatch: int, ctx_seq: int, flash: bool) ->
         scores = ctx_seq * max(facts.n_heads, 1) * 4 + ctx_seq * 4 + hidden * 24
         per_token, mask = max(logits, scores), 0
     return ubatch * per_token + mask
-
-
-_DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
-_NGRAM_LENGTH = {
-    "ngram-simple": ("spec-ngram-simple-size-m", 48),
-    "ngram-map-k": ("spec-ngram-map-k-size-m", 48),
-    "ngram-map-k4v": ("spec-ngram-map-k4v-size-m", 48),
-    "ngram-mod": ("spec-ngram-mod-n-max", 64),
-    "ngram-cache": ("", 8),
-}
-"""llama.cpp's ngram drafters: the flag of their draft length and its default."""
-
-
-def _spec_n_max(p: Params) -> int:
-    """The most tokens llama-server drafts per step (llama.cpp's
-    ``common_speculative_n_max``): the largest over the ``spec-type`` list, whose draft
-    types use ``spec-draft-n-max`` (default 3); 0 without speculation (a draft model
-    without ``spec-type`` drafts nothing). An older build's ``draft-max`` counts as
-    written."""
-    types = p.get("spec-type")
-    names = types if isinstance(types, list | tuple) else str(types or "").split(",")
-    n_max = p.int("draft-max", default=0)
-    for name in (str(t).strip().lower() for t in names):
-        if name in _DRAFT_TYPES:
-            n_max = max(n_max, p.int("spec-draft-n-max", "draft-max", default=3))
-        elif name in _NGRAM_LENGTH:
-            flag, default = _NGRAM_LENGTH[name]
-            n_max = max(n_max, p.int(flag, default=default) if flag else default)
-    return max(n_max, 0)
-
-
-def _draft_bytes(
-    d: ModelFacts, p: Params, ctx: int, ubatch: int, ctx_seq: int, flash: bool, parallel: int
-) -> int:
-    """The draft model's share (``model-draft``): its weights, its own context's KV cache
-    (as many cells as the target's context, or an older build's ``ctx-size-draft``; in
-    ``spec-draft-type-k/-v``, default f16), its compute buffer for ``ubatch-size``
-    tokens and its output buffer (one row per sequence)."""
-    ctx_draft = p.int("ctx-size-draft", "cd", default=ctx) or ctx
-    type_k = str(p.get("spec-draft-type-k", "cache-type-k-draft", "ctkd", default="f16"))
-    type_v = str(p.get("spec-draft-type-v", "cache-type-v-draft", "ctvd", default="f16"))
-    kv = _kv_row(d, type_k.lower(), type_v.lower()) * d.n_layers * ctx_draft
-    return d.weights_bytes + kv + _compute_bytes(d, ubatch, ctx_seq, flash) + parallel * d.vocab * 4
 
 
 def context_bytes(cal: Calibration) -> int:
