@@ -73,3 +73,30 @@ def test_docker_example_names_image_mounts_and_program() -> None:
     assert server["executable"] == ["python3", "-m", "sglang.launch_server"]
     assert "--ipc=host" in server["docker"]["run_args"]
     assert server["env_passthrough"] == ["HF_TOKEN"]
+
+
+def test_real_spec_decode_example_sweeps_the_qwen_draft_beside_a_baseline() -> None:
+    """The worked example on real models (docs/real-models.md): its paths are those
+    dev/fetch-models.sh caches (relative to the models folder it runs from), every
+    drafting configuration names a spec-type, and the baseline loads no draft."""
+    spec = yaml.safe_load((EXAMPLES / "real-spec-decode.yaml").read_text())
+    server, params = spec["server"], spec["params"]
+    assert server["engine"] == "llama-server"
+    assert server["model"] == "qwen2.5-coder-1.5b/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf"
+    grid = params["grid"]
+    assert grid["spec-draft-model"] == [
+        "qwen2.5-coder-0.5b/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
+    ]
+    assert grid["spec-type"] == ["draft-simple"]
+    assert len(grid["spec-draft-n-max"]) >= 2 and len(grid["spec-draft-p-min"]) >= 2
+    assert params["points"] == [{}]
+    kinds = {w["name"]: w for w in spec["workloads"]}
+    assert kinds["chat"]["dataset"] == "builtin:chat"
+    assert kinds["coding"]["dataset"] == "builtin:coding"
+    assert kinds["eval"]["eval"]["suite"] == "builtin:coding"
+    assert spec["constraints"] == ["eval.pass_rate >= 0.8"]
+    # the files the paths name are the ones the fetch script writes
+    fetch = (EXAMPLES.parent / "dev" / "fetch_models.py").read_text()
+    for path in (server["model"], grid["spec-draft-model"][0]):
+        name, file = path.split("/")
+        assert f'name="{name}"' in fetch and f'file="{file}"' in fetch

@@ -3,8 +3,9 @@ calibration they give the predictor.
 
 - llama.cpp (``llama-server``, llama-cpp-python): ``model buffer size``, ``KV buffer
   size``, ``compute buffer size`` and ``output buffer size`` lines, per device
-  (``CPU``, ``CPU_Mapped``, ``CUDA0``...); a second model's lines (the draft: after a
-  second ``llama_model_loader: loaded meta data``) count as the draft.
+  (``CPU``, ``CPU_Mapped``, ``CPU_REPACK``, ``CUDA0``...); a second model's model and KV
+  lines (the draft: after a second ``llama_model_loader: loaded meta data``) count as
+  the draft, its compute and output buffers as workspace.
 - vLLM: ``Model loading took X GiB``, ``Available KV cache memory: X GiB``, ``GPU KV
   cache size: N tokens``, ``Graph capturing finished ..., took X GiB``.
 - SGLang: ``Load weight end. ... mem usage=X GB``, ``KV Cache is allocated. #tokens: N,
@@ -129,8 +130,8 @@ def _llama(lines: Iterable[str], engine: str) -> MeasuredMemory | None:
         device = match["device"]
         size = _bytes(match["size"], match["unit"], binary=True)
         base = "CPU" if device.startswith("CPU") else device
-        if models > 1:
-            draft[base] = draft.get(base, 0) + size
+        if models > 1 and match["kind"] in ("model", "KV"):
+            draft[base] = draft.get(base, 0) + size  # the draft's compute/output: workspace
             continue
         per = main.setdefault(base, {})
         per[match["kind"]] = per.get(match["kind"], 0) + size

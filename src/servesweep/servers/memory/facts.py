@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.errors import ConfigError
-from servesweep.servers.memory.gguf import GgufFile, read_gguf
+from servesweep.servers.memory.gguf import GgufFile, ggml_type_name, read_gguf
 
 __all__ = ["ModelFacts", "ModelFilesUnreadable", "read_model_facts"]
 
@@ -92,6 +92,10 @@ class ModelFacts:
     n_ctx_train: int = 0
     intermediate: int = 0
     n_heads: int = 0
+    repack_bytes: int = 0
+    """GGUF: the block weights llama.cpp's CPU backend copies into its own layout for
+    its matrix kernels (x86 with AVX2: ``q4_0``, ``q4_k``, ``iq4_nl`` with rows a multiple
+    of 8; its ``CPU_REPACK`` buffer), held beside the mapped file."""
 
     @property
     def mla(self) -> bool:
@@ -150,6 +154,11 @@ def _hub_snapshot(model: str) -> Path | None:
 # -- GGUF ---------------------------------------------------------------------------
 
 
+_REPACKED = {"q4_0": 8, "q4_k": 8, "iq4_nl": 8}
+"""ggml types llama.cpp's CPU backend repacks on x86 with AVX2, and the multiple of rows
+it needs (ggml-cpu/repack.cpp). Measured: the Q4_K blocks of Qwen2.5-Coder (docs/real-models.md)."""
+
+
 def _from_gguf(f: GgufFile) -> ModelFacts:
     n_layers = int(f.arch_value("block_count", 0) or 0)
     n_heads = int(f.arch_value("attention.head_count", 0) or 0)
@@ -167,7 +176,7 @@ def _from_gguf(f: GgufFile) -> ModelFacts:
     head_k = int(f.arch_value("attention.key_length", hidden // n_heads))
     head_v = int(f.arch_value("attention.value_length", hidden // n_heads))
     layer_bytes = [0] * n_layers
-    input_bytes = output_bytes = expert_bytes = other = 0
+    input_bytes = output_bytes = expert_bytes = other = repack = 0
     align = f.alignment
     for t in f.tensors:
         size = -(-t.nbytes // align) * align
@@ -175,6 +184,9 @@ def _from_gguf(f: GgufFile) -> ModelFacts:
             index = t.name.split(".")[1]
             if index.isdigit() and int(index) < n_layers:
                 layer_bytes[int(index)] += size
+                rows = _REPACKED.get(ggml_type_name(t.ggml_type), 0)
+                if rows and len(t.shape) == 2 and t.shape[1] % rows == 0:
+                    repack += t.nbytes
                 if "_exps" in t.name:
                     expert_bytes += size
                 continue
@@ -212,6 +224,7 @@ def _from_gguf(f: GgufFile) -> ModelFacts:
         if not isinstance(f.arch_value("feed_forward_length", 0), list)
         else 0,
         n_heads=int(n_heads),
+        repack_bytes=repack,
     )
 
 

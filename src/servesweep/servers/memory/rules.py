@@ -130,8 +130,13 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     quantized ``cache-type-k/-v``, f16 copies of one layer's keys and values over all
     ``ctx-size`` cells; fitted to llama-server's buffer report (docs/benchmarks.md).
     On a GPU, the CUDA context and library workspaces (512 MiB until a trial's NVML
-    figure calibrates it: :attr:`Calibration.overhead`). Draft model (``model-draft``):
-    its weights and a KV cache of ``ctx-size-draft`` (default ``ctx-size``) cells."""
+    figure calibrates it: :attr:`Calibration.overhead`). On the host, the CPU backend's
+    repacked copies of quantized block weights (:attr:`ModelFacts.repack_bytes`) count
+    with the weights. Draft model (``spec-draft-model``, loaded with a context of its
+    own whether or not a ``spec-type`` drafts with it): its weights and that context's
+    KV cache over ``ctx-size`` cells (``spec-draft-type-k/-v``, default f16; an older
+    build's ``ctx-size-draft``); its compute and output buffers count with the
+    workspace."""
     facts = shape.model
     if facts is None:
         return unknown(shape.engine, shape.model_error, shape.capacity)
@@ -168,14 +173,7 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
     flash = fa in ("on", "1", "true", "auto")
     unified = p.flag("kv-unified", "kvu") or shape.engine != "llama-server"
     ctx_seq = ctx if unified else max(ctx // parallel, 1)
-    hidden, vocab = facts.hidden, facts.vocab
-    logits = vocab * 4 + hidden * 4
-    if flash:  # the f16 mask over a sequence's context; activations, reused
-        per_token, mask = max(logits, hidden * 36), ubatch * ctx_seq * 2
-    else:  # the attention scores of every head over a sequence's context
-        scores = ctx_seq * max(facts.n_heads, 1) * 4 + ctx_seq * 4 + hidden * 24
-        per_token, mask = max(logits, scores), 0
-    workspace = ubatch * per_token + mask + parallel * vocab * 4
+    workspace = _compute_bytes(facts, ubatch, ctx_seq, flash) + parallel * facts.vocab * 4
     if flash and on_gpu and not facts.mla:
         # CUDA's flash attention reads a quantized cache through f16 copies of one
         # layer's K and V over every cell (measured on an H200: docs/benchmarks.md)
@@ -183,18 +181,23 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
             facts.head_dim_v if type_v not in _FLOAT_CACHE else 0
         )
         workspace += ctx * facts.n_kv_heads * dims * 2
+    if not on_gpu:  # the CPU backend's repacked copies of quantized block weights
+        weights += facts.repack_bytes
     draft = 0
-    draft_model = p.get("model-draft", "md", "spec-draft-model")
-    if draft_model:
-        if shape.draft is None:
+    if p.get("model-draft", "md", "spec-draft-model"):
+        d = shape.draft
+        if d is None:
             return unknown(shape.engine, f"draft model: {shape.draft_error}", shape.capacity)
         ctx_draft = p.int("ctx-size-draft", "cd", default=ctx) or ctx
-        draft = shape.draft.weights_bytes + _kv_row(shape.draft, "f16", "f16") * (
-            shape.draft.n_layers * ctx_draft
-        )
-        workspace += (p.int("draft-max", "draft", "spec-draft-n-max", default=16) + 1) * (
-            facts.vocab * 4
-        )
+        type_dk = str(p.get("spec-draft-type-k", "cache-type-k-draft", "ctkd", default="f16"))
+        type_dv = str(p.get("spec-draft-type-v", "cache-type-v-draft", "ctvd", default="f16"))
+        try:
+            draft_kv = _kv_row(d, type_dk.lower(), type_dv.lower()) * d.n_layers * ctx_draft
+        except ValueError as exc:
+            return unknown(shape.engine, f"draft cache type: {exc}", shape.capacity)
+        draft = d.weights_bytes + (0 if on_gpu else d.repack_bytes) + draft_kv
+        # the draft's own context: its compute buffer and one output row per sequence
+        workspace += _compute_bytes(d, ubatch, ctx_seq, flash) + parallel * d.vocab * 4
     cal = shape.calibration
     weights, kv = int(weights * cal.weights), int(kv * cal.kv_cache)
     workspace = int(workspace * cal.workspace) + (_context(cal) if on_gpu else 0)
@@ -213,6 +216,20 @@ def _llamacpp(shape: TrialShape) -> MemoryPrediction:
         reason=f"{facts.weights_how}, {layers}/{n_layers} layers here, ctx-size {ctx}",
         details={"ctx": ctx, "ubatch": ubatch, "parallel": parallel, "layers": layers},
     )
+
+
+def _compute_bytes(facts: ModelFacts, ubatch: int, ctx_seq: int, flash: bool) -> int:
+    """llama.cpp's compute buffer for ``ubatch`` tokens: the larger of the logits and
+    the activations per token, and the f16 mask (flash attention) or the attention
+    scores of every head over a sequence's context (without)."""
+    hidden, vocab = facts.hidden, facts.vocab
+    logits = vocab * 4 + hidden * 4
+    if flash:  # the f16 mask over a sequence's context; activations, reused
+        per_token, mask = max(logits, hidden * 36), ubatch * ctx_seq * 2
+    else:  # the attention scores of every head over a sequence's context
+        scores = ctx_seq * max(facts.n_heads, 1) * 4 + ctx_seq * 4 + hidden * 24
+        per_token, mask = max(logits, scores), 0
+    return ubatch * per_token + mask
 
 
 def context_bytes(cal: Calibration) -> int:
