@@ -17,11 +17,13 @@ concurrency. Columns:
   *before* (``tests.helpers.metrics_before``: Python lists, every token's latency
   sorted) and *after* (the per-token work over numpy arrays, the percentiles' order
   statistics found by ``numpy.partition``: the same figures, pinned by
-  ``tests/unit/test_metrics_vectorised.py``);
+  ``tests/unit/test_metrics_vectorised.py``), run as the load generator runs it,
+  with Python's cycle collector paused (``servesweep.bench.metrics.paused_gc``);
 - ``intervals``: ``servesweep.decide.level_intervals.level_intervals`` *before* (every
   request resampled: ``max_units`` set to the request count, which is the earlier
   algorithm, interval for interval) and *after* (the default, at most
-  ``servesweep.decide.intervals.MAX_UNITS`` requests resampled); *before* runs up to
+  ``servesweep.decide.intervals.MAX_UNITS`` requests resampled, the cycle collector
+  paused); *before* runs up to
   ``--before-max`` requests (it grows by about half a millisecond per request).
 
 Prints a Markdown table (docs/benchmarks.md, "Between levels").
@@ -41,7 +43,7 @@ from tests.helpers import metrics_before
 from tests.helpers.samples import sequential_level
 
 from servesweep.bench.datasets import request_order
-from servesweep.bench.metrics import LevelContext, compute_level
+from servesweep.bench.metrics import LevelContext, compute_level, paused_gc
 from servesweep.bench.responses import RawResult
 from servesweep.decide.level_intervals import level_intervals
 from servesweep.models import RequestSample
@@ -114,7 +116,8 @@ def main() -> None:
         metrics_before.compute_level(raws, ctx)
         metrics_old = time.process_time() - clock
         clock = time.process_time()
-        metrics = compute_level(raws, ctx)[0]
+        with paused_gc():  # as the load generator runs them
+            metrics = compute_level(raws, ctx)[0]
         t_metrics = time.process_time() - clock
         clock = time.process_time()
         eager_order(PROMPTS, args.order_requests, 0)
@@ -123,7 +126,8 @@ def main() -> None:
         lazy_order(args.order_requests, n)
         order_after = time.process_time() - clock
         clock = time.process_time()
-        level_intervals(samples, duration_s=duration, slo={}, values=metrics)
+        with paused_gc():
+            level_intervals(samples, duration_s=duration, slo={}, values=metrics)
         after = time.process_time() - clock
         before: float | None = None
         if n <= args.before_max:
