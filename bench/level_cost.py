@@ -13,12 +13,17 @@ concurrency. Columns:
   up front (the eager shuffle servesweep had, reproduced here); *after*,
   ``servesweep.bench.datasets.request_order`` plus the prompts of the level's own N
   requests, drawn as they are sent;
-- ``metrics``: ``servesweep.bench.metrics.compute_level`` (unchanged, shown for the
-  total);
+- ``metrics``: the load generator's ``servesweep.bench.metrics.compute_level``
+  *before* (``tests.helpers.metrics_before``: Python lists, every token's latency
+  sorted) and *after* (the per-token work over numpy arrays, the percentiles' order
+  statistics found by ``numpy.partition``: the same figures, pinned by
+  ``tests/unit/test_metrics_vectorised.py``), run as the load generator runs it,
+  with Python's cycle collector paused (``servesweep.bench.metrics.paused_gc``);
 - ``intervals``: ``servesweep.decide.level_intervals.level_intervals`` *before* (every
   request resampled: ``max_units`` set to the request count, which is the earlier
   algorithm, interval for interval) and *after* (the default, at most
-  ``servesweep.decide.intervals.MAX_UNITS`` requests resampled); *before* runs up to
+  ``servesweep.decide.intervals.MAX_UNITS`` requests resampled, the cycle collector
+  paused); *before* runs up to
   ``--before-max`` requests (it grows by about half a millisecond per request).
 
 Prints a Markdown table (docs/benchmarks.md, "Between levels").
@@ -34,10 +39,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' synthetic levels
 
+from tests.helpers import metrics_before
 from tests.helpers.samples import sequential_level
 
 from servesweep.bench.datasets import request_order
-from servesweep.bench.metrics import LevelContext, compute_level
+from servesweep.bench.metrics import LevelContext, compute_level, paused_gc
 from servesweep.bench.responses import RawResult
 from servesweep.decide.level_intervals import level_intervals
 from servesweep.models import RequestSample
@@ -98,15 +104,20 @@ def main() -> None:
     parser.add_argument("--before-max", type=int, default=80_000)
     args = parser.parse_args()
     print(
-        "| requests | order before | order after | metrics | intervals before | "
-        "intervals after | between levels before | after |"
+        "| requests | order before | order after | metrics before | metrics after | "
+        "intervals before | intervals after | between levels before | after |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.sizes.split(",")):
         samples, duration = sequential_level(n, args.tokens)
         raws = raws_of(samples)
+        ctx = LevelContext(t0_ns=0, concurrency=64)
         clock = time.process_time()
-        metrics = compute_level(raws, LevelContext(t0_ns=0, concurrency=64))[0]
+        metrics_before.compute_level(raws, ctx)
+        metrics_old = time.process_time() - clock
+        clock = time.process_time()
+        with paused_gc():  # as the load generator runs them
+            metrics = compute_level(raws, ctx)[0]
         t_metrics = time.process_time() - clock
         clock = time.process_time()
         eager_order(PROMPTS, args.order_requests, 0)
@@ -115,7 +126,8 @@ def main() -> None:
         lazy_order(args.order_requests, n)
         order_after = time.process_time() - clock
         clock = time.process_time()
-        level_intervals(samples, duration_s=duration, slo={}, values=metrics)
+        with paused_gc():
+            level_intervals(samples, duration_s=duration, slo={}, values=metrics)
         after = time.process_time() - clock
         before: float | None = None
         if n <= args.before_max:
@@ -123,9 +135,10 @@ def main() -> None:
             level_intervals(samples, duration_s=duration, slo={}, max_units=n)
             before = time.process_time() - clock
         shown = "-" if before is None else f"{before:.2f}"
-        total_before = "-" if before is None else f"{order_before + t_metrics + before:.2f}"
+        total_before = "-" if before is None else f"{order_before + metrics_old + before:.2f}"
         print(
-            f"| {n:,} | {order_before:.2f} | {order_after:.3f} | {t_metrics:.2f} | {shown} | "
+            f"| {n:,} | {order_before:.2f} | {order_after:.3f} | {metrics_old:.2f} | "
+            f"{t_metrics:.2f} | {shown} | "
             f"{after:.2f} | {total_before} | {order_after + t_metrics + after:.2f} |",
             flush=True,
         )

@@ -29,7 +29,7 @@ from servesweep.bench.datasets import (
     synthetic_prompts,
 )
 from servesweep.bench.health import assess
-from servesweep.bench.metrics import LevelContext, compute_level
+from servesweep.bench.metrics import LevelContext, compute_level, paused_gc
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
 from servesweep.bench.specdecode import (
     acceptance_from_counters,
@@ -481,7 +481,8 @@ class _Runner:
             stream=self.w.stream,
             ignore_eos=(self.w.ignore_eos, bool(self.data_info.get("ignore_eos"))),
         )
-        metrics, info, samples, warnings = compute_level(raws, ctx)
+        with paused_gc():
+            metrics, info, samples, warnings = compute_level(raws, ctx)
         health = assess(metrics, rate=rate, stream=self.w.stream)
         info["generator_health"] = health.to_info()
         info.update(self.data_info)
@@ -539,16 +540,17 @@ class _Runner:
             if sampler.errors:
                 info["gpu_probe_errors"] = sampler.errors
         acc_value = metrics.get(ACCEPTANCE_LENGTH.name)
-        intervals = level_intervals(
-            samples,
-            duration_s=metrics[DURATION_S.name],
-            slo=self.w.slo,
-            acceptance=None
-            if acc_value is None
-            else (acc_value, str(info.get("acceptance_source", ""))),
-            confidence=DEFAULT_CONFIDENCE,
-            values=metrics,
-        )
+        with paused_gc():
+            intervals = level_intervals(
+                samples,
+                duration_s=metrics[DURATION_S.name],
+                slo=self.w.slo,
+                acceptance=None
+                if acc_value is None
+                else (acc_value, str(info.get("acceptance_source", ""))),
+                confidence=DEFAULT_CONFIDENCE,
+                values=metrics,
+            )
         return LevelResult(
             workload=self.w.name,
             level=level_label(conc, rate),

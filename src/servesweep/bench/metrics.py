@@ -10,11 +10,17 @@ the raw inter-chunk gap beside it.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
@@ -23,7 +29,9 @@ from servesweep.decide.level_intervals import SLO_KEYS, meets_slo
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.models import RequestSample
 
-__all__ = ["LevelContext", "compute_level", "percentile", "summary_stats"]
+__all__ = ["LevelContext", "compute_level", "paused_gc", "percentile", "summary_stats"]
+
+FloatArray = npt.NDArray[np.float64]
 
 _NS = 1e-9
 _MS = 1e-6
@@ -47,30 +55,68 @@ class LevelContext:
     engine honours it): answers that still end at the model's end of turn are said."""
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cycle collector paused while a level's statistics are computed: they
+    create a record per request and a float per token (millions at a high rate), none
+    of them in a cycle, and each collection would walk them all again (about a quarter
+    of the time at 200,000 requests, ``bench/level_cost.py``); memory is still freed
+    as it is let go."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default)."""
     n = len(sorted_values)
     if n == 1:
         return float(sorted_values[0])
-    pos = (n - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
+    lo, hi, frac = _ranks(n, q)
     return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
 
 
-def summary_stats(values: Sequence[float]) -> dict[str, float]:
+def _ranks(n: int, q: float) -> tuple[int, int, float]:
+    """The two closest ranks of percentile ``q`` of ``n`` sorted values and the
+    fraction of the way from the first to the second."""
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    return lo, min(lo + 1, n - 1), pos - lo
+
+
+def summary_stats(values: Sequence[float] | FloatArray) -> dict[str, float]:
     """mean, median, p90, p99, max of ``values``, keyed by the values of
-    :class:`~servesweep.metrics_catalog.Stat` (empty: no keys)."""
-    if not values:
+    :class:`~servesweep.metrics_catalog.Stat` (empty: no keys).
+
+    The percentiles are exact, those of :func:`percentile` over the sorted values:
+    only the order statistics they need are found (``numpy.partition``, linear in
+    the values, not a sort), and interpolated as :func:`percentile` does, in Python
+    floats, so they are the same numbers to the last bit."""
+    a = np.asarray(values, dtype=np.float64)
+    n = len(a)
+    if not n:
         return {}
-    s = sorted(values)
+    ranks: dict[float, tuple[int, int, float]] = {q: _ranks(n, q) for q in (50.0, 90.0, 99.0)}
+    kth = sorted({n - 1} | {r for lo, hi, _ in ranks.values() for r in (lo, hi)})
+    part = np.partition(a, kth)
+
+    def at(q: float) -> float:
+        if n == 1:
+            return float(part[0])
+        lo, hi, frac = ranks[q]
+        x, y = float(part[lo]), float(part[hi])
+        return float(x + (y - x) * frac)
+
     return {
-        Stat.MEAN.value: sum(s) / len(s),
-        Stat.MEDIAN.value: percentile(s, 50),
-        Stat.P90.value: percentile(s, 90),
-        Stat.P99.value: percentile(s, 99),
-        Stat.MAX.value: float(s[-1]),
+        Stat.MEAN.value: float(a.sum()) / n,
+        Stat.MEDIAN.value: at(50),
+        Stat.P90.value: at(90),
+        Stat.P99.value: at(99),
+        Stat.MAX.value: float(part[n - 1]),
     }
 
 
@@ -79,25 +125,76 @@ def _spread(total: int, n: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(n)]
 
 
+def _tokens(r: RawResult, source: Counter[str]) -> list[int]:
+    """Tokens of each of a request's chunks, and where the count came from."""
+    n_chunks = len(r.chunk_ns)
+    if r.chunk_tokens is not None and len(r.chunk_tokens) == n_chunks:
+        source["continuous_usage"] += 1
+        return r.chunk_tokens
+    if r.completion_tokens is not None and n_chunks:
+        source["usage_spread"] += 1
+        return _spread(r.completion_tokens, n_chunks)
+    if n_chunks:
+        source["chunk_count"] += 1
+    return [1] * n_chunks
+
+
+class _Chunks:
+    """Every chunk of a level's requests in one array (the per-token work of a level
+    of many requests done once over all of them, not token by token)."""
+
+    def __init__(self, raws: Sequence[RawResult], tokens: Sequence[Sequence[int]]) -> None:
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        total = int(lengths.sum())
+        self.starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        self.lengths = lengths
+        at = np.fromiter(chain.from_iterable(r.chunk_ns for r in raws), np.int64, total)
+        self.tokens = np.fromiter(chain.from_iterable(tokens), np.int64, total)
+        # gap i runs from chunk i to chunk i + 1 (across two requests at a boundary,
+        # never read then): seconds, computed as (b - a) * 1e-9 in Python floats is
+        self.gaps = np.diff(at) * _NS
+        self._gaps_list: list[float] = self.gaps.tolist()
+        self._starts_list: list[int] = self.starts.tolist()
+        self._lengths_list: list[int] = lengths.tolist()
+
+    def gaps_s(self, i: int) -> tuple[float, ...]:
+        """Request ``i``'s gaps between its chunks, in seconds."""
+        n = self._lengths_list[i]
+        if n < 2:
+            return ()
+        start = self._starts_list[i]
+        return tuple(self._gaps_list[start : start + n - 1])
+
+    def per_token_ms(self, counted: Sequence[bool]) -> tuple[FloatArray, FloatArray]:
+        """The chunk gaps (ms) of the ``counted`` requests, and their inter-token
+        latencies: a chunk of k tokens gives k intervals of its gap / k."""
+        n = len(self.tokens)
+        if n < 2:
+            empty = np.zeros(0, dtype=np.float64)
+            return empty, empty
+        own = np.repeat(np.asarray(counted, dtype=bool), self.lengths)
+        first = np.zeros(n, dtype=bool)
+        first[self.starts[self.lengths > 0]] = True
+        # gap i belongs to chunk i + 1 when that chunk is not a request's first
+        keep = own[1:] & ~first[1:]
+        gaps_ms = self.gaps[keep] * 1e3
+        k = self.tokens[1:][keep]
+        some = k > 0
+        itl = np.repeat(gaps_ms[some] / k[some], k[some])
+        return gaps_ms, itl
+
+
 def _in_flight_mean(raws: Sequence[RawResult], start: int, end: int) -> float:
-    """Time-weighted mean number of requests in flight in ``[start, end]``."""
+    """Time-weighted mean number of requests in flight in ``[start, end]``: the
+    requests' times in flight inside the window, summed (integer nanoseconds, so
+    exactly the area under the in-flight count), over the window."""
     if end <= start:
         return 0.0
-    events: list[tuple[int, int]] = []
-    for r in raws:
-        a, b = r.sent_ns, r.end_ns if r.end_ns is not None else r.sent_ns
-        a, b = max(a, start), min(b, end)
-        if b > a:
-            events.append((a, 1))
-            events.append((b, -1))
-    events.sort()
-    area = 0
-    level = 0
-    last = start
-    for t, d in events:
-        area += level * (t - last)
-        level += d
-        last = t
+    n = len(raws)
+    sent = np.fromiter((r.sent_ns for r in raws), np.int64, n)
+    done = np.fromiter((r.sent_ns if r.end_ns is None else r.end_ns for r in raws), np.int64, n)
+    inside = np.minimum(done, end) - np.maximum(sent, start)
+    area = int(inside[inside > 0].sum())
     return area / (end - start)
 
 
@@ -114,8 +211,6 @@ def compute_level(
     ttft: list[float] = []
     e2e: list[float] = []
     tpot: list[float] = []
-    itl: list[float] = []
-    gaps_ms: list[float] = []
     prompt_tokens: list[int] = []
     completion_tokens: list[int] = []
     per_request_chunk_tokens: list[list[int]] = []
@@ -126,19 +221,13 @@ def compute_level(
     reasoning_tokens: list[int] = []
     slo = {k: v for k, v in ctx.slo.items() if k in SLO_KEYS}
 
-    for r in sorted(raws, key=lambda x: x.sent_ns):
-        n_chunks = len(r.chunk_ns)
-        if r.chunk_tokens is not None and len(r.chunk_tokens) == n_chunks:
-            tokens = r.chunk_tokens
-            token_source["continuous_usage"] += 1
-        elif r.completion_tokens is not None and n_chunks:
-            tokens = _spread(r.completion_tokens, n_chunks)
-            token_source["usage_spread"] += 1
-        else:
-            tokens = [1] * n_chunks
-            if n_chunks:
-                token_source["chunk_count"] += 1
-        gaps = [(b - a) * _NS for a, b in zip(r.chunk_ns, r.chunk_ns[1:], strict=False)]
+    ordered = sorted(raws, key=lambda x: x.sent_ns)
+    per_request_tokens = [_tokens(r, token_source) for r in ordered]
+    chunks = _Chunks(ordered, per_request_tokens)
+    counted: list[bool] = []
+    """Per request: whether its chunk gaps count in ITL and chunk gaps."""
+    for i, (r, tokens) in enumerate(zip(ordered, per_request_tokens, strict=True)):
+        n_chunks = len(tokens)
         ct = r.completion_tokens if r.completion_tokens is not None else sum(tokens)
         samples.append(
             RequestSample(
@@ -152,10 +241,11 @@ def compute_level(
                 prompt_tokens=r.prompt_tokens,
                 completion_tokens=ct if (n_chunks or r.completion_tokens is not None) else None,
                 reasoning_tokens=r.reasoning_tokens,
-                chunk_gaps=tuple(gaps),
+                chunk_gaps=chunks.gaps_s(i),
                 chunk_tokens=tuple(tokens),
             )
         )
+        counted.append(r.ok and r.end_ns is not None and r.first_ns is not None)
         if not r.ok or r.end_ns is None:
             continue
         e = (r.end_ns - r.sent_ns) * _MS
@@ -172,17 +262,13 @@ def compute_level(
                 tp = (e - t) / (ct - 1)
                 tpot.append(tp)
             per_request_chunk_tokens.append(tokens)
-            for gap, k in zip(gaps, tokens[1:], strict=False):
-                g = gap * 1e3
-                gaps_ms.append(g)
-                if k > 0:
-                    itl.extend([g / k] * k)
             if r.first_answer_ns is not None and r.first_answer_ns > r.first_ns:
                 reasoning.append((r.first_answer_ns - r.sent_ns) * _MS)
         if r.reasoning_tokens:
             reasoning_tokens.append(r.reasoning_tokens)
-        if meets_slo(slo, {"ttft": t, "tpot": tp, "e2e": e}, ct):
+        if not slo or meets_slo(slo, {"ttft": t, "tpot": tp, "e2e": e}, ct):
             good += 1
+    gaps_ms, itl = chunks.per_token_ms(counted)
 
     total_out = sum(completion_tokens)
     total_in = sum(prompt_tokens)
@@ -212,9 +298,9 @@ def compute_level(
         stats = summary_stats(values_ms)
         for stat in Stat if stats else ():
             m[latency(kind, stat).name] = stats[stat.value]
-    n_chunks_total = sum(len(t) for t in per_request_chunk_tokens)
+    n_chunks_total = sum(map(len, per_request_chunk_tokens))
     if n_chunks_total:
-        chunk_tokens = sum(sum(t) for t in per_request_chunk_tokens)
+        chunk_tokens = sum(map(sum, per_request_chunk_tokens))
         m[mc.TOKENS_PER_CHUNK_MEAN.name] = chunk_tokens / n_chunks_total
 
     # what the generator itself did

@@ -1,7 +1,7 @@
 """Confidence intervals: the statistics every measured figure's uncertainty comes from.
 
-Pure functions, no I/O, standard library only (servesweep has no numpy at run time;
-at the sizes of one level, a few thousand values, pure Python costs milliseconds).
+Pure functions, no I/O, standard library only (at the sizes one bootstrap sees,
+a thousand requests at most, pure Python costs milliseconds).
 
 - :func:`bootstrap_stats`: a percentile bootstrap over *units* (requests), each unit
   carrying one or more values (a request's TTFT; a request's inter-token latencies),
