@@ -53,8 +53,9 @@ fi
 # The trained small models of the real-model tier (offline, by pinned hash, cached once per
 # machine outside the repository: dev/fetch-models.sh, docs/real-models.md). Qwen2.5-Coder-1.5B
 # (1.0 GiB) serves the coding eval on a real model's answers under speculative decoding
-# (tests/integration/test_real_coding_eval.py); 0.7 s once cached.
-./dev/fetch-models.sh smollm2-135m qwen2.5-coder-1.5b >/dev/null
+# (tests/integration/test_real_coding_eval.py), the 0.5B (0.5 GiB) is its draft in the memory
+# prediction's check (tests/integration/test_memory_draft_llama_server.py); 0.7 s once cached.
+./dev/fetch-models.sh smollm2-135m qwen2.5-coder-1.5b qwen2.5-coder-0.5b >/dev/null
 # llama.cpp's own server for the llama-server tests: built once per machine, then cached.
 ./dev/install-llama-server.sh >/dev/null
 # vLLM's CPU build (the real-vLLM tests): its own venv, .venv-vllm, installed once per
