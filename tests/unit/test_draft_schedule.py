@@ -1,0 +1,280 @@
+"""The draft length per concurrency and the schedule an engine can take
+(``servesweep.decide.schedule``), from crafted records: the best draft length moves
+with the batch, a tie takes the shortest, a predicted draft length is marked and never
+passed off as measured, vLLM's ``num_speculative_tokens_per_batch_size`` in the launch,
+and an engine that takes one draft length says it cannot follow a schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from helpers.report_data import level, sweep_data, trial
+from servesweep.cli.schedule import schedule_of
+from servesweep.decide.best import find_best
+from servesweep.decide.perf import Prediction
+from servesweep.decide.schedule import (
+    DraftChoice,
+    ScheduleForm,
+    choose_draft,
+    draft_schedule,
+    schedule_ranges,
+)
+from servesweep.decide.stats import MetricStats
+from servesweep.decide.uncertainty import Rules
+from servesweep.models import Evidence, LevelResult
+from servesweep.records import SweepData
+from servesweep.report.schedule_view import PREDICTED_MARK, format_schedule, schedule_to_json
+
+pytestmark = pytest.mark.unit
+
+K = "speculative_config.num_speculative_tokens"
+SCHEDULE = "speculative_config.num_speculative_tokens_per_batch_size"
+VLLM = ScheduleForm("vllm", K, SCHEDULE)
+ONE_NUMBER = ScheduleForm("llama-server", K)
+
+# Output throughput per draft length at c1 and c8 (the best moves from 4 to 1 with the
+# batch), acceptance length per draft length (the same at every batch).
+C1 = {1: 100.0, 2: 120.0, 4: 135.0, 8: 125.0}
+C8 = {1: 640.0, 2: 600.0, 4: 520.0, 8: 400.0}
+ACCEPT = {1: 1.8, 2: 2.4, 4: 3.3, 8: 4.2}
+
+SPEC_TEXT = f"""
+name: dsd
+server:
+  engine: vllm
+  model: /models/tiny
+  args:
+    speculative_config.method: ngram
+    speculative_config.prompt_lookup_max: 3
+    max-num-seqs: 16
+params:
+  grid:
+    {K}: [1, 2, 4, 8, 16]
+workloads:
+  - name: chat
+    concurrency: [1, 8]
+    requests: 16
+objective:
+  maximize: output_throughput
+  workload: chat
+  concurrency: 1
+"""
+
+
+def _levels(draft: int, c1: float, c8: float, spread: float = 0.005) -> list[LevelResult]:
+    out = []
+    for r, f in enumerate((1 - spread, 1.0, 1 + spread)):
+        out.append(
+            level("chat", "c1", r, output_throughput=c1 * f, acceptance_length=ACCEPT[draft])
+        )
+        out.append(
+            level("chat", "c8", r, output_throughput=c8 * f, acceptance_length=ACCEPT[draft])
+        )
+    return out
+
+
+def _data(
+    c1: Mapping[int, float] = C1,
+    c8: Mapping[int, float] = C8,
+    *,
+    skipped: Sequence[int] = (16,),
+    spec_text: str = SPEC_TEXT,
+    constraints: Sequence[str] = (),
+    levels_of: Mapping[int, list[LevelResult]] | None = None,
+) -> SweepData:
+    trials = []
+    results: dict[int, list[LevelResult]] = {}
+    for tid, draft in enumerate(sorted(c1), 1):
+        trials.append(trial(tid, {K: draft}))
+        results[tid] = (
+            levels_of[draft]
+            if levels_of and draft in levels_of
+            else _levels(draft, c1[draft], c8[draft])
+        )
+    for draft in skipped:
+        tid = len(trials) + 1
+        why = Evidence(message="predicted worse than the best", reason="predicted_worse")
+        trials.append(trial(tid, {K: draft}, "skipped", evidence=why))
+        results[tid] = []
+    data = sweep_data(
+        trials,
+        results,
+        objective={"maximize": "chat.c1.output_throughput"},
+        constraints=constraints,
+    )
+    sweep = dataclasses.replace(data.sweep, spec_text=spec_text)
+    return dataclasses.replace(data, sweep=sweep)
+
+
+def test_the_draft_length_per_concurrency_and_vllms_schedule() -> None:
+    data = _data()
+    best = find_best(data)
+    assert best.trial is not None and best.trial.params == {K: 4}
+    schedule = draft_schedule(data, best, VLLM)
+    assert schedule is not None
+    chosen = {lv.level: (lv.chosen.draft, lv.chosen.basis) for lv in schedule.levels}
+    assert chosen == {"c1": (4, "measured"), "c8": (1, "measured")}
+    c1 = schedule.levels[0]
+    assert c1.chosen.value == pytest.approx(135.0)
+    assert c1.chosen.low is not None and c1.chosen.high is not None
+    assert c1.chosen.low < 135.0 < c1.chosen.high
+    assert c1.chosen.trial == 3 and "beats draft 8" in c1.why
+    assert [c.draft for c in c1.measured] == [1, 2, 4, 8]
+    # the engine's form: inclusive ranges from batch 1, the largest draft length as the cap
+    assert schedule.ranges == ((1, 7, 4), (8, 8, 1))
+    assert schedule.expressed
+    assert schedule.params == {K: 4, SCHEDULE: [[1, 7, 4], [8, 8, 1]]}
+    assert any("only c1, c8 were measured" in x for x in schedule.limits)
+    assert any("never launched" in x for x in schedule.limits)
+    # each level's own launch: the winner's knobs, that level's draft length
+    assert [dict(lv.params) for lv in schedule.levels] == [{K: 4}, {K: 1}]
+
+
+def test_a_draft_length_never_launched_is_predicted_and_marked() -> None:
+    data = _data()
+    best = find_best(data)
+    schedule = draft_schedule(data, best, VLLM)
+    assert schedule is not None
+    for lv in schedule.levels:
+        assert [c.draft for c in lv.predicted] == [16]
+        predicted = lv.predicted[0]
+        assert predicted.basis == "predicted" and predicted.trial is None
+        assert not any(c.draft == 16 for c in lv.measured)
+        assert lv.chosen.basis == "measured"  # 16 drafts cost more than they bring here
+    text = format_schedule(schedule, {})
+    lines = [x for x in text.splitlines() if f"{K}=16:" in x]
+    assert len(lines) == 2 and all(PREDICTED_MARK in x for x in lines), text
+    assert not any("measured #" in x for x in lines)
+    # far from the measured draft lengths its interval is wide: still open at both
+    assert [lv.open for lv in schedule.levels] == [(16,), (16,)]
+    assert text.count(f"open: {K}=16 predicted, could still beat it") == 2
+
+
+def test_a_tie_takes_the_shortest_draft_length() -> None:
+    c1 = {1: 100.0, 2: 134.5, 4: 135.0, 8: 125.0}  # 2 and 4 within the 1 % threshold
+    data = _data(c1=c1, skipped=())
+    best = find_best(data)
+    schedule = draft_schedule(data, best, VLLM)
+    assert schedule is not None
+    c1_choice = schedule.levels[0]
+    assert c1_choice.chosen.draft == 2 and c1_choice.tied == (4,)
+    assert "shortest" in c1_choice.why
+    assert schedule.ranges == ((1, 7, 2), (8, 8, 1))
+    assert schedule.params[K] == 2
+
+
+def test_an_engine_that_takes_one_draft_length_cannot_follow_a_schedule() -> None:
+    data = _data()
+    best = find_best(data)
+    schedule = draft_schedule(data, best, ONE_NUMBER)
+    assert schedule is not None
+    assert [lv.chosen.draft for lv in schedule.levels] == [4, 1]
+    assert not schedule.expressed and schedule.schedule_param is None
+    assert schedule.params == {K: 4}  # the best's own launch
+    assert any("cannot follow a schedule" in x for x in schedule.limits)
+    doc = schedule_to_json(schedule, {"c1": "run --k 4", "c8": "run --k 1"})
+    assert doc is not None and doc["expressed"] is False
+    assert doc["level_launch"] == {"c1": "run --k 4", "c8": "run --k 1"}
+
+
+def test_the_same_draft_length_everywhere_needs_no_schedule() -> None:
+    c8 = {1: 500.0, 2: 520.0, 4: 560.0, 8: 400.0}
+    data = _data(c8=c8, skipped=())
+    schedule = draft_schedule(data, find_best(data), VLLM)
+    assert schedule is not None
+    assert schedule.ranges == ((1, 8, 4),)
+    assert not schedule.expressed and schedule.params == {K: 4}
+    assert any("one draft length serves every measured concurrency" in x for x in schedule.limits)
+
+
+def test_no_schedule_without_a_varied_draft_length_or_several_concurrencies() -> None:
+    data = _data()
+    best = find_best(data)
+    assert draft_schedule(data, best, None) is None
+    assert draft_schedule(data, best, ScheduleForm("generic", None)) is None
+    assert draft_schedule(data, best, ScheduleForm("sim", "budget")) is None  # not swept
+    one_level = {d: [x for x in _levels(d, C1[d], C8[d]) if x.level == "c1"] for d in C1}
+    only_c1 = _data(levels_of=one_level, skipped=())
+    assert draft_schedule(only_c1, find_best(only_c1), VLLM) is None
+
+
+def test_a_constraint_at_a_level_rules_a_draft_length_out_there() -> None:
+    levels_of = {d: _levels(d, C1[d], C8[d]) for d in C1}
+    for d in C1:  # long drafts make the c8 tail worse: 1 breaks the limit
+        for x in levels_of[d]:
+            if x.level == "c8":
+                x.metrics["ttft_p99_ms"] = 900.0 if d == 1 else 300.0
+    data = _data(levels_of=levels_of, skipped=(), constraints=["chat.c8.ttft_p99_ms < 500"])
+    best = find_best(data)
+    schedule = draft_schedule(data, best, VLLM)
+    assert schedule is not None
+    c8 = schedule.levels[1]
+    assert c8.chosen.draft == 2 and 1 not in [c.draft for c in c8.measured]
+
+
+def test_schedule_ranges_start_at_one_and_merge_equal_neighbours() -> None:
+    assert schedule_ranges([(8, 1), (1, 4), (32, 0)]) == ((1, 7, 4), (8, 31, 1), (32, 32, 0))
+    assert schedule_ranges([(2, 3), (4, 3), (16, 1)]) == ((1, 15, 3), (16, 16, 1))
+    assert schedule_ranges([(4, 2)]) == ((1, 4, 2),)
+
+
+def _stats(mean: float) -> MetricStats:
+    return MetricStats(mean, mean, mean, 0.0, 3, mean * 0.99, mean * 1.01, 0.95)
+
+
+def test_a_predicted_draft_length_is_chosen_only_beyond_the_threshold_and_marked() -> None:
+    rules = Rules()
+    measured = [(DraftChoice(2, 100.0, 99.0, 101.0, "measured", 1), _stats(100.0))]
+    far = DraftChoice(8, 130.0, 115.0, 140.0, "predicted")
+    near = DraftChoice(4, 102.0, 90.0, 112.0, "predicted")
+    low = DraftChoice(16, 60.0, 50.0, 70.0, "predicted")
+
+    def pred(c: DraftChoice) -> Prediction:
+        return Prediction("chat.c1.output_throughput", c.value, c.low, c.high, "speculative")
+
+    chosen = choose_draft(
+        "c1", 1, measured, [(far, pred(far)), (low, pred(low))], "max", rules, None
+    )
+    assert chosen is not None and chosen.chosen is far and chosen.chosen.predicted
+    assert "never launched" in chosen.why
+    reach = choose_draft(
+        "c1", 1, measured, [(near, pred(near)), (low, pred(low))], "max", rules, None
+    )
+    assert reach is not None and reach.chosen.draft == 2 and reach.chosen.basis == "measured"
+    assert reach.open == (4,)  # its interval still reaches past the measured choice
+    unknown = Prediction("chat.c1.output_throughput")
+    blind = choose_draft(
+        "c1", 1, measured, [(DraftChoice(32, None, None, None, "predicted"), unknown)],
+        "max", rules, None,
+    )  # fmt: skip
+    assert blind is not None and blind.chosen.draft == 2 and blind.open == (32,)
+
+
+def test_best_gives_vllms_launch_with_the_schedule() -> None:
+    data = _data()
+    best = find_best(data)
+    schedule, launches = schedule_of(data, best)
+    assert schedule is not None and schedule.expressed
+    launch = launches["schedule"]
+    config = json.loads(launch.split("--speculative-config ")[1].split(" ")[0].strip("'"))
+    assert config == {
+        "method": "ngram",
+        "prompt_lookup_max": 3,
+        "num_speculative_tokens": 4,
+        "num_speculative_tokens_per_batch_size": [[1, 7, 4], [8, 8, 1]],
+    }
+    assert launch.startswith("vllm serve /models/tiny ")
+    assert '"num_speculative_tokens":1,' in launches["c8"]
+    assert "per_batch_size" not in launches["c8"]
+    text = format_schedule(schedule, launches)
+    assert f"{SCHEDULE}=[[1,7,4],[8,8,1]]" in text
+    assert f"launch: {launch}" in text
+    doc = schedule_to_json(schedule, launches)
+    assert doc is not None and doc["launch"] == launch
+    assert doc["ranges"] == [[1, 7, 4], [8, 8, 1]]
+    assert [lv["basis"] for lv in doc["levels"]] == ["measured", "measured"]
+    assert json.loads(json.dumps(doc)) == doc
