@@ -25,7 +25,7 @@ from servesweep.decide.schedule import (
 )
 from servesweep.decide.stats import MetricStats
 from servesweep.decide.uncertainty import Rules
-from servesweep.models import Evidence, LevelResult
+from servesweep.models import Evidence, FailureClass, LevelResult
 from servesweep.records import SweepData
 from servesweep.report.schedule_view import PREDICTED_MARK, format_schedule, schedule_to_json
 
@@ -278,3 +278,30 @@ def test_best_gives_vllms_launch_with_the_schedule() -> None:
     assert doc["ranges"] == [[1, 7, 4], [8, 8, 1]]
     assert [lv["basis"] for lv in doc["levels"]] == ["measured", "measured"]
     assert json.loads(json.dumps(doc)) == doc
+
+
+def test_a_draft_length_that_failed_or_would_not_fit_is_neither_measured_nor_predicted() -> None:
+    data = _data(skipped=(16,))
+    oom = Evidence(message="server exited while loading", reason="oom")
+    failed = dataclasses.replace(
+        trial(6, {K: 16}, "failed", evidence=oom), failure_class=FailureClass("start_crash")
+    )
+    fit = Evidence(message="predicted 90 GiB of 80", reason="predicted_oom")
+    too_big = trial(7, {K: 32}, "skipped", evidence=fit)
+    skipped16 = [t for t in data.trials if t.params == {K: 16}]
+    kept = [t for t in data.trials if t not in skipped16]
+    data = dataclasses.replace(data, trials=(*kept, failed, too_big))
+    schedule = draft_schedule(data, find_best(data), VLLM)
+    assert schedule is not None
+    assert dict(schedule.ruled_out) == {
+        16: "failed: start_crash (oom)",
+        32: "skipped: predicted_oom",
+    }
+    for lv in schedule.levels:
+        assert lv.predicted == () and 16 not in [c.draft for c in lv.measured]
+    text = format_schedule(schedule, {})
+    assert f"note: {K}=16 neither measured nor predicted: failed: start_crash (oom)" in text
+    assert schedule.to_dict()["ruled_out"] == {
+        "16": "failed: start_crash (oom)",
+        "32": "skipped: predicted_oom",
+    }

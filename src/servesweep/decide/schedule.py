@@ -43,6 +43,7 @@ express (:class:`ScheduleForm`, from its preset).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,7 @@ from typing import Any
 
 from servesweep.decide.best import BestResult
 from servesweep.decide.perf import Measured, Prediction, Setting, predict
+from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.decide.perf.inputs import measured_of
 from servesweep.decide.refs import ResultIndex, stored_spec
 from servesweep.decide.stats import MetricStats, swept_params
@@ -170,6 +172,9 @@ class DraftSchedule:
     """The launch params: the schedule's when expressed, else the winner's."""
     limits: tuple[str, ...] = ()
     """What the schedule cannot say, one line each."""
+    ruled_out: Mapping[int, str] = field(default_factory=dict)
+    """Draft lengths of the sweep neither measured nor predicted, and why (failed, or
+    skipped as not fitting in memory)."""
 
     @property
     def predicted(self) -> bool:
@@ -190,6 +195,7 @@ class DraftSchedule:
             "predicted": self.predicted,
             "params": dict(self.params),
             "limits": list(self.limits),
+            "ruled_out": {str(k): v for k, v in sorted(self.ruled_out.items())},
         }
 
 
@@ -277,21 +283,35 @@ class _Group:
     trials: Mapping[int, TrialRecord]
     """Draft length -> the measured trial (the first in run order)."""
     unmeasured: tuple[int, ...]
+    """Draft lengths to predict: never measured, and not ruled out."""
+    ruled_out: Mapping[int, str]
+    """Draft length -> why it is neither measured nor predicted (it failed, or would
+    not fit in memory)."""
 
 
 def _group(data: SweepData, winner: TrialRecord, draft_param: str) -> _Group:
     base = _others(winner.params, draft_param)
     trials: dict[int, TrialRecord] = {}
+    ruled_out: dict[int, str] = {}
     drafts: set[int] = set(_space_drafts(data, draft_param))
     for trial in sorted(data.trials, key=lambda t: (t.seq, t.id)):
         draft = _draft(trial.params, draft_param)
-        if draft is None or _others(trial.params, draft_param) != base:
+        if draft is None or _others(trial.params, draft_param) != base or not trial.in_plan:
             continue
-        if trial.in_plan:
-            drafts.add(draft)
-        if trial.outcome is Outcome.OK and trial.in_plan and draft not in trials:
-            trials[draft] = trial
-    return _Group(trials, tuple(sorted(d for d in drafts if d not in trials)))
+        drafts.add(draft)
+        if trial.outcome is Outcome.OK:
+            trials.setdefault(draft, trial)
+            continue
+        reason = trial.evidence.reason if trial.evidence is not None else None
+        if trial.outcome is Outcome.FAILED:
+            cls = trial.failure_class.value if trial.failure_class else "unclassified"
+            ruled_out.setdefault(draft, f"failed: {cls}" + (f" ({reason})" if reason else ""))
+        elif trial.outcome is Outcome.SKIPPED and reason not in (None, PREDICTED_WORSE):
+            ruled_out.setdefault(draft, f"skipped: {reason}")
+    for draft in trials:
+        ruled_out.pop(draft, None)
+    unmeasured = tuple(sorted(d for d in drafts if d not in trials and d not in ruled_out))
+    return _Group(trials, unmeasured, ruled_out)
 
 
 def choose_draft(
@@ -481,7 +501,8 @@ def draft_schedule(
     if len(choices) < 2:
         return None
     metric = f"{workload}.<level>.{name}"
-    return _schedule(form, draft_param, metric, direction, dict(winner.params), choices)
+    found = _schedule(form, draft_param, metric, direction, dict(winner.params), choices)
+    return dataclasses.replace(found, ruled_out=dict(group.ruled_out))
 
 
 def _schedule(

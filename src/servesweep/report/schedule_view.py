@@ -66,6 +66,8 @@ def format_schedule(schedule: DraftSchedule, launches: Mapping[str, str]) -> str
         for lv in schedule.levels:
             if len(schedule.ranges) > 1 and lv.level in launches:
                 lines.append(f"  launch for {lv.level}: {launches[lv.level]}")
+    for draft, why in sorted(schedule.ruled_out.items()):
+        lines.append(f"  note: {name}={draft} neither measured nor predicted: {why}")
     for limit in schedule.limits:
         lines.append(f"  note: {limit}")
     return "\n".join(printable(" ".join(line.splitlines())) for line in lines)
