@@ -272,7 +272,7 @@ def test_best_gives_vllms_launch_with_the_schedule() -> None:
     assert "per_batch_size" not in launches["c8"]
     text = format_schedule(schedule, launches)
     assert f"{SCHEDULE}=[[1,7,4],[8,8,1]]" in text
-    assert f"launch: {launch}" in text
+    assert f"  schedule launch: {launch}" in text
     doc = schedule_to_json(schedule, launches)
     assert doc is not None and doc["launch"] == launch
     assert doc["ranges"] == [[1, 7, 4], [8, 8, 1]]
@@ -305,3 +305,19 @@ def test_a_draft_length_that_failed_or_would_not_fit_is_neither_measured_nor_pre
         "16": "failed: start_crash (oom)",
         "32": "skipped: predicted_oom",
     }
+
+
+def test_a_level_the_load_generator_could_not_time_counts_only_when_best_takes_it() -> None:
+    levels_of = {d: _levels(d, C1[d], C8[d]) for d in C1}
+    levels_of[1] = [
+        dataclasses.replace(x, unreliable="event loop lagged") if x.level == "c8" else x
+        for x in levels_of[1]
+    ]
+    data = _data(levels_of=levels_of, skipped=())
+    best = find_best(data)
+    left_out = draft_schedule(data, best, VLLM)
+    assert left_out is not None
+    assert [c.draft for c in left_out.levels[1].measured] == [2, 4, 8]
+    assert left_out.levels[1].chosen.draft == 2
+    taken = draft_schedule(data, best, VLLM, include_unreliable=True)
+    assert taken is not None and taken.levels[1].chosen.draft == 1

@@ -540,7 +540,7 @@ def best(
             constraints or tuple(data.constraints),
             include_unreliable=include_unreliable or None,
         )
-    schedule, launches = schedule_of(data, result)
+    schedule, launches = schedule_of(data, result, include_unreliable or None)
     if as_json:
         doc = best_to_json(result)
         doc["draft_schedule"] = schedule_to_json(schedule, launches)

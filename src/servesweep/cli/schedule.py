@@ -27,9 +27,12 @@ def _launch(spec: SweepSpec, params: Mapping[str, Any]) -> str | None:
     return launch_command_text(argv, env)
 
 
-def schedule_of(data: SweepData, result: BestResult) -> tuple[DraftSchedule | None, dict[str, str]]:
+def schedule_of(
+    data: SweepData, result: BestResult, include_unreliable: bool | None = None
+) -> tuple[DraftSchedule | None, dict[str, str]]:
     """The draft length per concurrency of the sweep's best and the launch commands
-    (``schedule``: the schedule's; by level: that level's draft length alone)."""
+    (``schedule``: the schedule's; by level: that level's draft length alone);
+    ``include_unreliable`` as ``best`` was given it."""
     spec = stored_spec(data)
     if spec is None:
         return None, {}
@@ -38,7 +41,7 @@ def schedule_of(data: SweepData, result: BestResult) -> tuple[DraftSchedule | No
     except ServesweepError:
         return None, {}
     form = ScheduleForm(spec.server.engine, preset.draft_length_param, preset.draft_schedule_param)
-    schedule = draft_schedule(data, result, form)
+    schedule = draft_schedule(data, result, form, include_unreliable=include_unreliable)
     if schedule is None:
         return None, {}
     launches: dict[str, str] = {}

@@ -415,12 +415,19 @@ def _predict(
 
 
 def draft_schedule(
-    data: SweepData, best: BestResult, form: ScheduleForm | None
+    data: SweepData,
+    best: BestResult,
+    form: ScheduleForm | None,
+    *,
+    include_unreliable: bool | None = None,
 ) -> DraftSchedule | None:
     """The draft length per concurrency and the schedule ``form``'s engine can take,
     around ``best``'s winner (module docstring); None unless the engine has a draft
     length, the sweep varies it, and the winner's workload was measured at more than
-    one concurrency."""
+    one concurrency. ``include_unreliable``: as ``best`` was given it (default: the
+    sweep file's)."""
+    if include_unreliable is None:
+        include_unreliable = data.include_unreliable
     if form is None or form.draft_param is None or best.winner is None:
         return None
     wanted = form.draft_param.replace("-", "_")
@@ -433,7 +440,7 @@ def draft_schedule(
     if len(parts) != 3:
         return None
     workload, _, name = parts
-    index = ResultIndex(data, reliable_only=not data.include_unreliable)
+    index = ResultIndex(data, reliable_only=not include_unreliable)
     levels: dict[str, int] = {}
     for level in index.workload_levels(workload):
         match = _LEVEL.match(level)

@@ -58,11 +58,11 @@ def format_schedule(schedule: DraftSchedule, launches: Mapping[str, str]) -> str
         top = schedule.params.get(name)
         lines.append(f"  {name}={top} (the largest: vLLM caps every entry at it)")
         if "schedule" in launches:
-            lines.append(f"  launch: {launches['schedule']}")
+            lines.append(f"  schedule launch: {launches['schedule']}")
     else:
         lines.append(f"schedule ({schedule.engine}, batch size: draft length): {ranges}")
         if len(schedule.ranges) == 1 and "schedule" in launches:
-            lines.append(f"  launch: {launches['schedule']}")
+            lines.append(f"  schedule launch: {launches['schedule']}")
         for lv in schedule.levels:
             if len(schedule.ranges) > 1 and lv.level in launches:
                 lines.append(f"  launch for {lv.level}: {launches[lv.level]}")
