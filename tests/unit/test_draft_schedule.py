@@ -36,11 +36,24 @@ SCHEDULE = "speculative_config.num_speculative_tokens_per_batch_size"
 VLLM = ScheduleForm("vllm", K, SCHEDULE)
 ONE_NUMBER = ScheduleForm("llama-server", K)
 
-# Output throughput per draft length at c1 and c8 (the best moves from 4 to 1 with the
-# batch), acceptance length per draft length (the same at every batch).
-C1 = {1: 100.0, 2: 120.0, 4: 135.0, 8: 125.0}
-C8 = {1: 640.0, 2: 600.0, 4: 520.0, 8: 400.0}
-ACCEPT = {1: 1.8, 2: 2.4, 4: 3.3, 8: 4.2}
+
+def _accepted(k: int) -> float:
+    """Acceptance length with every draft position accepted at 0.8 (issue 34's profile)."""
+    return (1 - 0.8 ** (k + 1)) / 0.2
+
+
+def _throughput(c: int, k: int) -> float:
+    """Output throughput of a landscape whose step costs ``10 + 0.5 c + 0.8 k + 1.0 c k``
+    ms (verifying every sequence's draft tokens fills the step): the best draft length
+    is 4 alone, 1 in a batch of 8, and 1 overtakes 4 at batch 5."""
+    return 1000 * c * _accepted(k) / (10 + 0.5 * c + 0.8 * k + 1.0 * c * k)
+
+
+DRAFTS = (1, 2, 4, 8)
+C1 = {k: _throughput(1, k) for k in DRAFTS}
+C8 = {k: _throughput(8, k) for k in DRAFTS}
+ACCEPT = {k: _accepted(k) for k in DRAFTS}
+SWITCH = next(c for c in range(2, 8) if _throughput(c, 1) >= _throughput(c, 4))
 
 SPEC_TEXT = f"""
 name: dsd
@@ -119,16 +132,22 @@ def test_the_draft_length_per_concurrency_and_vllms_schedule() -> None:
     chosen = {lv.level: (lv.chosen.draft, lv.chosen.basis) for lv in schedule.levels}
     assert chosen == {"c1": (4, "measured"), "c8": (1, "measured")}
     c1 = schedule.levels[0]
-    assert c1.chosen.value == pytest.approx(135.0)
+    assert c1.chosen.value == pytest.approx(C1[4])
     assert c1.chosen.low is not None and c1.chosen.high is not None
-    assert c1.chosen.low < 135.0 < c1.chosen.high
+    assert c1.chosen.low < C1[4] < c1.chosen.high
     assert c1.chosen.trial == 3 and "beats draft 8" in c1.why
     assert [c.draft for c in c1.measured] == [1, 2, 4, 8]
-    # the engine's form: inclusive ranges from batch 1, the largest draft length as the cap
-    assert schedule.ranges == ((1, 7, 4), (8, 8, 1))
+    # the engine's form: inclusive ranges from batch 1, the largest draft length as the
+    # cap; the switch between c1's 4 and c8's 1 placed by the prediction where this
+    # landscape has it (batch 5: its step cost is one the model's shapes can take)
+    assert SWITCH == 5
+    [switch] = schedule.switches
+    assert (switch.low, switch.high, switch.batch, switch.basis) == (1, 8, 5, "predicted")
+    assert schedule.ranges == ((1, 4, 4), (5, 8, 1))
     assert schedule.expressed
-    assert schedule.params == {K: 4, SCHEDULE: [[1, 7, 4], [8, 8, 1]]}
+    assert schedule.params == {K: 4, SCHEDULE: [[1, 4, 4], [5, 8, 1]]}
     assert any("only c1, c8 were measured" in x for x in schedule.limits)
+    assert any(x.startswith("switch c1 -> c8 at batch 5: ") for x in schedule.limits)
     assert any("never launched" in x for x in schedule.limits)
     # each level's own launch: the winner's knobs, that level's draft length
     assert [dict(lv.params) for lv in schedule.levels] == [{K: 4}, {K: 1}]
@@ -155,7 +174,7 @@ def test_a_draft_length_never_launched_is_predicted_and_marked() -> None:
 
 
 def test_a_tie_takes_the_shortest_draft_length() -> None:
-    c1 = {1: 100.0, 2: 134.5, 4: 135.0, 8: 125.0}  # 2 and 4 within the 1 % threshold
+    c1 = {**C1, 2: C1[4] * 0.995}  # 2 and 4 within the 1 % threshold
     data = _data(c1=c1, skipped=())
     best = find_best(data)
     schedule = draft_schedule(data, best, VLLM)
@@ -163,7 +182,9 @@ def test_a_tie_takes_the_shortest_draft_length() -> None:
     c1_choice = schedule.levels[0]
     assert c1_choice.chosen.draft == 2 and c1_choice.tied == (4,)
     assert "shortest" in c1_choice.why
-    assert schedule.ranges == ((1, 7, 2), (8, 8, 1))
+    [switch] = schedule.switches
+    assert 2 <= switch.batch <= 8
+    assert schedule.ranges == ((1, switch.batch - 1, 2), (switch.batch, 8, 1))
     assert schedule.params[K] == 2
 
 
@@ -182,11 +203,11 @@ def test_an_engine_that_takes_one_draft_length_cannot_follow_a_schedule() -> Non
 
 
 def test_the_same_draft_length_everywhere_needs_no_schedule() -> None:
-    c8 = {1: 500.0, 2: 520.0, 4: 560.0, 8: 400.0}
+    c8 = {**C8, 4: C8[1] * 1.1}
     data = _data(c8=c8, skipped=())
     schedule = draft_schedule(data, find_best(data), VLLM)
     assert schedule is not None
-    assert schedule.ranges == ((1, 8, 4),)
+    assert schedule.ranges == ((1, 8, 4),) and schedule.switches == ()
     assert not schedule.expressed and schedule.params == {K: 4}
     assert any("one draft length serves every measured concurrency" in x for x in schedule.limits)
 
@@ -204,7 +225,7 @@ def test_no_schedule_without_a_varied_draft_length_or_several_concurrencies() ->
 
 def test_a_constraint_at_a_level_rules_a_draft_length_out_there() -> None:
     levels_of = {d: _levels(d, C1[d], C8[d]) for d in C1}
-    for d in C1:  # long drafts make the c8 tail worse: 1 breaks the limit
+    for d in C1:  # short drafts make the c8 tail worse here: 1 breaks the limit
         for x in levels_of[d]:
             if x.level == "c8":
                 x.metrics["ttft_p99_ms"] = 900.0 if d == 1 else 300.0
@@ -218,6 +239,12 @@ def test_a_constraint_at_a_level_rules_a_draft_length_out_there() -> None:
 
 def test_schedule_ranges_start_at_one_and_merge_equal_neighbours() -> None:
     assert schedule_ranges([(8, 1), (1, 4), (32, 0)]) == ((1, 7, 4), (8, 31, 1), (32, 32, 0))
+    starts = {8: 5, 32: 20}  # switches placed below the upper concurrencies
+    assert schedule_ranges([(8, 1), (1, 4), (32, 0)], starts) == (
+        (1, 4, 4),
+        (5, 19, 1),
+        (20, 32, 0),
+    )
     assert schedule_ranges([(2, 3), (4, 3), (16, 1)]) == ((1, 15, 3), (16, 16, 1))
     assert schedule_ranges([(4, 2)]) == ((1, 4, 2),)
 
@@ -265,17 +292,18 @@ def test_best_gives_vllms_launch_with_the_schedule() -> None:
         "method": "ngram",
         "prompt_lookup_max": 3,
         "num_speculative_tokens": 4,
-        "num_speculative_tokens_per_batch_size": [[1, 7, 4], [8, 8, 1]],
+        "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 8, 1]],
     }
     assert launch.startswith("vllm serve /models/tiny ")
     assert '"num_speculative_tokens":1,' in launches["c8"]
     assert "per_batch_size" not in launches["c8"]
     text = format_schedule(schedule, launches)
-    assert f"{SCHEDULE}=[[1,7,4],[8,8,1]]" in text
+    assert f"{SCHEDULE}=[[1,4,4],[5,8,1]]" in text
     assert f"  schedule launch: {launch}" in text
     doc = schedule_to_json(schedule, launches)
     assert doc is not None and doc["launch"] == launch
-    assert doc["ranges"] == [[1, 7, 4], [8, 8, 1]]
+    assert doc["ranges"] == [[1, 4, 4], [5, 8, 1]]
+    assert doc["switches"][0]["batch"] == 5
     assert [lv["basis"] for lv in doc["levels"]] == ["measured", "measured"]
     assert json.loads(json.dumps(doc)) == doc
 
@@ -321,3 +349,20 @@ def test_a_level_the_load_generator_could_not_time_counts_only_when_best_takes_i
     assert left_out.levels[1].chosen.draft == 2
     taken = draft_schedule(data, best, VLLM, include_unreliable=True)
     assert taken is not None and taken.levels[1].chosen.draft == 1
+
+
+def test_without_a_prediction_between_two_concurrencies_the_switch_comes_at_the_upper() -> None:
+    # no acceptance length stored: the structural model has nothing to go on, and the
+    # empirical one never saw a batch of 2 to 7
+    levels_of = {
+        d: [dataclasses.replace(x, metrics={"output_throughput": x.metrics["output_throughput"]})
+            for x in _levels(d, C1[d], C8[d])]
+        for d in C1
+    }  # fmt: skip
+    data = _data(levels_of=levels_of, skipped=())
+    schedule = draft_schedule(data, find_best(data), VLLM)
+    assert schedule is not None
+    [switch] = schedule.switches
+    assert (switch.batch, switch.basis) == (8, "next")
+    assert "the prediction cannot tell" in switch.why
+    assert schedule.ranges == ((1, 7, 4), (8, 8, 1))

@@ -25,12 +25,16 @@ How it decides (also in docs/reports.md):
    by the threshold is chosen instead, marked ``predicted``: it was never launched.
    One whose interval still reaches past the choice is listed as open (launch it to
    know); the rest are predicted worse.
-4. The schedule, levels in order of concurrency: each level's draft length from its
-   concurrency up to the next measured one; the first range starts at batch size 1.
-   For vLLM: ``[[1, 7, 4], [8, 8, 2]]`` with ``num_speculative_tokens`` the largest
-   (vLLM caps every entry at it and carries the last range's draft length to every
-   larger batch). An engine without a schedule parameter takes one draft length for
-   every batch: the result says so and gives each level's own launch instead.
+4. The schedule, levels in order of concurrency; the first range starts at batch size 1.
+   Between two neighbouring levels whose draft lengths differ, nothing was measured:
+   the switch goes to the first batch size where the upper level's draft length is
+   predicted at least as good as the lower one's (the two compared by the model's point
+   estimates, the note giving their intervals), or to the upper level's concurrency
+   where the prediction is unknown (:class:`Switch`). For vLLM: ``[[1, 4, 4], [5, 8,
+   1]]`` with ``num_speculative_tokens`` the largest (vLLM caps every entry at it and
+   carries the last range's draft length to every larger batch). An engine without a
+   schedule parameter takes one draft length for every batch: the result says so and
+   gives each level's own launch instead.
 
 What a schedule cannot say is listed with it (:attr:`DraftSchedule.limits`): batch sizes
 between two measured concurrencies were not measured; the schedule itself was never
@@ -44,6 +48,7 @@ express (:class:`ScheduleForm`, from its preset).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -68,6 +73,7 @@ __all__ = [
     "DraftSchedule",
     "LevelChoice",
     "ScheduleForm",
+    "Switch",
     "choose_draft",
     "draft_schedule",
     "schedule_ranges",
@@ -151,6 +157,31 @@ class LevelChoice:
 
 
 @dataclass(frozen=True)
+class Switch:
+    """Where the draft length changes between two neighbouring measured concurrencies."""
+
+    low: int
+    """The concurrency below (its draft length holds up to ``batch - 1``)."""
+    high: int
+    """The concurrency above."""
+    batch: int
+    """The first batch size given the draft length of ``high``."""
+    basis: str
+    """``predicted`` (the performance prediction placed it) or ``next`` (at ``high``:
+    the prediction could not tell, or no batch size lies between)."""
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "low": self.low,
+            "high": self.high,
+            "batch": self.batch,
+            "basis": self.basis,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
 class DraftSchedule:
     """The draft length per concurrency, and the schedule the engine can take."""
 
@@ -175,6 +206,8 @@ class DraftSchedule:
     ruled_out: Mapping[int, str] = field(default_factory=dict)
     """Draft lengths of the sweep neither measured nor predicted, and why (failed, or
     skipped as not fitting in memory)."""
+    switches: tuple[Switch, ...] = ()
+    """Where the draft length changes between measured concurrencies."""
 
     @property
     def predicted(self) -> bool:
@@ -196,6 +229,7 @@ class DraftSchedule:
             "params": dict(self.params),
             "limits": list(self.limits),
             "ruled_out": {str(k): v for k, v in sorted(self.ruled_out.items())},
+            "switches": [w.to_dict() for w in self.switches],
         }
 
 
@@ -214,16 +248,24 @@ def _others(params: Mapping[str, Any], draft_param: str) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k != draft_param}
 
 
-def schedule_ranges(choices: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
+def schedule_ranges(
+    choices: Sequence[tuple[int, int]], starts: Mapping[int, int] | None = None
+) -> tuple[tuple[int, int, int], ...]:
     """``(concurrency, draft)`` pairs, in any order, as inclusive batch-size ranges:
-    each draft length from its concurrency up to the next one's, the first from batch
-    size 1, the last ending at its own concurrency (vLLM carries it to every larger
-    batch); neighbours with the same draft length merged."""
+    each draft length from the first batch size of its range (``starts``, by
+    concurrency; default the concurrency itself) up to the next range's, the first from
+    batch size 1, the last ending at its own concurrency (vLLM carries it to every
+    larger batch); neighbours with the same draft length merged."""
     ordered = sorted(choices)
+    first = dict(starts or {})
     out: list[tuple[int, int, int]] = []
     for i, (conc, draft) in enumerate(ordered):
-        start = 1 if i == 0 else conc
-        end = ordered[i + 1][0] - 1 if i + 1 < len(ordered) else conc
+        start = 1 if i == 0 else first.get(conc, conc)
+        if i + 1 < len(ordered):
+            following = ordered[i + 1][0]
+            end = first.get(following, following) - 1
+        else:
+            end = max(conc, start)
         if out and out[-1][2] == draft:
             out[-1] = (out[-1][0], end, draft)
         else:
@@ -508,8 +550,78 @@ def draft_schedule(
     if len(choices) < 2:
         return None
     metric = f"{workload}.<level>.{name}"
-    found = _schedule(form, draft_param, metric, direction, dict(winner.params), choices)
+    switches = _switches(data, draft_param, base, workload, name, direction, choices)
+    found = _schedule(form, draft_param, metric, direction, dict(winner.params), choices, switches)
     return dataclasses.replace(found, ruled_out=dict(group.ruled_out))
+
+
+def _shown(p: Prediction) -> str:
+    if p.low is None or p.high is None or p.value is None:
+        return "unknown"
+    return f"{p.value:.4g} ({p.low:.4g}..{p.high:.4g})"
+
+
+def _apart(a: Prediction, b: Prediction, direction: str) -> bool:
+    """Whether ``a``'s interval lies wholly past ``b``'s in the better direction."""
+    if a.low is None or a.high is None or b.low is None or b.high is None:
+        return False
+    return a.low > b.high if direction == "max" else a.high < b.low
+
+
+def _switches(
+    data: SweepData,
+    draft_param: str,
+    base: Mapping[str, Any],
+    workload: str,
+    name: str,
+    direction: str,
+    choices: Sequence[LevelChoice],
+) -> tuple[Switch, ...]:
+    """Between two measured concurrencies whose draft lengths differ, the first batch
+    size where the upper one's draft length is predicted at least as good as the lower
+    one's (the model's point estimates, only these two draft lengths compared); at the
+    upper concurrency when a prediction there is unknown."""
+    measured_levels = {f"{workload}.c{lv.concurrency}": float(lv.concurrency) for lv in choices}
+    out: list[Switch] = []
+    for a, b in itertools.pairwise(choices):
+        ka, kb = a.chosen.draft, b.chosen.draft
+        if ka == kb:
+            continue
+        gap = list(range(a.concurrency + 1, b.concurrency))
+        if not gap:
+            out.append(Switch(a.concurrency, b.concurrency, b.concurrency, "next"))
+            continue
+        metrics = [f"{workload}.c{x}.{name}" for x in gap]
+        concurrency = {**measured_levels, **{f"{workload}.c{x}": float(x) for x in gap}}
+        pa, pb = _predict(data, draft_param, base, [ka, kb], metrics, concurrency)
+        batch, basis, why = b.concurrency, "predicted", ""
+        for x, metric in zip(gap, metrics, strict=True):
+            va, vb = pa[metric].value, pb[metric].value
+            if va is None or vb is None:
+                batch, basis = b.concurrency, "next"
+                why = (
+                    f"the prediction cannot tell {draft_param}={ka} from {kb} at batch {x}: "
+                    f"c{a.concurrency}'s draft length holds up to c{b.concurrency}"
+                )
+                break
+            if vb == va or _better(vb, va, direction):
+                batch = x
+                apart = _apart(pb[metric], pa[metric], direction)
+                why = (
+                    f"at batch {x} {draft_param}={kb} is predicted {_shown(pb[metric])} "
+                    f"against {ka}'s {_shown(pa[metric])}: the point estimates cross there, "
+                    + ("their intervals apart" if apart else "their intervals overlap")
+                    + f" (batch sizes {a.concurrency + 1}-{b.concurrency - 1} were not "
+                    "measured: measure one to place the switch)"
+                )
+                break
+        else:
+            why = (
+                f"{draft_param}={ka} is predicted ahead of {kb} up to batch "
+                f"{b.concurrency - 1} (point estimates; not measured)"
+            )
+        out.append(Switch(a.concurrency, b.concurrency, batch, basis, why))
+    return tuple(out)
 
 
 def _schedule(
@@ -519,9 +631,11 @@ def _schedule(
     direction: str,
     best: Mapping[str, Any],
     choices: Sequence[LevelChoice],
+    switches: Sequence[Switch] = (),
 ) -> DraftSchedule:
     base = _others(best, draft_param)
-    ranges = schedule_ranges([(lv.concurrency, lv.chosen.draft) for lv in choices])
+    starts = {w.high: w.batch for w in switches}
+    ranges = schedule_ranges([(lv.concurrency, lv.chosen.draft) for lv in choices], starts)
     drafts = [r[2] for r in ranges]
     top = max(drafts)
     measured = ", ".join(f"c{lv.concurrency}" for lv in choices)
@@ -544,9 +658,10 @@ def _schedule(
         expressed = True
         params[form.schedule_param] = [list(r) for r in ranges]
         limits.append(
-            f"only {measured} were measured: a batch size between two of them keeps the "
-            "draft length of the one below, and every batch above the last keeps the "
-            "last's (vLLM carries a range's draft length forward)"
+            f"only {measured} were measured: where the draft length changes between two "
+            "of them the performance prediction places the switch (below), or it comes at "
+            "the upper one; every batch above the last keeps the last's (vLLM carries a "
+            "range's draft length forward)"
         )
         limits.append(
             "the schedule itself was never launched: each figure comes from a launch "
@@ -569,6 +684,9 @@ def _schedule(
             "a draft length marked predicted was never launched with these knobs: "
             "launch it before relying on it"
         )
+    for w in switches:
+        if w.why:
+            limits.append(f"switch c{w.low} -> c{w.high} at batch {w.batch}: {w.why}")
     return DraftSchedule(
         engine=form.engine,
         draft_param=draft_param,
@@ -581,4 +699,5 @@ def _schedule(
         expressed=expressed,
         params=params,
         limits=tuple(limits),
+        switches=tuple(switches),
     )
