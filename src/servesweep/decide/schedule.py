@@ -17,7 +17,8 @@ How it decides (also in docs/reports.md):
 2. At each level, the draft lengths measured there (trials ``ok``, the level reliable,
    its constraints at that level met) are ranked by their mean; those the leader does
    not beat beyond the uncertainty and the threshold
-   (:func:`servesweep.decide.uncertainty.margin`) are tied with it, and the shortest
+   (:func:`servesweep.decide.uncertainty.margin`, family-wise over the level's draft
+   lengths as ``best``'s tie set) are tied with it, and the shortest
    of them is chosen: it verifies fewer tokens per step (the cheaper, as elsewhere).
 3. Draft lengths of the sweep never measured with the winner's other knobs (skipped
    as predicted worse, or not run) are predicted (:func:`servesweep.decide.perf.predict`,
@@ -373,10 +374,11 @@ def choose_draft(
     why = ""
     if ranked:
         leader, lstats = ranked[0]
+        family = rules.for_ties(len(ranked))  # as best's tie set: family-wise
         together = [
             c
             for c, s in ranked
-            if c is leader or not margin(lstats, s, direction, rules, launch_sd).decisive
+            if c is leader or not margin(lstats, s, direction, family, launch_sd).decisive
         ]
         chosen = min(together, key=lambda c: c.draft)
         tied = tuple(sorted(c.draft for c in together if c is not chosen))
@@ -390,7 +392,7 @@ def choose_draft(
             runner, rstats = ranked[1]
             why = (
                 f"draft {chosen.draft} beats draft {runner.draft}: "
-                f"{margin(lstats, rstats, direction, rules, launch_sd).describe()}"
+                f"{margin(lstats, rstats, direction, family, launch_sd).describe()}"
             )
         else:
             why = f"draft {chosen.draft} is the only one measured"
