@@ -366,3 +366,19 @@ def test_without_a_prediction_between_two_concurrencies_the_switch_comes_at_the_
     assert (switch.batch, switch.basis) == (8, "next")
     assert "the prediction cannot tell" in switch.why
     assert schedule.ranges == ((1, 7, 4), (8, 8, 1))
+
+
+def test_the_switch_across_a_wide_gap_is_found_by_bisection() -> None:
+    def levels(d: int) -> list[LevelResult]:
+        return [
+            level("chat", name, r, output_throughput=_throughput(c, d) * f,
+                  acceptance_length=ACCEPT[d])
+            for r, f in enumerate((0.995, 1.0, 1.005))
+            for name, c in (("c1", 1), ("c256", 256))
+        ]  # fmt: skip
+
+    data = _data(levels_of={d: levels(d) for d in DRAFTS}, skipped=())
+    schedule = draft_schedule(data, find_best(data), VLLM)
+    assert schedule is not None
+    assert schedule.ranges == ((1, SWITCH - 1, 4), (SWITCH, 256, 1))
+    assert schedule.switches[0].basis == "predicted"

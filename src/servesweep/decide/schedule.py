@@ -29,13 +29,13 @@ How it decides (also in docs/reports.md):
 4. The schedule, levels in order of concurrency; the first range starts at batch size 1.
    Between two neighbouring levels whose draft lengths differ, nothing was measured:
    the switch goes to the first batch size where the upper level's draft length is
-   predicted at least as good as the lower one's (the two compared by the model's point
-   estimates, the note giving their intervals), or to the upper level's concurrency
-   where the prediction is unknown (:class:`Switch`). For vLLM: ``[[1, 4, 4], [5, 8,
-   1]]`` with ``num_speculative_tokens`` the largest (vLLM caps every entry at it and
-   carries the last range's draft length to every larger batch). An engine without a
-   schedule parameter takes one draft length for every batch: the result says so and
-   gives each level's own launch instead.
+   predicted at least as good as the lower one's (the two compared by the model's
+   point estimates, by bisection; the note gives their intervals), or to the upper
+   level's concurrency where the prediction is unknown (:class:`Switch`). For vLLM:
+   ``[[1, 4, 4], [5, 8, 1]]`` with ``num_speculative_tokens`` the largest (vLLM caps
+   every entry at it and carries the last range's draft length to every larger batch).
+   An engine without a schedule parameter takes one draft length for every batch: the
+   result says so and gives each level's own launch instead.
 
 What a schedule cannot say is listed with it (:attr:`DraftSchedule.limits`): batch sizes
 between two measured concurrencies were not measured; the schedule itself was never
@@ -582,47 +582,54 @@ def _switches(
     """Between two measured concurrencies whose draft lengths differ, the first batch
     size where the upper one's draft length is predicted at least as good as the lower
     one's (the model's point estimates, only these two draft lengths compared); at the
-    upper concurrency when a prediction there is unknown."""
+    upper concurrency when a prediction is unknown. Found by bisection, a prediction per
+    probe: the model's step time is linear in the batch, so the two cross once."""
     measured_levels = {f"{workload}.c{lv.concurrency}": float(lv.concurrency) for lv in choices}
     out: list[Switch] = []
     for a, b in itertools.pairwise(choices):
         ka, kb = a.chosen.draft, b.chosen.draft
         if ka == kb:
             continue
-        gap = list(range(a.concurrency + 1, b.concurrency))
-        if not gap:
-            out.append(Switch(a.concurrency, b.concurrency, b.concurrency, "next"))
-            continue
-        metrics = [f"{workload}.c{x}.{name}" for x in gap]
-        concurrency = {**measured_levels, **{f"{workload}.c{x}": float(x) for x in gap}}
-        pa, pb = _predict(data, draft_param, base, [ka, kb], metrics, concurrency)
-        batch, basis, why = b.concurrency, "predicted", ""
-        for x, metric in zip(gap, metrics, strict=True):
-            va, vb = pa[metric].value, pb[metric].value
-            if va is None or vb is None:
-                batch, basis = b.concurrency, "next"
-                why = (
-                    f"the prediction cannot tell {draft_param}={ka} from {kb} at batch {x}: "
-                    f"c{a.concurrency}'s draft length holds up to c{b.concurrency}"
-                )
-                break
-            if vb == va or _better(vb, va, direction):
-                batch = x
-                apart = _apart(pb[metric], pa[metric], direction)
-                why = (
-                    f"at batch {x} {draft_param}={kb} is predicted {_shown(pb[metric])} "
-                    f"against {ka}'s {_shown(pa[metric])}: the point estimates cross there, "
-                    + ("their intervals apart" if apart else "their intervals overlap")
-                    + f" (batch sizes {a.concurrency + 1}-{b.concurrency - 1} were not "
-                    "measured: measure one to place the switch)"
-                )
-                break
-        else:
-            why = (
-                f"{draft_param}={ka} is predicted ahead of {kb} up to batch "
-                f"{b.concurrency - 1} (point estimates; not measured)"
+        lo, hi = a.concurrency, b.concurrency  # ka holds at lo, kb at hi
+        crossed: tuple[Prediction, Prediction] | None = None
+        unknown: int | None = None
+        while hi - lo > 1:
+            x = (lo + hi) // 2
+            metric = f"{workload}.c{x}.{name}"
+            concurrency = {**measured_levels, f"{workload}.c{x}": float(x)}
+            pa, pb = (
+                p[metric]
+                for p in _predict(data, draft_param, base, [ka, kb], [metric], concurrency)
             )
-        out.append(Switch(a.concurrency, b.concurrency, batch, basis, why))
+            if pa.value is None or pb.value is None:
+                unknown = x
+                break
+            if pb.value == pa.value or _better(pb.value, pa.value, direction):
+                hi, crossed = x, (pa, pb)
+            else:
+                lo = x
+        gap = f"batch sizes {a.concurrency + 1}-{b.concurrency - 1} were not measured"
+        if b.concurrency - a.concurrency <= 1:
+            out.append(Switch(a.concurrency, b.concurrency, b.concurrency, "next"))
+        elif unknown is not None:
+            why = (
+                f"the prediction cannot tell {draft_param}={ka} from {kb} at batch {unknown}: "
+                f"c{a.concurrency}'s draft length holds up to c{b.concurrency} ({gap})"
+            )
+            out.append(Switch(a.concurrency, b.concurrency, b.concurrency, "next", why))
+        elif crossed is None:
+            why = f"{draft_param}={ka} is predicted ahead of {kb} up to batch {hi - 1} ({gap})"
+            out.append(Switch(a.concurrency, b.concurrency, hi, "predicted", why))
+        else:
+            pa, pb = crossed
+            apart = _apart(pb, pa, direction)
+            why = (
+                f"at batch {hi} {draft_param}={kb} is predicted {_shown(pb)} against {ka}'s "
+                f"{_shown(pa)}: the point estimates cross there, their intervals "
+                + ("apart" if apart else "overlap")
+                + f" ({gap}: measure one to place the switch)"
+            )
+            out.append(Switch(a.concurrency, b.concurrency, hi, "predicted", why))
     return tuple(out)
 
 
