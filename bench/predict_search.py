@@ -68,11 +68,10 @@ import search_variants as sv
 from landscape_memory import engine_memory
 
 from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
-from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
-from servesweep.records import TrialRecord
-from servesweep.search import Search, create_search, prune_reason
+from servesweep.models import Outcome, ServerConfig
+from servesweep.search import create_search
 
-Key = tuple[int, int, int]
+Key = se.Key
 OBJECTIVE = "chat.c8.output_throughput"
 CONSTRAINT = "chat.c1.ttft_p99_ms"
 THRESHOLD = 0.01
@@ -121,11 +120,6 @@ class Landscape:
     level: Callable[[str, Key, random.Random], dict[str, float]]
 
 
-def _classic_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
-    result = se._level(label, se.TRUTH[key], rng)
-    return dict(result.metrics)
-
-
 def _curves_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
     c, k = CONCURRENCY[label], key[2]
     metrics = {
@@ -152,7 +146,7 @@ def landscape(name: str) -> Landscape:
         drafts = tuple(ORIGINAL_SPEC)
         sv.use(name)
         truth = dict(se.TRUTH)
-        level = _classic_level
+        level = se.classic_level
     se.SPEC_TOKENS = list(drafts)
     se.TRUTH = truth
     se.BEST = max(t.throughput for t in truth.values() if t.feasible)
@@ -273,7 +267,9 @@ def run_policy(
         config = ServerConfig.of(_params(pick))
         gate.skip(config)  # the gate's last prediction, which learn() calibrates
         launched += 1
-        record, results, seconds = _trial(land, pruner, launched, config, gpu_s / se.GPUS, noise)
+        record, results, seconds = se.run_trial(
+            pruner, launched, config, gpu_s / se.GPUS, noise, land.level
+        )
         gpu_s += seconds * se.GPUS
         pruner.tell(record, results)
         if record.outcome is Outcome.FAILED:
@@ -311,54 +307,6 @@ def run_policy(
         misses,
         own,
     )
-
-
-def _trial(
-    land: Landscape,
-    pruner: Search,
-    seq: int,
-    config: ServerConfig,
-    clock: float,
-    rng: random.Random,
-) -> tuple[TrialRecord, list[LevelResult], float]:
-    """One trial as bench/search_efficiency.run_trial runs it, with the landscape's levels."""
-    key = se._key(config.params)
-    t = land.truth[key]
-    seconds = se.STOP_RELEASE_S
-    results: list[LevelResult] = []
-    outcome, failure, evidence = Outcome.OK, None, None
-    if t.oom:
-        seconds += se.OOM_AFTER_S
-        outcome, failure = Outcome.FAILED, FailureClass.START_CRASH
-        evidence = Evidence(message="CUDA out of memory while loading", reason="oom")
-    else:
-        seconds += se.LOAD_S
-        policy = pruner.prune_policy()
-        for index, (label, bench_s) in enumerate(se.LEVELS):
-            metrics = land.level(label, key, rng)
-            results.append(LevelResult(workload="chat", level=label, repeat=0, metrics=metrics))
-            seconds += bench_s
-            if index == len(se.LEVELS) - 1:
-                break
-            reason = prune_reason(policy, results)
-            if reason is not None:
-                outcome, evidence = Outcome.PRUNED, Evidence(message=reason)
-                break
-    record = TrialRecord(
-        id=seq,
-        sweep_id=1,
-        seq=seq,
-        fingerprint=config.fingerprint,
-        params=dict(config.params),
-        outcome=outcome,
-        failure_class=failure,
-        evidence=evidence,
-        attempts=1,
-        started_at=clock,
-        finished_at=clock + seconds,
-        gpus=tuple(range(se.GPUS)),
-    )
-    return record, results, seconds
 
 
 def drifted(land: Landscape) -> Landscape:
