@@ -161,15 +161,15 @@ def _level(label: str, t: Truth, rng: random.Random) -> LevelResult:
 
 
 Key = tuple[int, int, int]
-LevelFn = Callable[[str, Key, random.Random], dict[str, float]]
-"""A level's measured metrics: (level label, configuration key, noise) -> metrics."""
+LevelFn = Callable[[str, Key, random.Random], LevelResult]
+"""A level as measured: (level label, configuration key, noise) -> its result."""
 StopFn = Callable[[Sequence[LevelResult]], str | None]
 """An early stop beside the search's own (``prune_reason``): why to stop, or None."""
 
 
-def classic_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
+def classic_level(label: str, key: Key, rng: random.Random) -> LevelResult:
     """A level of the landscape in :data:`TRUTH` (this module's)."""
-    return dict(_level(label, TRUTH[key], rng).metrics)
+    return _level(label, TRUTH[key], rng)
 
 
 def run_trial(
@@ -198,8 +198,7 @@ def run_trial(
         seconds += LOAD_S
         policy = search.prune_policy()
         for index, (label, bench_s) in enumerate(LEVELS):
-            metrics = level(label, key, rng)
-            results.append(LevelResult(workload="chat", level=label, repeat=0, metrics=metrics))
+            results.append(level(label, key, rng))
             seconds += bench_s
             if index == len(LEVELS) - 1:
                 break
