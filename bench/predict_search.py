@@ -18,10 +18,20 @@ ms`` times a scheduling factor in ``max-num-seqs`` (best near 75) and a chunked-
 interference that falls with ``max-num-batched-tokens``; the TTFT at c1 grows with the
 batched tokens and the draft length (the constraint ``< 200 ms`` cuts the largest).
 Throughput at concurrency ``c`` is ``c * E[L](k) / T``. Levels report the acceptance
-length (1 % noise) as the engines' counters give it.
+length (1 % noise) and, as vLLM's and llama.cpp's counters give them, the accepted
+tokens per draft position over 2000 drafts (1 % noise each; ``--no-counters``: not).
 
-The policy ``predict`` (servesweep.decide.perf, told the draft parameter, the levels'
-concurrency, and that acceptance depends on the draft length only):
+``servesweep run`` (rows ``sweep``, :func:`run_sweep`): ``search.strategy: tpe`` with
+both gates as the driver places a trial: the memory gate, then the performance gate
+(``sweep/core/predict_gate.decide_launch`` on the predictions of every configuration
+not finished, with the trust the sweep earned), a skipped proposal told to the search
+as the driver tells it; when the search ends, the skipped configurations still open
+(``decide.perf.gate.still_open``) are launched, as the driver's last step does.
+
+The policy ``predict`` (a policy of this benchmark, not what ``servesweep run`` does:
+it chooses the next launch itself instead of gating a sampler's proposals;
+servesweep.decide.perf, told the draft parameter, the levels' concurrency, and that
+acceptance depends on the draft length only):
 
 - a configuration the memory gate predicts not to fit is skipped (as ``+predict``);
 - the first launch is a seeded random pick among the rest (nothing is predicted yet);
