@@ -18,10 +18,20 @@ ms`` times a scheduling factor in ``max-num-seqs`` (best near 75) and a chunked-
 interference that falls with ``max-num-batched-tokens``; the TTFT at c1 grows with the
 batched tokens and the draft length (the constraint ``< 200 ms`` cuts the largest).
 Throughput at concurrency ``c`` is ``c * E[L](k) / T``. Levels report the acceptance
-length (1 % noise) as the engines' counters give it.
+length (1 % noise) and, as vLLM's and llama.cpp's counters give them, the accepted
+tokens per draft position over 2000 drafts (1 % noise each; ``--no-counters``: not).
 
-The policy ``predict`` (servesweep.decide.perf, told the draft parameter, the levels'
-concurrency, and that acceptance depends on the draft length only):
+``servesweep run`` (rows ``sweep``, :func:`run_sweep`): ``search.strategy: tpe`` with
+both gates as the driver places a trial: the memory gate, then the performance gate
+(``sweep/core/predict_gate.decide_launch`` on the predictions of every configuration
+not finished, with the trust the sweep earned), a skipped proposal told to the search
+as the driver tells it; when the search ends, the skipped configurations still open
+(``decide.perf.gate.still_open``) are launched, as the driver's last step does.
+
+The policy ``predict`` (a policy of this benchmark, not what ``servesweep run`` does:
+it chooses the next launch itself instead of gating a sampler's proposals;
+servesweep.decide.perf, told the draft parameter, the levels' concurrency, and that
+acceptance depends on the draft length only):
 
 - a configuration the memory gate predicts not to fit is skipped (as ``+predict``);
 - the first launch is a seeded random pick among the rest (nothing is predicted yet);
@@ -49,6 +59,7 @@ Run:  .venv/bin/python bench/predict_search.py [--seeds 100] [--landscapes L,..]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -56,7 +67,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,11 +79,15 @@ import search_variants as sv
 from landscape_memory import engine_memory
 
 from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
-from servesweep.models import Evidence, FailureClass, LevelResult, Outcome, ServerConfig
+from servesweep.decide.perf.gate import still_open
+from servesweep.decide.perf.inputs import measured_of, perf_setting
+from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
-from servesweep.search import Search, create_search, prune_reason
+from servesweep.search import create_search, goal_of
+from servesweep.servers.engines import get_preset
+from servesweep.sweep.core.predict_gate import decide_launch, leader_of
 
-Key = tuple[int, int, int]
+Key = se.Key
 OBJECTIVE = "chat.c8.output_throughput"
 CONSTRAINT = "chat.c1.ttft_p99_ms"
 THRESHOLD = 0.01
@@ -80,6 +95,9 @@ CONCURRENCY = {"c1": 1, "c8": 8, "c32": 32}
 LATENCY = {"c1": 1.0, "c8": 1.4, "c32": 2.5}
 ACCEPTANCE_NOISE = 0.01
 ORIGINAL_SPEC = list(se.SPEC_TOKENS)
+COUNTERS = True
+"""Whether ``curves`` levels carry the engine's per-position acceptance counters, as
+vLLM's and llama.cpp's do (``--no-counters``: only the acceptance length)."""
 ORDER = "ucb"
 """What to launch when no predicted configuration beats the leader: ``ucb`` the
 predicted one whose interval reaches highest, then the unknown one nearest the leader;
@@ -118,24 +136,30 @@ class Landscape:
     name: str
     drafts: tuple[int, ...]
     truth: Mapping[Key, se.Truth]
-    level: Callable[[str, Key, random.Random], dict[str, float]]
+    level: se.LevelFn
 
 
-def _classic_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
-    result = se._level(label, se.TRUTH[key], rng)
-    return dict(result.metrics)
+DRAFTS_PER_LEVEL = 2000
+"""Drafts a ``curves`` level counts (its per-position counters' denominator)."""
 
 
-def _curves_level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
+def _curves_level(label: str, key: Key, rng: random.Random) -> LevelResult:
     c, k = CONCURRENCY[label], key[2]
     metrics = {
         "output_throughput": curves_throughput(c, key) * (1 + rng.gauss(0, se.THROUGHPUT_NOISE)),
         "ttft_p99_ms": curves_ttft(key) * LATENCY[label] * (1 + rng.gauss(0, se.LATENCY_NOISE)),
         "error_rate": 0.0,
     }
+    info: dict[str, Any] = {}
     if k:
         metrics["acceptance_length"] = curves_length(k) * (1 + rng.gauss(0, ACCEPTANCE_NOISE))
-    return metrics
+        if COUNTERS:
+            per_pos = [
+                DRAFTS_PER_LEVEL * curves_rate(i) * (1 + rng.gauss(0, ACCEPTANCE_NOISE))
+                for i in range(1, k + 1)
+            ]
+            info["spec_decode"] = {"drafts": DRAFTS_PER_LEVEL, "accepted_per_position": per_pos}
+    return LevelResult(workload="chat", level=label, repeat=0, metrics=metrics, info=info)
 
 
 def landscape(name: str) -> Landscape:
@@ -152,7 +176,7 @@ def landscape(name: str) -> Landscape:
         drafts = tuple(ORIGINAL_SPEC)
         sv.use(name)
         truth = dict(se.TRUTH)
-        level = _classic_level
+        level = se.classic_level
     se.SPEC_TOKENS = list(drafts)
     se.TRUTH = truth
     se.BEST = max(t.throughput for t in truth.values() if t.feasible)
@@ -273,15 +297,18 @@ def run_policy(
         config = ServerConfig.of(_params(pick))
         gate.skip(config)  # the gate's last prediction, which learn() calibrates
         launched += 1
-        record, results, seconds = _trial(land, pruner, launched, config, gpu_s / se.GPUS, noise)
+        record, results, seconds = se.run_trial(
+            pruner, launched, config, gpu_s / se.GPUS, noise, land.level
+        )
         gpu_s += seconds * se.GPUS
         pruner.tell(record, results)
         if record.outcome is Outcome.FAILED:
             oom += reached is None
             continue
         gate.learn(config)
-        metrics = {f"{r.workload}.{r.level}.{m}": v for r in results for m, v in r.metrics.items()}
-        measured.append(Measured(config.params, metrics))
+        trial = measured_of([(record, results)])[0]
+        metrics = dict(trial.metrics)
+        measured.append(trial)
         keys.append(pick)
         started = time.perf_counter()
         if forecast is not None:
@@ -313,52 +340,115 @@ def run_policy(
     )
 
 
-def _trial(
-    land: Landscape,
-    pruner: Search,
-    seq: int,
-    config: ServerConfig,
-    clock: float,
-    rng: random.Random,
-) -> tuple[TrialRecord, list[LevelResult], float]:
-    """One trial as bench/search_efficiency.run_trial runs it, with the landscape's levels."""
-    key = se._key(config.params)
-    t = land.truth[key]
-    seconds = se.STOP_RELEASE_S
-    results: list[LevelResult] = []
-    outcome, failure, evidence = Outcome.OK, None, None
-    if t.oom:
-        seconds += se.OOM_AFTER_S
-        outcome, failure = Outcome.FAILED, FailureClass.START_CRASH
-        evidence = Evidence(message="CUDA out of memory while loading", reason="oom")
-    else:
-        seconds += se.LOAD_S
-        policy = pruner.prune_policy()
-        for index, (label, bench_s) in enumerate(se.LEVELS):
-            metrics = land.level(label, key, rng)
-            results.append(LevelResult(workload="chat", level=label, repeat=0, metrics=metrics))
-            seconds += bench_s
-            if index == len(se.LEVELS) - 1:
-                break
-            reason = prune_reason(policy, results)
-            if reason is not None:
-                outcome, evidence = Outcome.PRUNED, Evidence(message=reason)
-                break
-    record = TrialRecord(
-        id=seq,
-        sweep_id=1,
-        seq=seq,
-        fingerprint=config.fingerprint,
-        params=dict(config.params),
-        outcome=outcome,
-        failure_class=failure,
-        evidence=evidence,
-        attempts=1,
-        started_at=clock,
-        finished_at=clock + seconds,
-        gpus=tuple(range(se.GPUS)),
+def run_sweep(land: Landscape, seed: int) -> Run:
+    """``servesweep run`` with ``search.strategy: tpe`` on ``land``: each proposal
+    through the memory gate and then the performance gate (``sweep/core/predict_gate``'s
+    :func:`decide_launch`, on the predictions of every configuration not finished yet,
+    with the sweep's trust), a skip told to the search as the driver tells it; after the
+    search ends, the skipped configurations still open (``decide.perf.gate.still_open``)
+    are launched, as the driver's last step does."""
+    spec = se.sweep_spec("tpe", seed)
+    search = create_search(spec, [])
+    memory = se.Predictor(spec)
+    goal = goal_of(spec)
+    setting = perf_setting(spec, get_preset(spec.server.engine).draft_length_param)
+    noise = random.Random(f"noise:{seed}")
+    history: list[tuple[TrialRecord, list[LevelResult]]] = []
+    finished: set[Key] = set()
+    skipped: dict[Key, TrialRecord] = {}
+    trust = Trust()
+    gpu_s = own = 0.0
+    reached: tuple[float, int] | None = None
+    launched = oom = misses = 0
+
+    def launch(seq: int, config: ServerConfig, made: Mapping[str, Prediction] | None) -> None:
+        nonlocal gpu_s, own, reached, launched, oom, misses, trust
+        key = se._key(config.params)
+        launched += 1
+        record, results, seconds = se.run_trial(
+            search, seq, config, gpu_s / se.GPUS, noise, land.level
+        )
+        gpu_s += seconds * se.GPUS
+        search.tell(record, results)
+        history.append((record, results))
+        finished.add(key)
+        if record.outcome is Outcome.FAILED:
+            oom += reached is None
+            return
+        memory.learn(config)
+        started = time.perf_counter()
+        measured = measured_of([(record, results)])
+        if made is not None and measured:
+            for metric, p in made.items():
+                if metric in measured[0].metrics:
+                    widened = verify(trust, p, measured[0].metrics[metric])
+                    misses += metric == OBJECTIVE and widened != trust
+                    trust = widened
+        own += time.perf_counter() - started
+        if record.outcome is Outcome.OK and key in se.NEAR_BEST and reached is None:
+            reached = (gpu_s / 3600, launched)
+
+    def predictions(first: Mapping[str, Any]) -> list[dict[str, Prediction]]:
+        others = [_params(k) for k in land.truth if k not in finished and _params(k) != first]
+        return predict(setting, [dict(first), *others], measured_of(history), (), trust)
+
+    for seq in itertools.count(1):
+        started = time.perf_counter()
+        config = search.ask()
+        own += time.perf_counter() - started
+        if config is None:
+            break
+        key = se._key(config.params)
+        evidence = memory.skip(config)
+        if evidence is not None:
+            record = se._skipped(seq, config, evidence, gpu_s / se.GPUS)
+            search.tell(record, [])
+            history.append((record, []))
+            finished.add(key)
+            continue
+        started = time.perf_counter()
+        made = predictions(config.params)
+        leader = leader_of(goal, history)
+        evidence = decide_launch(made, goal, leader, spec.decision.threshold, str(key))
+        own += time.perf_counter() - started
+        if evidence is not None:
+            record = se._skipped(seq, config, evidence, gpu_s / se.GPUS)
+            search.tell(record, [])
+            history.append((record, []))
+            finished.add(key)
+            skipped[key] = record
+            continue
+        launch(seq, config, made[0])
+    while True:  # the driver's last step: launch what is still open
+        started = time.perf_counter()
+        leader = leader_of(goal, history)
+        reopen = [
+            record
+            for record in skipped.values()
+            if still_open(predictions(record.params)[0], leader, goal.constraints)
+        ]
+        own += time.perf_counter() - started
+        if not reopen:
+            break
+        for record in reopen:
+            del skipped[se._key(record.params)]
+            config = ServerConfig.of(record.params)
+            if memory.skip(config) is None:
+                launch(record.seq, config, predictions(record.params)[0])
+    leader = leader_of(goal, history)
+    ran = {r.id: r for r, _ in history if r.outcome is Outcome.OK}
+    wrong = leader is None or se._key(ran[leader.trial].params) not in se.NEAR_BEST
+    return Run(
+        seed,
+        reached[0] if reached else None,
+        reached[1] if reached else None,
+        launched,
+        gpu_s / 3600,
+        wrong,
+        oom,
+        misses,
+        own,
     )
-    return record, results, seconds
 
 
 def drifted(land: Landscape) -> Landscape:
@@ -366,11 +456,12 @@ def drifted(land: Landscape) -> Landscape:
     smallest ``max-num-seqs`` to 5 % higher at the largest, the TTFT 5 % higher."""
 
     def level(label: str, key: Key, rng: random.Random) -> dict[str, float]:
-        metrics = land.level(label, key, rng)
+        result = land.level(label, key, rng)
         drift = 1 + 0.1 * (_position(key, land)[0] - 0.5)
+        metrics = dict(result.metrics)
         metrics["output_throughput"] *= drift
         metrics["ttft_p99_ms"] *= 1.05
-        return metrics
+        return dataclasses.replace(result, metrics=metrics)
 
     return Landscape(f"{land.name} (earlier)", land.drafts, land.truth, level)
 
@@ -415,7 +506,9 @@ def compare(name: str, seeds: int) -> dict[str, Any]:
     grid = se.run_search("grid", 0, predict=True, predict_mode="skip")
     tpe = [se.run_search("tpe", seed, predict=True) for seed in range(seeds)]
     runs = [run_policy(land, seed) for seed in range(seeds)]
+    sweeps = [run_sweep(land, seed) for seed in range(seeds)]
     hours = _hours([r.gpu_hours for r in runs])
+    sweep_hours = _hours([r.gpu_hours for r in sweeps])
     tpe_hours = _hours([r.gpu_hours for r in tpe])
     return {
         "landscape": name,
@@ -440,7 +533,18 @@ def compare(name: str, seeds: int) -> dict[str, Any]:
         "ms_per_launch": 1000
         * sum(r.seconds for r in runs)
         / max(1, sum(r.launched for r in runs)),
+        "sweep_median": statistics.median(sweep_hours) / full,
+        "sweep_p90": _pct(sweep_hours, 0.9) / full,
+        "sweep_total_median": statistics.median(r.total_gpu_hours for r in sweeps) / full,
+        "sweep_launched_median": statistics.median(r.launched for r in sweeps),
+        "sweep_wrong_winners": sum(r.wrong_winner for r in sweeps) / len(sweeps),
+        "sweep_oom_started_median": statistics.median(r.oom_started for r in sweeps),
+        "sweep_oom_started_max": max(r.oom_started for r in sweeps),
+        "sweep_ms_per_launch": 1000
+        * sum(r.seconds for r in sweeps)
+        / max(1, sum(r.launched for r in sweeps)),
         "runs": [asdict(r) for r in runs],
+        "sweep_runs": [asdict(r) for r in sweeps],
     }
 
 
@@ -490,6 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--order", choices=("ucb", "near", "far"), default="ucb")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--no-counters",
+        action="store_true",
+        help="curves levels without the engine's per-position acceptance counters",
+    )
+    parser.add_argument(
         "--warm",
         action="store_true",
         help="only the policy started warm from an earlier sweep of a drifted landscape",
@@ -498,6 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--h100", action="store_true", help="only the H100 draft-length figures, predicted"
     )
     args = parser.parse_args(argv)
+    global COUNTERS
+    COUNTERS = not args.no_counters
     if args.warm:
         print(
             f"{'landscape':<14} {'warm p50':>8} {'p90':>6} {'to its end p50':>14} "
@@ -528,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'landscape':<14} {'configs':>7} {'grid':>6} {'tpe+predict p50':>15} {'p90':>6} "
         f"{'predict p50':>11} {'p90':>6} {'to its end p50':>14} {'launches p50':>12} "
         f"{'wrong winners':>13} {'never':>5} {'OOM started p50':>15} {'max':>4} "
-        f"{'misses/run':>10} {'ms/launch':>9}"
+        f"{'misses/run':>10} {'ms/launch':>9} | {'sweep p50':>9} {'p90':>6} {'to its end':>10} "
+        f"{'launches':>8} {'wrong':>5} {'OOM p50':>7} {'max':>4} {'ms/launch':>9}"
     )
     for r in rows:
         print(
@@ -537,7 +649,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['predict_p90']:>6.1%} {r['predict_total_median']:>14.1%} "
             f"{r['predict_launched_median']:>12g} {r['wrong_winners']:>13.0%} {r['never']:>5} "
             f"{r['oom_started_median']:>15g} {r['oom_started_max']:>4} "
-            f"{r['misses_per_run']:>10.2f} {r['ms_per_launch']:>9.1f}"
+            f"{r['misses_per_run']:>10.2f} {r['ms_per_launch']:>9.1f} | "
+            f"{r['sweep_median']:>9.1%} {r['sweep_p90']:>6.1%} {r['sweep_total_median']:>10.1%} "
+            f"{r['sweep_launched_median']:>8g} {r['sweep_wrong_winners']:>5.0%} "
+            f"{r['sweep_oom_started_median']:>7g} {r['sweep_oom_started_max']:>4} "
+            f"{r['sweep_ms_per_launch']:>9.1f}"
         )
     return 0
 

@@ -56,7 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -160,11 +160,33 @@ def _level(label: str, t: Truth, rng: random.Random) -> LevelResult:
     return LevelResult(workload="chat", level=label, repeat=0, metrics=metrics)
 
 
+Key = tuple[int, int, int]
+LevelFn = Callable[[str, Key, random.Random], LevelResult]
+"""A level as measured: (level label, configuration key, noise) -> its result."""
+StopFn = Callable[[Sequence[LevelResult]], str | None]
+"""An early stop beside the search's own (``prune_reason``): why to stop, or None."""
+
+
+def classic_level(label: str, key: Key, rng: random.Random) -> LevelResult:
+    """A level of the landscape in :data:`TRUTH` (this module's)."""
+    return _level(label, TRUTH[key], rng)
+
+
 def run_trial(
-    search: Search, seq: int, config: ServerConfig, clock: float, rng: random.Random
+    search: Search,
+    seq: int,
+    config: ServerConfig,
+    clock: float,
+    rng: random.Random,
+    level: LevelFn = classic_level,
+    stop: StopFn | None = None,
 ) -> tuple[TrialRecord, list[LevelResult], float]:
-    """One trial as a slot would run it: (record, results, seconds it held the GPUs)."""
-    t = TRUTH[_key(config.params)]
+    """One trial as a slot would run it: (record, results, seconds it held the GPUs).
+
+    Its levels are ``level``'s (the landscape in :data:`TRUTH` by default); after each
+    level but the last, the search's early stop and then ``stop`` may end it."""
+    key = _key(config.params)
+    t = TRUTH[key]
     seconds = STOP_RELEASE_S
     results: list[LevelResult] = []
     outcome, failure, evidence = Outcome.OK, None, None
@@ -176,11 +198,13 @@ def run_trial(
         seconds += LOAD_S
         policy = search.prune_policy()
         for index, (label, bench_s) in enumerate(LEVELS):
-            results.append(_level(label, t, rng))
+            results.append(level(label, key, rng))
             seconds += bench_s
             if index == len(LEVELS) - 1:
                 break
             reason = prune_reason(policy, results)
+            if reason is None and stop is not None:
+                reason = stop(results)
             if reason is not None:
                 outcome, evidence = Outcome.PRUNED, Evidence(message=reason)
                 break

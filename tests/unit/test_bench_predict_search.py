@@ -64,3 +64,26 @@ def test_a_warm_start_from_a_drifted_earlier_sweep(bench: ModuleType) -> None:
     # the earlier trials predict the configurations: no random first launch, and the
     # best is reached with fewer GPU-hours than the earlier sweep needed from cold
     assert run.gpu_hours < first.gpu_hours
+
+
+def test_servesweep_runs_tpe_through_both_gates_to_the_best(bench: ModuleType) -> None:
+    land = bench.landscape("original")
+    full = bench.se.grid_cost()
+    run = bench.run_sweep(land, 0)
+    assert run.gpu_hours is not None and run.restarts is not None
+    assert run.gpu_hours <= run.total_gpu_hours < full
+    assert run.restarts <= run.launched <= len(land.truth)
+    assert not run.wrong_winner
+
+
+def test_curves_levels_carry_the_engines_per_position_counters(bench: ModuleType) -> None:
+    import random
+
+    from servesweep.decide.perf.inputs import level_rates
+
+    bench.landscape("curves")
+    result = bench._curves_level("c8", (64, 8192, 4), random.Random(0))
+    rates = level_rates(result.info)
+    assert len(rates) == 4
+    assert rates == pytest.approx([bench.curves_rate(i) for i in range(1, 5)], rel=0.05)
+    assert bench._curves_level("c8", (64, 8192, 0), random.Random(0)).info == {}

@@ -182,3 +182,43 @@ def test_the_per_position_counters_are_read_and_differenced_around_a_level() -> 
     assert length == pytest.approx(1 + 144 / 100)
     assert detail["accepted_per_position"] == pytest.approx([80.0, 44.0, 20.0])
     assert level_rates({"spec_decode": detail}) == pytest.approx((0.8, 0.44, 0.2))
+
+
+def _trial(
+    id: int, outcome: Outcome, value: float, ttft: float
+) -> tuple[TrialRecord, list[LevelResult]]:
+    record = TrialRecord(
+        id=id, sweep_id=1, seq=id, fingerprint=f"f{id}", params={"budget": id}, outcome=outcome
+    )
+    metrics = {"output_throughput": value, "ttft_p50_ms": ttft}
+    return record, [LevelResult(workload="chat", level="c1", repeat=0, metrics=metrics)]
+
+
+def test_the_leader_is_the_best_complete_feasible_trial() -> None:
+    from servesweep.sweep.core.predict_gate import leader_of
+
+    ttft = "chat.c1.ttft_p50_ms"
+    objective = (MetricRef("chat", "c1", "output_throughput", M), "max")
+    goal = Goal((objective,), (parse_constraint(f"{ttft} < 50"),))
+    history = [
+        _trial(1, Outcome.OK, 100.0, 20.0),
+        _trial(2, Outcome.OK, 150.0, 80.0),  # too slow: infeasible
+        _trial(3, Outcome.PRUNED, 140.0, 20.0),  # stopped early: not complete
+        _trial(4, Outcome.OK, 120.0, 30.0),
+    ]
+    assert leader_of(goal, history) == Leader(M, "max", 120.0, 4)
+    assert leader_of(goal, history[1:3]) is None
+    assert leader_of(Goal((objective, objective)), history) is None  # several objectives
+
+
+def test_a_proposal_is_skipped_when_beaten_unless_it_is_the_predicted_best() -> None:
+    from servesweep.sweep.core.predict_gate import decide_launch
+
+    goal = Goal(((MetricRef("chat", "c1", "output_throughput", M), "max"),))
+    worse, better = {M: _p(80.0, 75.0, 85.0)}, {M: _p(98.0, 90.0, 110.0)}
+    evidence = decide_launch([worse, better], goal, LEADER, 0.01, "budget=8")
+    assert evidence is not None and evidence.reason == PREDICTED_WORSE
+    assert decide_launch([better, worse], goal, LEADER, 0.01, "x") is None  # can still win
+    # the predicted best is launched even when the leader beats its whole interval
+    assert decide_launch([worse, {M: _p(70.0, 65.0, 75.0)}], goal, LEADER, 0.01, "x") is None
+    assert decide_launch([worse, better], goal, None, 0.01, "x") is None  # no leader yet

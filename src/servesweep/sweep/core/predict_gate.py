@@ -39,8 +39,8 @@ from servesweep.decide.perf.gate import (
     still_open,
 )
 from servesweep.decide.perf.inputs import History, measured_of, perf_setting
-from servesweep.decide.verdict import VerdictKind, judge
-from servesweep.models import Outcome
+from servesweep.decide.verdict import Goal, VerdictKind, judge
+from servesweep.models import Evidence, Outcome
 from servesweep.search.base import goal_of
 from servesweep.servers.engines import get_preset
 from servesweep.spec.schema import SweepSpec
@@ -49,7 +49,7 @@ from servesweep.spec.space import build_space
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.events import Fact, TrialFinished
 
-__all__ = ["PerformanceChecked", "PredictGate"]
+__all__ = ["PerformanceChecked", "PredictGate", "decide_launch", "leader_of"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,46 @@ class PerformanceChecked(Fact):
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)
+
+
+def leader_of(goal: Goal, history: History) -> Leader | None:
+    """The best feasible measured value of the sweep's one objective (None: none yet,
+    or several objectives)."""
+    if len(goal.objectives) != 1:
+        return None
+    ref, direction = goal.objectives[0]
+    best: Leader | None = None
+    for trial, results in history:
+        verdict = judge(goal, trial, results)
+        value = verdict.values[0]
+        if verdict.kind is not VerdictKind.COMPLETE or not verdict.feasible or value is None:
+            continue
+        if best is None or (value > best.value if direction == "max" else value < best.value):
+            best = Leader(ref.key, direction, value, trial.id)
+    return best
+
+
+def decide_launch(
+    predictions: Sequence[Mapping[str, Prediction]],
+    goal: Goal,
+    leader: Leader | None,
+    threshold: float,
+    label: str,
+) -> Evidence | None:
+    """Whether the configuration whose predictions are ``predictions[0]`` (the others:
+    the sweep's configurations not measured yet) is worth a launch: None, or the
+    evidence of its skip (:func:`~servesweep.decide.perf.gate.skip_evidence`; the
+    predicted best among them all is always launched)."""
+    ref, direction = goal.objectives[0]
+    best = predicted_best(predictions, ref.key, direction, goal.constraints)
+    return skip_evidence(
+        label,
+        predictions[0],
+        leader,
+        threshold,
+        goal.constraints,
+        is_predicted_best=best == 0,
+    )
 
 
 class PredictGate:
@@ -108,18 +148,7 @@ class PredictGate:
         return trust
 
     def _leader(self, history: History) -> Leader | None:
-        if len(self.goal.objectives) != 1:
-            return None
-        ref, direction = self.goal.objectives[0]
-        best: Leader | None = None
-        for trial, results in history:
-            verdict = judge(self.goal, trial, results)
-            value = verdict.values[0]
-            if verdict.kind is not VerdictKind.COMPLETE or not verdict.feasible or value is None:
-                continue
-            if best is None or (value > best.value if direction == "max" else value < best.value):
-                best = Leader(ref.key, direction, value, trial.id)
-        return best
+        return leader_of(self.goal, history)
 
     def _predict(
         self, configs: Sequence[Mapping[str, Any]], history: History
@@ -141,15 +170,12 @@ class PredictGate:
         self._made[trial.id] = mine
         if not self.skips or trial.id in self.forced:
             return None
-        ref, direction = self.goal.objectives[0]
-        best = predicted_best(predictions, ref.key, direction, self.goal.constraints)
-        evidence = skip_evidence(
-            params_label(trial.params),
-            mine,
+        evidence = decide_launch(
+            predictions,
+            self.goal,
             self._leader(history),
             self.threshold,
-            self.goal.constraints,
-            is_predicted_best=best == 0,
+            params_label(trial.params),
         )
         if evidence is None:
             return None
