@@ -24,9 +24,12 @@ The presets, sized for a shared 2-core CPU:
 
 - ``llama``: llama-server (``~/.cache/servesweep/llama-server/*/llama-server`` or
   ``$LLAMA_SERVER_BIN``) serving Qwen2.5-Coder-1.5B-Instruct with the 0.5B as its draft
-  (``dev/fetch-models.sh``), two threads, ``spec-draft-n-max`` 1/2/4/6/8 x
+  (``dev/fetch-models.sh``), one thread, ``spec-draft-n-max`` 1/2/4/8 x
   ``spec-draft-p-min`` 0.0/0.8 and the no-draft baseline; builtin:coding at
-  concurrency 1, 4 requests of up to 96 tokens;
+  concurrency 1, 3 requests of up to 48 tokens (one thread: with two, on a CPU shared
+  with other work, a thread that loses its core leaves the other waiting at each of
+  llama.cpp's barriers; measured 0.29 tokens/s with two against 1.7 with one, at a
+  load average of 11-15);
 - ``vllm``: vLLM's CPU build (``.venv-vllm``) serving SmolLM2-135M-Instruct (its Hugging
   Face folder, made by tests/helpers/hf_from_gguf.py) with ngram speculation,
   ``num_speculative_tokens`` 1/2/4/6 x ``prompt_lookup_max`` 3/5 and the baseline; a
@@ -37,6 +40,11 @@ Run:  .venv/bin/python bench/predict_real.py --preset llama --dir /tmp/pr-llama
       .venv/bin/python bench/predict_real.py --preset vllm --dir /tmp/pr-vllm
       .venv/bin/python bench/predict_real.py SWEEP.yaml --dir DIR   # any sweep file
       .venv/bin/python bench/predict_real.py --dir DIR --table      # the tables again
+      .venv/bin/python bench/predict_real.py --dir DIR --replay     # see below
+
+``--replay`` predicts every configuration the search did not launch from the trials it
+launched, with the predictor installed now (and the trust the launches' misses gave):
+to compare two versions of the predictor on the same measurements.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from typing import Any
 
 import yaml
 
+from servesweep.decide.perf import predict
 from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.decide.perf.inputs import measured_of
 from servesweep.models import Outcome
@@ -64,6 +73,7 @@ from servesweep.search.base import goal_of
 from servesweep.spec.load import load_sweep
 from servesweep.spec.slots import params_label
 from servesweep.store import open_store
+from servesweep.sweep.core.predict_gate import PredictGate
 
 REPO = Path(__file__).resolve().parents[1]
 SERVESWEEP = [sys.executable, "-m", "servesweep.cli.main"]
@@ -117,14 +127,14 @@ def _llama_preset(folder: Path) -> dict[str, Any]:
             "model": str(target),
             "port": 8191,
             "gpu_backend": "none",
-            "args": {"threads": 2, "ctx-size": 2048, "parallel": 1, "alias": "qwen2.5-coder"},
-            "timeouts": {"stop": "10s", "ready": "3m", "request": "180s"},
+            "args": {"threads": 1, "ctx-size": 2048, "parallel": 1, "alias": "qwen2.5-coder"},
+            "timeouts": {"stop": "10s", "ready": "5m", "request": "300s"},
         },
         "params": {
             "grid": {
                 "spec-type": ["draft-simple"],
                 "spec-draft-model": [str(draft)],
-                "spec-draft-n-max": [1, 2, 4, 6, 8],
+                "spec-draft-n-max": [1, 2, 4, 8],
                 "spec-draft-p-min": [0.0, 0.8],
             },
             "points": [{}],
@@ -134,9 +144,9 @@ def _llama_preset(folder: Path) -> dict[str, Any]:
                 "name": "coding",
                 "dataset": "builtin:coding",
                 "concurrency": [1],
-                "requests": 4,
-                "max_tokens": 96,
-                "warmup": 1,
+                "requests": 3,
+                "max_tokens": 48,
+                "warmup": 0,
             }
         ],
         "objective": {"maximize": "coding.c1.output_throughput"},
@@ -360,6 +370,33 @@ def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _fmt(v: Any, spec: str = ".4g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _table(title: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = [
+        f"\n{title}:",
+        "| # | configuration | basis | predicted | interval | measured | error | inside |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        interval = f"{r['low']:.4g}-{r['high']:.4g}" if r["low"] is not None else "unknown"
+        inside = "-" if r["inside"] is None else ("yes" if r["inside"] else "**no**")
+        lines.append(
+            f"| {r['trial']} | {r['config']} | {r['basis']} | {_fmt(r['predicted'])} | "
+            f"{interval} | {_fmt(r['measured'])} | {_fmt(r['error'], '+.1%')} | {inside} |"
+        )
+    s = _summary(rows)
+    lines.append(
+        f"summary: {s['configurations']} configurations, median |error| "
+        f"{_fmt(s['median_abs_error'], '.1%')}, max {_fmt(s['max_abs_error'], '.1%')}, "
+        f"{s['within_10pct']}/{s['with_error']} within 10 %, inside the interval "
+        f"{s['inside']}/{s['configurations']}"
+    )
+    return lines
+
+
 def tables(doc: Mapping[str, Any]) -> str:
     measured = doc["measured"]
     skipped_rows = [
@@ -371,34 +408,13 @@ def tables(doc: Mapping[str, Any]) -> str:
         for tid, m in measured.items()
         if m["launch_prediction"] is not None and tid not in doc["skipped"]
     ]
-
-    def fmt(v: Any, spec: str = ".4g") -> str:
-        return "-" if v is None else format(v, spec)
-
-    lines = []
-    for title, rows in (
-        ("skipped by the prediction, then measured", skipped_rows),
-        ("launched by the search (predicted when placed)", launched_rows),
-    ):
-        lines += [
-            f"\n{title} ({doc['objective']}):",
-            "| # | configuration | basis | predicted | interval | measured | error | inside |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rows:
-            interval = f"{r['low']:.4g}-{r['high']:.4g}" if r["low"] is not None else "unknown"
-            inside = "-" if r["inside"] is None else ("yes" if r["inside"] else "**no**")
-            lines.append(
-                f"| {r['trial']} | {r['config']} | {r['basis']} | {fmt(r['predicted'])} | "
-                f"{interval} | {fmt(r['measured'])} | {fmt(r['error'], '+.1%')} | {inside} |"
-            )
-        s = _summary(rows)
-        lines.append(
-            f"summary: {s['configurations']} configurations, median |error| "
-            f"{fmt(s['median_abs_error'], '.1%')}, max {fmt(s['max_abs_error'], '.1%')}, "
-            f"{s['within_10pct']}/{s['with_error']} within 10 %, inside the interval "
-            f"{s['inside']}/{s['configurations']}"
-        )
+    objective = doc["objective"]
+    lines = _table(f"skipped by the prediction, then measured ({objective})", skipped_rows)
+    lines += _table(f"launched by the search, predicted when placed ({objective})", launched_rows)
+    lines.append("\nmeasured (every configuration, after both runs):")
+    for tid, m in measured.items():
+        acc = ", ".join(f"{k} {v:.2f}" for k, v in m["acceptance_length"].items())
+        lines.append(f"  #{tid} {params_label(m['params'])}: {_fmt(m['measured'])} {acc}")
     for key in ("predict_run", "full_run"):
         run = doc.get(key)
         if run:
@@ -408,12 +424,38 @@ def tables(doc: Mapping[str, Any]) -> str:
                 f"load average (1 min) {load['min']:.2f}-{load['max']:.2f}, "
                 f"median {load['median']:.2f}"
             )
-    doc_rows = {"skipped": skipped_rows, "launched": launched_rows}
-    return (
-        "\n".join(lines)
-        + "\n"
-        + json.dumps({k: _summary(v) for k, v in doc_rows.items()}, indent=None)
+    return "\n".join(lines)
+
+
+def replay(folder: Path) -> str:
+    """Every configuration the search did not launch, predicted by the installed
+    predictor from the trials the search launched (with the trust their misses gave):
+    two predictor versions compared on the same measurements."""
+    doc = json.loads((folder / "predict_real.json").read_text())
+    spec = load_sweep(Path(doc["sweep"])).spec
+    objective = doc["objective"]
+    store = open_store(Path(spec.store) if spec.store else folder / "sweep.db", readonly=True)
+    sweep = store.latest_sweep(spec.name)
+    if sweep is None:
+        sys.exit(f"no sweep {spec.name} in the store")
+    launched = {int(t) for t, m in doc["after_predict"].items() if m["outcome"] in ("ok", "pruned")}
+    gate = PredictGate(spec, store, sweep, enabled=True)
+    trials = store.trials(sweep.id)
+    history = [(t, store.results(t.id, with_samples=False)) for t in trials if t.id in launched]
+    others = [t for t in trials if t.id not in launched]
+    got = predict(
+        gate.setting, [dict(t.params) for t in others], measured_of(history), (), gate.trust
     )
+    rows = [
+        _row(t.id, t.params, p[objective].to_json(), doc["measured"][str(t.id)]["measured"])
+        for t, p in zip(others, got, strict=True)
+    ]
+    widen = ", ".join(f"{m} x{f:.3g}" for m, f in gate.trust.widen.items()) or "none"
+    title = (
+        f"not launched by the search, predicted from its {len(history)} launches "
+        f"(trust widened: {widen}) ({objective})"
+    )
+    return "\n".join(_table(title, rows)) + "\n" + json.dumps(_summary(rows))
 
 
 def main() -> None:
@@ -422,11 +464,19 @@ def main() -> None:
     parser.add_argument("--preset", choices=("llama", "vllm"))
     parser.add_argument("--dir", type=Path, required=True, help="where everything is kept")
     parser.add_argument("--table", action="store_true", help="print the kept tables again")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="predict what the search did not launch from what it did, with this predictor",
+    )
     args = parser.parse_args()
     folder: Path = args.dir.resolve()
     out = folder / "predict_real.json"
     if args.table:
         print(tables(json.loads(out.read_text())))
+        return
+    if args.replay:
+        print(replay(folder))
         return
     folder.mkdir(parents=True, exist_ok=True)
     if args.preset:
