@@ -100,6 +100,26 @@ def test_per_position_counters_give_the_acceptance_without_fitting() -> None:
     assert from_rates["chat.c1.output_throughput"].basis == "speculative"
 
 
+def test_past_the_counted_positions_the_acceptance_is_an_interval() -> None:
+    # counters of draft length 2 (cumulative rates 0.9, 0.8): exact up to 2; at 8 the
+    # later positions were never drafted, their rates not known
+    setting = Setting(
+        metrics=("chat.c1.acceptance_length",), draft_param=DRAFT, concurrency={"chat.c1": 1}
+    )
+    counted = Measured({DRAFT: 2}, {"chat.c1.acceptance_length": 2.7}, {"chat.c1": (0.9, 0.8)})
+    near, far = (
+        got["chat.c1.acceptance_length"]
+        for got in predict(setting, [{DRAFT: 2}, {DRAFT: 8}], [counted])
+    )
+    assert near.basis == "measured" and near.value == 2.7
+    assert far.low is not None and far.high is not None and far.value is not None
+    # the last conditional rate (0.8 / 0.9) kept is the value and the top; a rate that
+    # falls by half per position the bottom: 1 + 0.9 + 0.8 + 0.8 * (0.89 / 2) + ...
+    kept = 1 + 0.9 + 0.8 * sum((0.8 / 0.9) ** j for j in range(7))
+    assert far.value == pytest.approx(kept) and far.high == pytest.approx(kept)
+    assert 2.7 < far.low < 3.3 and far.high - far.low > 1.5
+
+
 PMIN = "spec_draft_p_min"
 DRAFTER = Setting(
     metrics=("coding.c1.acceptance_length", "coding.c1.output_throughput"),
