@@ -43,13 +43,15 @@ Run:  .venv/bin/python bench/predict_real.py --preset llama --dir /tmp/pr-llama
       .venv/bin/python bench/predict_real.py --dir DIR --replay     # see below
 
 ``--replay`` predicts every configuration the search did not launch from the trials it
-launched, with the predictor installed now (and the trust the launches' misses gave):
-to compare two versions of the predictor on the same measurements.
+launched (``--from 1,3,9``: from those trials), with the predictor installed now and the
+trust the search's misses gave: two versions of the predictor compared on the same
+measurements, or the whole grid predicted from its first launches.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -427,7 +429,7 @@ def tables(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replay(folder: Path) -> str:
+def replay(folder: Path, given: Sequence[int] = ()) -> str:
     """Every configuration the search did not launch, predicted by the installed
     predictor from the trials the search launched (with the trust their misses gave):
     two predictor versions compared on the same measurements."""
@@ -438,24 +440,31 @@ def replay(folder: Path) -> str:
     sweep = store.latest_sweep(spec.name)
     if sweep is None:
         sys.exit(f"no sweep {spec.name} in the store")
-    launched = {int(t) for t, m in doc["after_predict"].items() if m["outcome"] in ("ok", "pruned")}
+    launched = set(given) or {
+        int(t) for t, m in doc["after_predict"].items() if m["outcome"] in ("ok", "pruned")
+    }
     gate = PredictGate(spec, store, sweep, enabled=True)
     trials = store.trials(sweep.id)
     history = [(t, store.results(t.id, with_samples=False)) for t in trials if t.id in launched]
     others = [t for t in trials if t.id not in launched]
-    got = predict(
-        gate.setting, [dict(t.params) for t in others], measured_of(history), (), gate.trust
-    )
-    rows = [
-        _row(t.id, t.params, p[objective].to_json(), doc["measured"][str(t.id)]["measured"])
-        for t, p in zip(others, got, strict=True)
-    ]
+    # the acceptance side apart: the objective's level's acceptance length, predicted too
+    acceptance = f"{objective.rpartition('.')[0]}.{gate.setting.acceptance}"
+    setting = dataclasses.replace(gate.setting, metrics=(objective, acceptance))
+    got = predict(setting, [dict(t.params) for t in others], measured_of(history), (), gate.trust)
     widen = ", ".join(f"{m} x{f:.3g}" for m, f in gate.trust.widen.items()) or "none"
-    title = (
-        f"not launched by the search, predicted from its {len(history)} launches "
-        f"(trust widened: {widen}) ({objective})"
-    )
-    return "\n".join(_table(title, rows)) + "\n" + json.dumps(_summary(rows))
+    out = []
+    for metric in (objective, acceptance):
+        rows = []
+        for t, p in zip(others, got, strict=True):
+            m = doc["measured"][str(t.id)]
+            value = m["measured"] if metric == objective else m["acceptance_length"].get(metric)
+            rows.append(_row(t.id, t.params, p[metric].to_json(), value))
+        title = (
+            f"not launched, predicted from {len(history)} launches ({sorted(launched)}) "
+            f"(trust widened: {widen}) ({metric})"
+        )
+        out += [*_table(title, rows), json.dumps(_summary(rows))]
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -469,6 +478,12 @@ def main() -> None:
         action="store_true",
         help="predict what the search did not launch from what it did, with this predictor",
     )
+    parser.add_argument(
+        "--from",
+        dest="given",
+        metavar="IDS",
+        help="with --replay: predict from these trials (1,3,9) instead of the search's",
+    )
     args = parser.parse_args()
     folder: Path = args.dir.resolve()
     out = folder / "predict_real.json"
@@ -476,7 +491,7 @@ def main() -> None:
         print(tables(json.loads(out.read_text())))
         return
     if args.replay:
-        print(replay(folder))
+        print(replay(folder, [int(i) for i in args.given.split(",")] if args.given else ()))
         return
     folder.mkdir(parents=True, exist_ok=True)
     if args.preset:
