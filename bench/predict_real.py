@@ -38,6 +38,7 @@ The presets, sized for a shared 2-core CPU:
 
 Run:  .venv/bin/python bench/predict_real.py --preset llama --dir /tmp/pr-llama
       .venv/bin/python bench/predict_real.py --preset vllm --dir /tmp/pr-vllm
+      .venv/bin/python bench/predict_real.py --preset llama --baseline-first --dir /tmp/pr-l1
       .venv/bin/python bench/predict_real.py SWEEP.yaml --dir DIR   # any sweep file
       .venv/bin/python bench/predict_real.py --dir DIR --table      # the tables again
       .venv/bin/python bench/predict_real.py --dir DIR --replay     # see below
@@ -53,6 +54,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import itertools
 import json
 import os
 import shutil
@@ -220,6 +222,11 @@ def _vllm_preset(folder: Path) -> dict[str, Any]:
         "search": {"predict": "skip"},
         "include_unreliable": True,
     }
+
+
+def _grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The grid's configurations in the sweep's order (the last key fastest)."""
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
 class LoadSampler:
@@ -472,6 +479,11 @@ def main() -> None:
     parser.add_argument("sweep", nargs="?", type=Path, help="a sweep file (or --preset)")
     parser.add_argument("--preset", choices=("llama", "vllm"))
     parser.add_argument("--dir", type=Path, required=True, help="where everything is kept")
+    parser.add_argument(
+        "--baseline-first",
+        action="store_true",
+        help="with --preset: the no-speculation baseline launched first (the grid as points)",
+    )
     parser.add_argument("--table", action="store_true", help="print the kept tables again")
     parser.add_argument(
         "--replay",
@@ -496,6 +508,8 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if args.preset:
         spec = (_llama_preset if args.preset == "llama" else _vllm_preset)(folder)
+        if args.baseline_first:
+            spec["params"] = {"points": [{}, *_grid(spec["params"]["grid"])]}
         sweep = folder / "sweep.yaml"
         sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
     elif args.sweep:
