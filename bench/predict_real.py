@@ -57,6 +57,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -315,6 +316,38 @@ def _skipped(store_path: Path, name: str, objective: str) -> dict[int, dict[str,
     return out
 
 
+_SKIP = re.compile(
+    r"predicted worse than the best so far .*: (?P<value>\S+) "
+    r"\[(?P<low>[^\]\s]+?)-(?P<high>[^\]\s]+)\] \((?P<basis>\w+)\); not launched"
+)
+
+
+def _skipped_on_the_way(events: Path, params: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """The trials the run skipped as predicted worse and then launched before it
+    ended (their interval reached the leader again, with the trust widened): their
+    evidence was reset, so the prediction is read from the event log's message (the
+    objective's value and interval, to 4 significant digits)."""
+    out: dict[int, dict[str, Any]] = {}
+    for line in events.read_text().splitlines() if events.exists() else []:
+        event = json.loads(line)
+        if event.get("event") != "trial_finished" or event.get("outcome") != "skipped":
+            continue
+        found = _SKIP.search(event.get("message") or "")
+        if found is None:
+            continue
+        out[int(event["trial"])] = {
+            "params": dict(params.get(str(event["trial"]), {})),
+            "predicted": {
+                "value": float(found["value"]),
+                "low": float(found["low"]),
+                "high": float(found["high"]),
+                "basis": found["basis"],
+            },
+            "relaunched_by_the_search": True,
+        }
+    return out
+
+
 def _measured(store_path: Path, name: str, objective: str) -> dict[str, Any]:
     """Per trial id: its params, its measured objective (None where it measured
     nothing), its outcome, and the prediction made when it was launched (the
@@ -410,6 +443,7 @@ def tables(doc: Mapping[str, Any]) -> str:
     measured = doc["measured"]
     skipped_rows = [
         _row(int(tid), s["params"], s["predicted"], measured.get(tid, {}).get("measured"))
+        | {"relaunched": s.get("relaunched_by_the_search", False)}
         for tid, s in doc["skipped"].items()
     ]
     launched_rows = [
@@ -418,7 +452,12 @@ def tables(doc: Mapping[str, Any]) -> str:
         if m["launch_prediction"] is not None and tid not in doc["skipped"]
     ]
     objective = doc["objective"]
-    lines = _table(f"skipped by the prediction, then measured ({objective})", skipped_rows)
+    relaunched = [r["trial"] for r in skipped_rows if r["relaunched"]]
+    lines = _table(
+        f"skipped by the prediction, then measured ({objective}; launched before the "
+        f"search ended, as still open: {relaunched or 'none'}; the rest by --no-predict)",
+        skipped_rows,
+    )
     lines += _table(f"launched by the search, predicted when placed ({objective})", launched_rows)
     lines.append("\nmeasured (every configuration, after both runs):")
     for tid, m in measured.items():
@@ -500,7 +539,11 @@ def main() -> None:
     folder: Path = args.dir.resolve()
     out = folder / "predict_real.json"
     if args.table:
-        print(tables(json.loads(out.read_text())))
+        doc = json.loads(out.read_text())
+        params = {tid: m["params"] for tid, m in doc["after_predict"].items()}
+        found = _skipped_on_the_way(folder / "events-predict.jsonl", params)
+        doc["skipped"] = {str(k): v for k, v in sorted(found.items())} | doc["skipped"]
+        print(tables(doc))
         return
     if args.replay:
         print(replay(folder, [int(i) for i in args.given.split(",")] if args.given else ()))
@@ -523,8 +566,11 @@ def main() -> None:
     objective = _objective(sweep)
     doc: dict[str, Any] = {"sweep": str(sweep), "objective": objective, "started": time.time()}
     doc["predict_run"] = _run(sweep, store, folder / "events-predict.jsonl", False, folder)
-    doc["skipped"] = {str(k): v for k, v in _skipped(store, loaded.name, objective).items()}
     doc["after_predict"] = _measured(store, loaded.name, objective)
+    params = {tid: m["params"] for tid, m in doc["after_predict"].items()}
+    skipped = _skipped_on_the_way(folder / "events-predict.jsonl", params)
+    skipped |= _skipped(store, loaded.name, objective)
+    doc["skipped"] = {str(k): v for k, v in sorted(skipped.items())}
     out.write_text(json.dumps(doc, indent=1))
     doc["full_run"] = _run(sweep, store, folder / "events-full.jsonl", True, folder)
     doc["measured"] = _measured(store, loaded.name, objective)
