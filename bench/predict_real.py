@@ -44,9 +44,9 @@ Run:  .venv/bin/python bench/predict_real.py --preset llama --dir /tmp/pr-llama
       .venv/bin/python bench/predict_real.py --dir DIR --replay     # see below
 
 ``--replay`` predicts every configuration the search did not launch from the trials it
-launched (``--from 1,3,9``: from those trials), with the predictor installed now and the
-trust the search's misses gave: two versions of the predictor compared on the same
-measurements, or the whole grid predicted from its first launches.
+launched, with the predictor installed now and the trust the search's misses gave
+(``--from 1,3,9``: from those trials, with no widening): two versions of the predictor
+compared on the same measurements, or the whole grid predicted from its first launches.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from typing import Any
 
 import yaml
 
-from servesweep.decide.perf import predict
+from servesweep.decide.perf import Trust, predict
 from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.decide.perf.inputs import measured_of
 from servesweep.models import Outcome
@@ -496,8 +496,10 @@ def replay(folder: Path, given: Sequence[int] = ()) -> str:
     # the acceptance side apart: the objective's level's acceptance length, predicted too
     acceptance = f"{objective.rpartition('.')[0]}.{gate.setting.acceptance}"
     setting = dataclasses.replace(gate.setting, metrics=(objective, acceptance))
-    got = predict(setting, [dict(t.params) for t in others], measured_of(history), (), gate.trust)
-    widen = ", ".join(f"{m} x{f:.3g}" for m, f in gate.trust.widen.items()) or "none"
+    # the search's trust (widened by its misses) for its own launches; none for --from
+    trust = Trust() if given else gate.trust
+    got = predict(setting, [dict(t.params) for t in others], measured_of(history), (), trust)
+    widen = ", ".join(f"{m} x{f:.3g}" for m, f in trust.widen.items()) or "none"
     out = []
     for metric in (objective, acceptance):
         rows = []
