@@ -100,6 +100,78 @@ def test_per_position_counters_give_the_acceptance_without_fitting() -> None:
     assert from_rates["chat.c1.output_throughput"].basis == "speculative"
 
 
+def test_past_the_counted_positions_the_acceptance_is_an_interval() -> None:
+    # counters of draft length 2 (cumulative rates 0.9, 0.8): exact up to 2; at 8 the
+    # later positions were never drafted, their rates not known
+    setting = Setting(
+        metrics=("chat.c1.acceptance_length",), draft_param=DRAFT, concurrency={"chat.c1": 1}
+    )
+    counted = Measured({DRAFT: 2}, {"chat.c1.acceptance_length": 2.7}, {"chat.c1": (0.9, 0.8)})
+    near, far = (
+        got["chat.c1.acceptance_length"]
+        for got in predict(setting, [{DRAFT: 2}, {DRAFT: 8}], [counted])
+    )
+    assert near.basis == "measured" and near.value == 2.7
+    assert far.low is not None and far.high is not None and far.value is not None
+    # the last conditional rate (0.8 / 0.9) kept is the value and the top; a rate that
+    # falls by half per position the bottom: 1 + 0.9 + 0.8 + 0.8 * (0.89 / 2) + ...
+    kept = 1 + 0.9 + 0.8 * sum((0.8 / 0.9) ** j for j in range(7))
+    assert far.value == pytest.approx(kept) and far.high == pytest.approx(kept)
+    assert 2.7 < far.low < 3.3 and far.high - far.low > 1.5
+
+
+PMIN = "spec_draft_p_min"
+DRAFTER = Setting(
+    metrics=("coding.c1.acceptance_length", "coding.c1.output_throughput"),
+    draft_param=DRAFT,
+    concurrency={"coding.c1": 1},
+    invariant={"acceptance_length": frozenset({"ctx"})},
+    drafter=frozenset({"spec_type", PMIN}),
+)
+
+
+def _drafted(p_min: float, k: int, length: float, throughput: float) -> Measured:
+    metrics = {"coding.c1.acceptance_length": length, "coding.c1.output_throughput": throughput}
+    return Measured({"spec_type": "draft-simple", PMIN: p_min, DRAFT: k}, metrics)
+
+
+def test_a_drafter_of_other_settings_has_an_acceptance_curve_of_its_own() -> None:
+    # a minimum probability of 0.8 drafts only where the draft is sure: more of its
+    # drafts are accepted than of p-min 0's; the two curves are not one
+    trials = [_drafted(0.0, 2, 1.6, 18.0), _drafted(0.8, 2, 2.0, 22.0)]
+    configs = [{"spec_type": "draft-simple", PMIN: p, DRAFT: 4} for p in (0.0, 0.8)]
+    sure, unsure = (
+        got["coding.c1.acceptance_length"] for got in predict(DRAFTER, configs[::-1], trials)
+    )
+    assert sure.basis == unsure.basis == "speculative"
+    assert sure.low is not None and unsure.high is not None and unsure.low is not None
+    # from 1.6 at draft length 2, 4 gives at most 1 + a + ... + a**4 with 1 + a + a**2 = 1.6
+    # (1.81); from 2.0 at least about 2.0 (the curves within the noise of the 2.0)
+    assert unsure.low > 1.5 and unsure.high < 1.85 and sure.low > 1.9
+    assert unsure.high < sure.low  # one curve pooled from both would give one interval
+
+
+def test_the_no_draft_baseline_gives_every_drafter_the_cost_of_no_drafting() -> None:
+    # the baseline is written without the drafter's params (they do nothing there): with
+    # it, one drafted length of p-min 0.8 is enough for the step cost's two points
+    baseline = Measured({}, {"coding.c1.output_throughput": 20.0})
+    trials = [baseline, _drafted(0.8, 2, 2.0, 22.0)]
+    [got] = predict(DRAFTER, [{"spec_type": "draft-simple", PMIN: 0.8, DRAFT: 4}], trials)
+    throughput = got["coding.c1.output_throughput"]
+    assert throughput.basis == "speculative" and throughput.value is not None
+    # one measured draft length: the prior's growth per doubling widens the interval
+    assert throughput.low is not None and throughput.high is not None
+    assert throughput.low < throughput.value < throughput.high
+    # a trial that differs in a knob other than the drafter's is not that baseline
+    other = Measured({"ctx": 4096}, {"coding.c1.output_throughput": 20.0})
+    [alone] = predict(
+        DRAFTER,
+        [{"spec_type": "draft-simple", PMIN: 0.8, DRAFT: 4}],
+        [other, _drafted(0.8, 2, 2.0, 22.0)],
+    )
+    assert alone["coding.c1.output_throughput"].basis != "speculative"
+
+
 DESIGN = [
     {"seqs": 32, "tokens": 2048},
     {"seqs": 128, "tokens": 2048},

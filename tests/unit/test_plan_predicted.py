@@ -95,3 +95,19 @@ def test_the_setting_names_the_engines_draft_length_when_swept() -> None:
     assert setting.concurrency == {"chat.c4": 4.0, "chat.c1": 1.0}
     assert setting.invariant == {"acceptance_length": frozenset({"max-num-seqs"})}
     assert perf_setting(spec, None).draft_param is None
+
+
+def test_the_drafters_params_give_acceptance_curves_of_their_own() -> None:
+    text = SWEEP.replace("engine: sim", "engine: vllm\n  model: m").replace(
+        "max-num-seqs: [8, 16, 32, 64, 128, 256]",
+        "max-num-seqs: [8, 16]\n    speculative_config.method: [ngram]\n"
+        "    speculative_config.num_speculative_tokens: [2, 4]\n"
+        "    speculative_config.prompt_lookup_max: [3, 5]",
+    )
+    spec = load_sweep_text(text).spec
+    speculative = ("speculative_config.method", "speculative_config.prompt_lookup_max")
+    setting = perf_setting(spec, "speculative_config.num_speculative_tokens", speculative)
+    assert setting.drafter == frozenset(speculative)
+    # the batch does not change acceptance; the ngram lookup does (not invariant)
+    assert setting.invariant == {"acceptance_length": frozenset({"max-num-seqs"})}
+    assert perf_setting(spec, None, speculative).drafter == frozenset()

@@ -265,15 +265,16 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     history: dict[str, float] = {}
     known: dict[str, Any] = {}
     next_number = 1
-    draft = get_preset(loaded.spec.server.engine).draft_length_param
+    preset = get_preset(loaded.spec.server.engine)
+    draft, speculative = preset.draft_length_param, preset.spec_params
     configs = [p.config for p in planned]
     if path.exists():
         with open_store(path, readonly=True) as db:
             history = db.phase_history(loaded.spec.name)
             known, next_number = known_trials(db, loaded.spec.name)
-            perf = predict_configs(loaded.spec, configs, db, draft)
+            perf = predict_configs(loaded.spec, configs, db, draft, speculative)
     else:
-        perf = predict_configs(loaded.spec, configs, None, draft)
+        perf = predict_configs(loaded.spec, configs, None, draft, speculative)
     setting, predictions, measured, earlier = perf
     if as_json:
         out = memory_json(planned)

@@ -38,11 +38,16 @@ def measured_trials(store: Store, sweep_ids: Sequence[int]) -> list[Measured]:
 
 
 def predict_configs(
-    spec: SweepSpec, configs: Sequence[ServerConfig], store: Store | None, draft: str | None
+    spec: SweepSpec,
+    configs: Sequence[ServerConfig],
+    store: Store | None,
+    draft: str | None,
+    speculative: Sequence[str] = (),
 ) -> tuple[Setting, list[dict[str, Prediction]], int, int]:
     """(setting, a prediction per configuration, trials of this sweep, of earlier ones);
-    ``draft``: the engine's draft-length param (``EnginePreset.draft_length_param``)."""
-    setting = perf_setting(spec, draft)
+    ``draft``: the engine's draft-length param (``EnginePreset.draft_length_param``),
+    ``speculative``: its speculative params (``EnginePreset.spec_params``)."""
+    setting = perf_setting(spec, draft, speculative)
     trials: list[Measured] = []
     earlier: list[Measured] = []
     if store is not None:

@@ -15,10 +15,13 @@ Three kinds of knowledge, tried in this order for each configuration and metric:
    memory settings). A configuration measured itself answers with its measurement.
 2. *The structure of speculative decoding* (:mod:`.speculative`): acceptance per draft
    position, from the engines' per-position counters or fitted from acceptance length
-   per draft length, gives the expected accepted length of every draft length; the
-   step cost against drafted and verified tokens and the batch is fitted from the
-   levels of the configurations that share every other knob; throughput is accepted
-   tokens per step over the step time.
+   per draft length, gives the expected accepted length of every draft length (one
+   curve per drafter: trials that differ in a drafter's param, :attr:`Setting.drafter`,
+   such as its minimum probability or ngram lookup, do not share one); the step cost
+   against drafted and verified tokens and the batch is fitted from the levels of the
+   configurations that share every other knob (a trial without speculation shares
+   them whatever drafter params it lacks: they do nothing there); throughput is
+   accepted tokens per step over the step time.
 3. *An empirical model over every knob* (:mod:`.empirical`): additive in the log of the
    metric, a Bayesian linear regression whose prior keeps each knob's effect within a
    factor of ``e**(+-1)`` over its range; two standard deviations are the interval, and

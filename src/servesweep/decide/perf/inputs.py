@@ -38,10 +38,14 @@ def _swept(spec: SweepSpec) -> set[str]:
     return {k for c in space.allowed() for k in c.params}
 
 
-def perf_setting(spec: SweepSpec, draft: str | None = None) -> Setting:
+def perf_setting(
+    spec: SweepSpec, draft: str | None = None, speculative: Sequence[str] = ()
+) -> Setting:
     """What the predictor is told: the objectives' and the constraints' metrics, the
     engine's draft-length param ``draft`` when the sweep varies it, the concurrency of each
-    closed-loop level, and that acceptance depends on nothing but the draft length."""
+    closed-loop level, and that acceptance depends on nothing but the draft length and
+    the engine's other ``speculative`` params (``EnginePreset.spec_params``: the draft
+    model, its minimum probability, ngram lookup sizes), which change nothing else."""
     metrics = [ref.key for ref, _ in resolve_objectives(spec)]
     metrics += [c.ref.key for c in validate_constraints(spec) if c.ref.key not in metrics]
     swept = {_norm(k): k for k in _swept(spec)}
@@ -53,12 +57,15 @@ def perf_setting(spec: SweepSpec, draft: str | None = None) -> Setting:
         match = _LEVEL.match(level)
         if match:
             concurrency[f"{workload}.{level}"] = float(match.group(1))
-    others = frozenset(k for k in swept.values() if k != draft_param)
+    drafting = {_norm(s) for s in speculative}
+    drafter = frozenset(v for k, v in swept.items() if k in drafting and v != draft_param)
+    others = frozenset(k for k in swept.values() if k != draft_param and k not in drafter)
     return Setting(
         metrics=tuple(metrics),
         draft_param=draft_param,
         concurrency=concurrency,
         invariant={"acceptance_length": others} if draft_param else {},
+        drafter=drafter if draft_param else frozenset(),
     )
 
 

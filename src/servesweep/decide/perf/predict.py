@@ -52,14 +52,33 @@ def _measured(setting: Setting, metric: str, values: Sequence[float]) -> Predict
     return Prediction(metric, value, value - spread, value + spread, "measured")
 
 
+def _shared(setting: Setting) -> frozenset[str]:
+    """The params the acceptance curve does not depend on (with the draft length)."""
+    knob = {setting.draft_param} if setting.draft_param else set()
+    return setting.invariant.get(setting.acceptance, frozenset()) | knob
+
+
+def _curve_key(setting: Setting, workload: str, params: Mapping[str, Any]) -> str:
+    """Which acceptance curve a configuration has: its workload and its values of the
+    params the curve may depend on (the drafter's: its model, minimum probability...)."""
+    shared = _shared(setting)
+    return repr((workload, sorted((k, repr(v)) for k, v in params.items() if k not in shared)))
+
+
 def _acceptance(
-    setting: Setting, workload: str, trials: Sequence[Measured]
+    setting: Setting, workload: str, params: Mapping[str, Any], trials: Sequence[Measured]
 ) -> AcceptanceFit | None:
-    """The workload's acceptance curve: it does not depend on the other knobs (nor on
-    the batch), so every trial's levels of the workload tell."""
+    """The acceptance curve of the workload and of ``params``' drafter: it does not
+    depend on the params known not to change it (the batch, memory settings:
+    ``Setting.invariant``), so the levels of every trial of the workload that agrees
+    with ``params`` on the others tell; a drafter of other settings (another minimum
+    probability, another ngram lookup) has a curve of its own."""
+    shared = _shared(setting)
     lengths: dict[int, list[float]] = {}
     rates: tuple[float, ...] = ()
     for t in trials:
+        if not _same(t.params, params, shared):
+            continue
         for lv, rate in t.rates.items():
             if lv.split(".")[0] == workload and len(rate) > len(rates):
                 rates = rate
@@ -88,9 +107,10 @@ def _speculative(
         return None
     draft = _draft(setting, params)
     workload = level.split(".")[0]
-    if workload not in acceptances:
-        acceptances[workload] = _acceptance(setting, workload, trials)
-    acceptance = acceptances[workload]
+    key = _curve_key(setting, workload, params)
+    if key not in acceptances:
+        acceptances[key] = _acceptance(setting, workload, params, trials)
+    acceptance = acceptances[key]
     if acceptance is None:
         return None
     if name == setting.acceptance:
@@ -102,9 +122,10 @@ def _speculative(
         return None
     points: list[StepTime] = []
     for t in trials:
-        if not _same(t.params, params, frozenset({knob})):
-            continue
         k = _draft(setting, t.params)
+        # no speculation: the drafter's params do nothing, so it is every drafter's k = 0
+        if not _same(t.params, params, frozenset({knob} | (setting.drafter if k <= 0 else set()))):
+            continue
         for m, v in t.metrics.items():
             lv, n = _split(m)
             if n != setting.throughput or lv not in setting.concurrency or v <= 0:

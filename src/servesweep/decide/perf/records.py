@@ -32,7 +32,16 @@ class Setting:
     concurrency: Mapping[str, float] = field(default_factory=dict)
     """Per level (``chat.c8``), the requests in flight: the batch of the step-cost model."""
     invariant: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    """Per metric name (``acceptance_length``), the parameters known not to change it."""
+    """Per metric name (``acceptance_length``), the parameters known not to change it.
+    The acceptance curve is shared only across the parameters named here for
+    :attr:`acceptance`: trials that differ in any other (but the draft length) have
+    curves of their own."""
+    drafter: frozenset[str] = frozenset()
+    """The parameters that change what is drafted and nothing else (the engine's
+    speculative parameters but the draft length: the draft model, its minimum
+    probability, the ngram lookup sizes): without speculation (draft length 0) they do
+    nothing, so a trial without speculation gives the step cost of no drafting to every
+    configuration that agrees with it on the other parameters."""
     throughput: str = "output_throughput"
     acceptance: str = "acceptance_length"
     noise: float = 0.02

@@ -5,7 +5,9 @@ GPUs or the batch: it is one curve per sweep, ``alpha_i``, the probability that 
 position ``i`` is accepted once the positions before it were. A step then emits
 ``E[L](k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j`` tokens per sequence with ``k`` drafted.
 The engines' per-position counters (``accepted_per_pos`` over ``drafts``) give the
-cumulative rates ``r_i = prod_{j<=i} alpha_j`` directly; without them the curve is
+cumulative rates ``r_i = prod_{j<=i} alpha_j`` directly, as far as the longest draft
+counted (past it the last rate goes on, within the family's decays below: an
+interval); without them the curve is
 fitted from acceptance lengths measured at a few draft lengths, as
 ``alpha_i = a * d**(i - 1)`` (``d = 1``: a constant rate), and every ``(a, d)`` that
 fits them within the measurement's noise is kept, so a draft length far beyond the
@@ -107,8 +109,16 @@ def fit_acceptance(
     go) or from acceptance lengths per draft length (``lengths``); None from neither."""
     measured = {k: v for k, v in lengths.items() if k > 0}
     if rates:
+        # exact as far as the engine counted; past its last position the rate is not
+        # known: it goes on as the family's curves do, from constant (the value) to
+        # falling by the family's steepest decay per position (the interval)
         alphas = alphas_from_rates(rates)
-        return AcceptanceFit(alphas, (alphas,), measured)
+        depth = max(32, len(alphas) * 2) - len(alphas)
+
+        def going_on(d: float) -> tuple[float, ...]:
+            return alphas + tuple(alphas[-1] * d**j for j in range(1, depth + 1))
+
+        return AcceptanceFit(alphas, tuple(going_on(d) for d in _D_GRID), measured)
     if not measured:
         return None
     a, d = np.meshgrid(np.array(_A_GRID), np.array(_D_GRID), indexing="ij")

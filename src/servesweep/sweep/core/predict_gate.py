@@ -116,7 +116,8 @@ class PredictGate:
         """Predictions are made and verified."""
         self.skips = gate.skips and len(self.goal.objectives) == 1
         """A configuration predicted worse is skipped (not only predicted)."""
-        self.setting = perf_setting(spec, get_preset(spec.server.engine).draft_length_param)
+        preset = get_preset(spec.server.engine)
+        self.setting = perf_setting(spec, preset.draft_length_param, preset.spec_params)
         self.threshold = spec.decision.threshold
         space = build_space(spec.params)
         self.space = [c.params for c in space.allowed()] if space.enumerable else []
