@@ -111,3 +111,10 @@ def test_the_drafters_params_give_acceptance_curves_of_their_own() -> None:
     # the batch does not change acceptance; the ngram lookup does (not invariant)
     assert setting.invariant == {"acceptance_length": frozenset({"max-num-seqs"})}
     assert perf_setting(spec, None, speculative).drafter == frozenset()
+
+
+def test_the_predictions_noise_is_what_the_sweep_says_launches_vary() -> None:
+    spec = load_sweep_text(SWEEP).spec
+    assert perf_setting(spec).noise == 0.02  # decision.launch_sd's default
+    noisy = load_sweep_text(SWEEP + "decision: {launch_sd: 10%}\n").spec
+    assert perf_setting(noisy).noise == pytest.approx(0.10)

@@ -45,7 +45,10 @@ def perf_setting(
     engine's draft-length param ``draft`` when the sweep varies it, the concurrency of each
     closed-loop level, and that acceptance depends on nothing but the draft length and
     the engine's other ``speculative`` params (``EnginePreset.spec_params``: the draft
-    model, its minimum probability, ngram lookup sizes), which change nothing else."""
+    model, its minimum probability, ngram lookup sizes), which change nothing else; the
+    relative noise of one launch's figure is the sweep's ``decision.launch_sd`` (where
+    launches vary more, a machine shared with other work, the predictions widen with
+    it)."""
     metrics = [ref.key for ref, _ in resolve_objectives(spec)]
     metrics += [c.ref.key for c in validate_constraints(spec) if c.ref.key not in metrics]
     swept = {_norm(k): k for k in _swept(spec)}
@@ -66,6 +69,8 @@ def perf_setting(
         concurrency=concurrency,
         invariant={"acceptance_length": others} if draft_param else {},
         drafter=drafter if draft_param else frozenset(),
+        # what launches of one configuration vary: the one figure decisions also use
+        noise=float(spec.decision.launch_sd) or Setting.noise,
     )
 
 
