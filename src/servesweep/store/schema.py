@@ -7,7 +7,7 @@ rather than guessed at.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 CREATE_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -134,5 +134,15 @@ ALTER TABLE results ADD COLUMN unreliable TEXT;
     # measurement): 1; 0 for every level stored before
     4: """
 ALTER TABLE results ADD COLUMN screening INTEGER NOT NULL DEFAULT 0;
+""",
+    # a level's requests as one blob of columns (servesweep.samples.SampleColumns,
+    # ``layout`` its version) instead of a row per request; the rows of the levels
+    # stored before stay where they are and are read as they were
+    5: """
+CREATE TABLE IF NOT EXISTS sample_columns (
+    result_id INTEGER PRIMARY KEY REFERENCES results(id),
+    layout INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
 """,
 }
