@@ -4,11 +4,11 @@ The load generator appends each finished request (:meth:`RawColumns.append`, a f
 array appends while the level runs) instead of keeping its
 :class:`~servesweep.bench.responses.RawResult`; after the level the statistics read
 the columns as numpy arrays without a pass over the requests
-(:func:`servesweep.bench.metrics.compute_columns`). A request's chunk times and
-token counts join two level-wide arrays; what only some requests have (an error,
-a resend, a usage not believed) is kept by row. The columns of several worker
-processes are joined in order (:func:`joined`): the same rows as the requests of
-every process one after the other.
+(:func:`servesweep.bench.metrics.compute_columns`). The gaps between a request's
+chunks and its chunks' token counts join two level-wide arrays; what only some
+requests have (an error, a resend, a usage not believed) is kept by row. The columns
+of several worker processes are joined in order (:func:`joined`): the same rows as
+the requests of every process one after the other.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import sub
 
 import numpy as np
 import numpy.typing as npt
@@ -26,8 +27,10 @@ from servesweep.bench.responses import RawResult
 __all__ = ["RawArrays", "RawColumns", "joined"]
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
+_NS = 1e-9
 _NONE = -1
 """A missing time or count in an integer column (times are monotonic ns, > 0)."""
 
@@ -54,7 +57,10 @@ class RawColumns:
     completion_tokens: array[int] = field(default_factory=lambda: array("q"))
     reasoning_tokens: array[int] = field(default_factory=lambda: array("q"))
     chunk_count: array[int] = field(default_factory=lambda: array("q"))
-    chunk_ns: array[int] = field(default_factory=lambda: array("q"))
+    gap_ns: array[int] = field(default_factory=lambda: array("q"))
+    """The gaps between each request's chunks, after its first (ns)."""
+    gap_s: array[float] = field(default_factory=lambda: array("d"))
+    """The same gaps in seconds, as the samples keep them."""
     chunk_tokens: array[int] = field(default_factory=lambda: array("q"))
     """Tokens of each chunk: the server's continuous usage, else its total usage
     spread over the chunks, else one a chunk (:attr:`token_source` counts which)."""
@@ -85,9 +91,13 @@ class RawColumns:
         self.prompt_tokens.append(_NONE if r.prompt_tokens is None else r.prompt_tokens)
         self.completion_tokens.append(_NONE if r.completion_tokens is None else r.completion_tokens)
         self.reasoning_tokens.append(_NONE if r.reasoning_tokens is None else r.reasoning_tokens)
-        n = len(r.chunk_ns)
+        chunks = r.chunk_ns
+        n = len(chunks)
         self.chunk_count.append(n)
-        self.chunk_ns.extend(r.chunk_ns)
+        if n > 1:
+            gaps = list(map(sub, chunks[1:], chunks[:-1]))
+            self.gap_ns.extend(gaps)
+            self.gap_s.extend([gap * _NS for gap in gaps])
         if r.chunk_tokens is not None and len(r.chunk_tokens) == n:
             self.token_source["continuous_usage"] += 1
             self.chunk_tokens.extend(r.chunk_tokens)
@@ -143,7 +153,10 @@ class RawColumns:
             completion_tokens=ints(self.completion_tokens),
             reasoning_tokens=ints(self.reasoning_tokens),
             chunk_count=ints(self.chunk_count),
-            chunk_ns=ints(self.chunk_ns),
+            gap_ns=ints(self.gap_ns),
+            gap_s=np.frombuffer(self.gap_s, dtype=np.float64)
+            if len(self.gap_s)
+            else np.zeros(0, np.float64),
             chunk_tokens=ints(self.chunk_tokens),
         )
 
@@ -164,7 +177,8 @@ class RawArrays:
     completion_tokens: IntArray
     reasoning_tokens: IntArray
     chunk_count: IntArray
-    chunk_ns: IntArray
+    gap_ns: IntArray
+    gap_s: FloatArray
     chunk_tokens: IntArray
 
 
@@ -188,7 +202,8 @@ def joined(parts: Sequence[RawColumns]) -> RawColumns:
             "completion_tokens",
             "reasoning_tokens",
             "chunk_count",
-            "chunk_ns",
+            "gap_ns",
+            "gap_s",
             "chunk_tokens",
         ):
             getattr(out, name).extend(getattr(part, name))

@@ -89,35 +89,50 @@ def _ranks(n: int, q: float) -> tuple[int, int, float]:
     return lo, min(lo + 1, n - 1), pos - lo
 
 
-def summary_stats(values: Sequence[float] | FloatArray) -> dict[str, float]:
+def summary_stats(
+    values: Sequence[float] | FloatArray | IntArray,
+    *,
+    scratch: bool = False,
+    ns_to_ms: bool = False,
+) -> dict[str, float]:
     """mean, median, p90, p99, max of ``values``, keyed by the values of
     :class:`~servesweep.metrics_catalog.Stat` (empty: no keys).
 
     The percentiles are exact, those of :func:`percentile` over the sorted values:
     only the order statistics they need are found (``numpy.partition``, linear in
     the values, not a sort), and interpolated as :func:`percentile` does, in Python
-    floats, so they are the same numbers to the last bit."""
-    a = np.asarray(values, dtype=np.float64)
+    floats, so they are the same numbers to the last bit. With ``scratch`` an array
+    ``values`` is reordered in place (no copy of it). With ``ns_to_ms`` the values
+    are integer nanoseconds and the statistics are of each one's ``v * 1e-9 * 1e3``
+    ms (the order is the same: each statistic is the same number to the last bit;
+    the mean from the exact sum)."""
+    a = np.asarray(values, dtype=np.int64 if ns_to_ms else np.float64)
     n = len(a)
     if not n:
         return {}
+    mean = int(a.sum()) * _NS * 1e3 / n if ns_to_ms else float(a.sum()) / n
+    unit = (lambda v: float(v) * _NS * 1e3) if ns_to_ms else float
     ranks: dict[float, tuple[int, int, float]] = {q: _ranks(n, q) for q in (50.0, 90.0, 99.0)}
     kth = sorted({n - 1} | {r for lo, hi, _ in ranks.values() for r in (lo, hi)})
-    part = np.partition(a, kth)
+    if scratch and a is values:
+        a.partition(kth)
+        part = a
+    else:
+        part = np.partition(a, kth)
 
     def at(q: float) -> float:
         if n == 1:
-            return float(part[0])
+            return unit(part[0])
         lo, hi, frac = ranks[q]
-        x, y = float(part[lo]), float(part[hi])
+        x, y = unit(part[lo]), unit(part[hi])
         return float(x + (y - x) * frac)
 
     return {
-        Stat.MEAN.value: float(a.sum()) / n,
+        Stat.MEAN.value: mean,
         Stat.MEDIAN.value: at(50),
         Stat.P90.value: at(90),
         Stat.P99.value: at(99),
-        Stat.MAX.value: float(part[n - 1]),
+        Stat.MAX.value: unit(part[n - 1]),
     }
 
 
@@ -149,7 +164,9 @@ def compute_columns(
     columns: RawColumns, ctx: LevelContext
 ) -> tuple[dict[str, float], dict[str, Any], SampleColumns, list[str]]:
     """Metrics, info, samples and warnings of one level, from its requests' columns
-    (numpy over every request and every chunk at once; no pass over the requests)."""
+    (numpy over every request and every chunk at once; no pass over the requests).
+    The columns are used up: their gaps may be left reordered (the level's
+    statistics select in place, not in a copy of every gap)."""
     t0 = ctx.t0_ns
     a = columns.arrays()
     n = len(a.sent)
@@ -171,8 +188,12 @@ def compute_columns(
     starts_raw = np.zeros(n, dtype=np.int64)
     if n > 1:
         np.cumsum(a.chunk_count[:-1], out=starts_raw[1:])
-    running = np.concatenate(([0], np.cumsum(a.chunk_tokens)))
-    sums_raw = running[starts_raw + a.chunk_count] - running[starts_raw]
+    nonempty = a.chunk_count > 0
+    first_at = starts_raw[nonempty]
+    """Where each request that has chunks has its first."""
+    sums_raw = np.zeros(n, dtype=np.int64)
+    if len(first_at):
+        sums_raw[nonempty] = np.add.reduceat(a.chunk_tokens, first_at)
     completion_raw = a.completion_tokens
     ct_raw = np.where(completion_raw >= 0, completion_raw, sums_raw)
     ct = ct_raw[order]
@@ -196,30 +217,32 @@ def compute_columns(
     slo = {k: v for k, v in ctx.slo.items() if k in SLO_KEYS}
     good = int(done.sum()) if not slo else int((good_mask(slo, ttft_all, e2e_all, ct) & done).sum())
 
-    # per chunk: the gap before it (0 for a request's first chunk), counted in ITL
-    # and the chunk gaps when its request completed with a first token
-    chunk_at = a.chunk_ns
-    gaps = np.zeros(len(chunk_at), dtype=np.float64)
-    some_chunks = a.chunk_count > 0
-    first_chunk = np.zeros(len(chunk_at), dtype=np.bool_)
-    first_chunk[starts_raw[some_chunks]] = True
-    last_chunk = np.zeros(len(chunk_at), dtype=np.bool_)
-    last_chunk[(starts_raw + a.chunk_count - 1)[some_chunks]] = True
-    if len(chunk_at) > 1:
-        gaps[1:] = np.diff(chunk_at) * _NS
-    gaps[first_chunk] = 0.0
+    # every request's gaps between its chunks (seconds, in the order the requests
+    # completed), and those of the requests that count in ITL and the chunk gaps:
+    # completed with a first token
     gap_count = np.maximum(a.chunk_count - 1, 0)
     gap_start = np.zeros(n, dtype=np.int64)
     if n > 1:
         np.cumsum(gap_count[:-1], out=gap_start[1:])
+    gaps = a.gap_s
     counted_raw = np.zeros(n, dtype=np.bool_)
     counted_raw[order] = with_first
-    counted_chunks = np.repeat(counted_raw, a.chunk_count)
-    keep = counted_chunks & ~first_chunk
-    gaps_ms = gaps[keep] * 1e3
-    k = a.chunk_tokens[keep]
-    some = k > 0
-    itl = gaps_ms if bool((k == 1).all()) else np.repeat(gaps_ms[some] / k[some], k[some])
+    every = bool(counted_raw.all())
+    if every and a.chunk_tokens.min(initial=1) == 1 == a.chunk_tokens.max(initial=1):
+        # every gap counts, and is one inter-token latency (one token a chunk): their
+        # statistics from the gaps' nanoseconds, reordered in place (no copy of them)
+        gap_stats = summary_stats(a.gap_ns, scratch=True, ns_to_ms=True)
+        itl_stats = gap_stats
+    else:
+        gaps_ms = (gaps if every else gaps[np.repeat(counted_raw, gap_count)]) * 1e3
+        later = np.ones(len(a.chunk_tokens), dtype=np.bool_)
+        later[first_at] = False
+        k = a.chunk_tokens[later]
+        if not every:
+            k = k[np.repeat(counted_raw, gap_count)]
+        some = k > 0
+        itl_stats = summary_stats(np.repeat(gaps_ms[some] / k[some], k[some]), scratch=True)
+        gap_stats = summary_stats(gaps_ms, scratch=True)
 
     total_out = int(completion_tokens.sum())
     total_in = int(prompt_tokens.sum())
@@ -238,20 +261,18 @@ def compute_columns(
         m[mc.PROMPT_TOKENS_MEAN.name] = total_in / len(prompt_tokens)
     if len(completion_tokens):
         m[mc.COMPLETION_TOKENS_MEAN.name] = total_out / len(completion_tokens)
-    gap_stats = summary_stats(gaps_ms)
-    for kind, values_ms in (
-        (Latency.TTFT, ttft),
-        (Latency.TPOT, tpot),
-        (Latency.ITL, itl),
-        (Latency.E2E, e2e),
-        (Latency.CHUNK_GAP, gaps_ms),
+    for kind, stats in (
+        (Latency.TTFT, summary_stats(ttft, scratch=True)),
+        (Latency.TPOT, summary_stats(tpot, scratch=True)),
+        (Latency.ITL, itl_stats),
+        (Latency.E2E, summary_stats(e2e, scratch=True)),
+        (Latency.CHUNK_GAP, gap_stats),
     ):
-        stats = gap_stats if values_ms is gaps_ms else summary_stats(values_ms)
         for stat in Stat if stats else ():
             m[latency(kind, stat).name] = stats[stat.value]
-    n_chunks_total = int(counted_chunks.sum())
+    n_chunks_total = int(a.chunk_count[counted_raw].sum())
     if n_chunks_total:
-        chunk_tokens = int(a.chunk_tokens[counted_chunks].sum())
+        chunk_tokens = int(sums_raw[counted_raw].sum())
         m[mc.TOKENS_PER_CHUNK_MEAN.name] = chunk_tokens / n_chunks_total
 
     # what the generator itself did (in the order the requests completed)
@@ -310,9 +331,8 @@ def compute_columns(
             "reasoning_tokens_mean": (int(thought.sum()) / len(thought) if len(thought) else None),
         }
     warnings = _warnings(m, info, ctx, without_usage)
-    middle = counted_chunks & ~first_chunk & ~last_chunk
-    if middle.any():
-        est = int(a.chunk_tokens[middle].sum()) / int(middle.sum())
+    est = _decode_chunk_mean(a.chunk_tokens, a.chunk_count, starts_raw, sums_raw, counted_raw)
+    if est is not None:
         info["acceptance_estimate_from_chunks"] = round(est, 4)
     samples = SampleColumns(
         indices=a.index[order],
@@ -327,12 +347,28 @@ def compute_columns(
         chunk_count=counts,
         chunk_tokens=a.chunk_tokens,
         gap_count=gap_count[order],
-        chunk_gaps=gaps[~first_chunk],
+        chunk_gaps=gaps,
         chunk_start=starts_raw[order],
         gap_start=gap_start[order],
         errors=_error_texts(columns, order),
     )
     return m, info, samples, warnings
+
+
+def _decode_chunk_mean(
+    tokens: IntArray, counts: IntArray, starts: IntArray, sums: IntArray, counted: BoolArray
+) -> float | None:
+    """Mean tokens of the ``counted`` requests' decode chunks, each request's first
+    and last chunk left out (:func:`~servesweep.bench.specdecode.estimate_from_chunks`):
+    from each request's total, first and last chunk, not chunk by chunk."""
+    rows = counted & (counts > 0)
+    n = int(np.maximum(counts[rows] - 2, 0).sum())
+    if not n:
+        return None
+    firsts = tokens[starts[rows]]
+    two = rows & (counts > 1)
+    lasts = tokens[(starts + counts - 1)[two]]
+    return (int(sums[rows].sum()) - int(firsts.sum()) - int(lasts.sum())) / n
 
 
 def _times(ns: IntArray, t0: int) -> FloatArray:

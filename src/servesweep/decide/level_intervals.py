@@ -39,7 +39,6 @@ from servesweep.decide.intervals import (
     bootstrap_ratio,
     bootstrap_stats,
     subsample,
-    summary_of,
     wilson,
 )
 from servesweep.metrics_catalog import Latency, Stat, latency
@@ -174,13 +173,15 @@ def _rates(
         )
     else:
         rows = np.asarray(picked, dtype=np.int64)
+        # the exact sum of each numerator (fsum's): whole numbers, summed as integers
+        sums = [float(int(num.astype(np.int64).sum())) for num in numerators]
         found = bootstrap_ratio(
             [num[rows].tolist() for num in numerators],
             e2e[rows].tolist(),
             confidence=confidence,
             resamples=resamples,
             scale_to=len(done),
-            centers=[math.fsum(num.tolist()) / total for num in numerators],
+            centers=[whole / total for whole in sums],
         )
     return {
         name: (in_flight * b[0], in_flight * b[1])
@@ -253,10 +254,7 @@ def level_intervals(
         }
         first = done[~np.isnan(ttft_ms)]
         centers = [_center(k, whole.get(k), columns, first, values) for k in _KINDS]
-        middle = _middle_chunks(columns, first)
-        chunk_estimate = (
-            int(columns.chunk_tokens[middle].sum()) / len(middle) if len(middle) else None
-        )
+        chunk_estimate = _decode_chunk_mean(columns, first)
         centers.append(None if chunk_estimate is None else {"mean": chunk_estimate})
     found_stats = bootstrap_stats(
         groups,
@@ -321,10 +319,31 @@ def _completion_tokens(columns: SampleColumns) -> IntArray:
     return np.where(counted >= 0, counted, own)
 
 
-def _middle_chunks(columns: SampleColumns, rows: IntArray) -> IntArray:
-    """The positions in ``chunk_tokens`` of the decode chunks of ``rows`` (each
-    one's chunks but its first and its last)."""
-    return _runs(columns.starts[rows] + 1, np.maximum(columns.chunk_count[rows] - 2, 0))
+def _decode_chunk_mean(columns: SampleColumns, rows: IntArray) -> float | None:
+    """Mean tokens of the decode chunks of ``rows`` (each one's chunks but its first
+    and its last): from each request's total, first and last chunk."""
+    counts = columns.chunk_count[rows]
+    n = int(np.maximum(counts - 2, 0).sum())
+    if not n:
+        return None
+    some = rows[counts > 0]
+    starts, counts = columns.starts[some], columns.chunk_count[some]
+    tokens = columns.chunk_tokens
+    total = int(_token_sums(columns)[some].sum())
+    firsts = int(tokens[starts].sum())
+    lasts = int(tokens[(starts + counts - 1)[counts > 1]].sum())
+    return (total - firsts - lasts) / n
+
+
+def _token_sums(columns: SampleColumns) -> IntArray:
+    """Each request's tokens over its chunks (one pass over the chunks: the chunk
+    columns hold every request's chunks once, one request's after another's)."""
+    sums = np.zeros(len(columns), dtype=np.int64)
+    some = np.flatnonzero(columns.chunk_count > 0)
+    if len(some):
+        some = some[np.argsort(columns.starts[some], kind="stable")]
+        sums[some] = np.add.reduceat(columns.chunk_tokens, columns.starts[some])
+    return sums
 
 
 def _runs(starts: IntArray, counts: IntArray) -> IntArray:
@@ -359,7 +378,34 @@ def _center(
         values = np.repeat(gaps[some] * 1e3 / k[some], k[some])
     if values is None or not len(values):
         return None
-    return summary_of(np.sort(values).tolist())
+    return _summary(values)
+
+
+def _summary(values: FloatArray) -> dict[str, float]:
+    """:func:`~servesweep.decide.intervals.summary_of` of ``values`` sorted, the same
+    numbers: the mean by ``math.fsum`` (exact, in any order), the quantiles from
+    the order statistics they need (``numpy.partition``, not a sort)."""
+    n = len(values)
+    picks = {}
+    for q in (0.5, 0.9, 0.99):
+        pos = (n - 1) * q
+        lo = math.floor(pos)
+        picks[q] = (lo, min(lo + 1, n - 1), pos - lo)
+    part = np.partition(values, sorted({r for lo, hi, _ in picks.values() for r in (lo, hi)}))
+
+    def at(q: float) -> float:
+        if n == 1:
+            return float(part[0])
+        lo, hi, frac = picks[q]
+        x, y = float(part[lo]), float(part[hi])
+        return float(x + (y - x) * frac)
+
+    return {
+        "mean": math.fsum(values.tolist()) / n,
+        "median": at(0.5),
+        "p90": at(0.9),
+        "p99": at(0.99),
+    }
 
 
 def _mean(units: Sequence[Sequence[float]]) -> float | None:
