@@ -207,11 +207,56 @@ class SampleColumns(Sequence[RequestSample]):
             "chunk_start": self.starts,
             "gap_start": self.gap_starts,
             "errors": dict(self.errors),
+        } | {k: _narrow(v) for k, v in self._ints().items()}
+
+    def _ints(self) -> dict[str, IntArray]:
+        return {
+            "indices": self.indices,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "chunk_count": self.chunk_count,
+            "chunk_tokens": self.chunk_tokens,
+            "gap_count": self.gap_count,
+            "chunk_start": self.starts,
+            "gap_start": self.gap_starts,
         }
 
 
 def _from_state(state: Mapping[str, Any]) -> SampleColumns:
-    return SampleColumns(**state)
+    return SampleColumns(
+        **{
+            k: v.astype(np.int64) if k in _INTS and v.dtype != np.int64 else v
+            for k, v in state.items()
+        }
+    )
+
+
+_INTS = frozenset(
+    [
+        "indices",
+        "prompt_tokens",
+        "completion_tokens",
+        "reasoning_tokens",
+        "chunk_count",
+        "chunk_tokens",
+        "gap_count",
+        "chunk_start",
+        "gap_start",
+    ]
+)
+"""The integer columns: kept in the narrowest integer type that holds their values
+when the columns are written (a chunk's tokens fit in a byte), int64 when read."""
+
+
+def _narrow(values: IntArray) -> npt.NDArray[np.signedinteger[Any]]:
+    if not len(values):
+        return values
+    return values.astype(
+        np.result_type(
+            np.min_scalar_type(int(values.min())), np.int8, np.min_scalar_type(int(values.max()))
+        )
+    )
 
 
 def _starts(counts: IntArray) -> IntArray:
