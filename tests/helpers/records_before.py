@@ -1,14 +1,17 @@
 """The level's statistics as they were computed from one record per request, before
-a level's requests were kept as columns (a copy of ``servesweep.bench.metrics`` and
-``servesweep.decide.level_intervals`` then): the reference
+a level's requests were kept as columns (a copy of ``servesweep.bench.metrics``,
+``servesweep.decide.level_intervals`` and the bootstrap of
+``servesweep.decide.intervals`` then, its values gathered unit by unit and sorted as
+Python lists): the reference
 ``tests/unit/test_sample_columns.py`` pins the columns' figures to, and the *before*
 of ``bench/level_cost.py``."""
 
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -22,8 +25,11 @@ from servesweep.decide.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
     MAX_UNITS,
+    SEED,
+    _rescaled,
+    _thinned,
     bootstrap_ratio,
-    bootstrap_stats,
+    quantile,
     subsample,
     summary_of,
     wilson,
@@ -482,3 +488,70 @@ def _center(
 def _mean(units: Sequence[Sequence[float]]) -> float | None:
     n = sum(len(u) for u in units)
     return sum(sum(u) for u in units) / n if n else None
+
+
+def bootstrap_stats(
+    groups: Sequence[Sequence[Sequence[float]]],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = SEED,
+    statistic: Callable[[Sequence[float]], dict[str, float]] = summary_of,
+    scale_to: int | None = None,
+    centers: Sequence[Mapping[str, float] | None] | None = None,
+) -> list[dict[str, tuple[float, float]]]:
+    """Percentile-bootstrap intervals of ``statistic`` for several measures of the
+    same units at once.
+
+    ``groups[g][u]`` is the values of unit ``u`` (a request) for measure ``g`` (TTFT,
+    ITL...); every group has the same units, in the same order (a unit may have no
+    values for a measure). Each resample draws the units with replacement once and
+    evaluates every measure on it, so the measures' intervals come from the same
+    resampled requests. Returns, per group, ``{stat: (lo, hi)}``; empty for a group
+    with fewer than two values or with fewer than two units.
+
+    ``scale_to`` and ``centers``: the units are a subsample of a level of
+    ``scale_to`` units whose statistics are ``centers[g]`` (:func:`subsample`); each
+    interval is rescaled to the whole level (:func:`_rescaled`). A statistic missing
+    from ``centers[g]`` gets no interval then.
+    """
+    if not groups:
+        return []
+    n = len(groups[0])
+    if any(len(g) != n for g in groups):
+        raise ValueError("every group must have the same units")
+    out: list[dict[str, tuple[float, float]]] = [{} for _ in groups]
+    live = [i for i, g in enumerate(groups) if sum(len(u) for u in g) >= 2]
+    if n < 2 or not live:
+        return out
+    groups = _thinned(groups, live)
+    rng = random.Random(seed)
+    draws: list[dict[str, list[float]]] = [{} for _ in groups]
+    for _ in range(resamples):
+        picks = rng.choices(range(n), k=n)
+        for i in live:
+            units = groups[i]
+            values: list[float] = []
+            for p in picks:
+                values.extend(units[p])
+            if not values:
+                continue
+            values.sort()
+            for name, v in statistic(values).items():
+                draws[i].setdefault(name, []).append(v)
+    alpha = (1.0 - confidence) / 2.0
+    for i in live:
+        own: Mapping[str, float] = {}
+        whole: Mapping[str, float] | None = None
+        if scale_to is not None and scale_to > n:
+            whole = (centers[i] if centers is not None else None) or {}
+            values = sorted(v for u in groups[i] for v in u)
+            own = statistic(values) if values else {}
+        for name, vals in draws[i].items():
+            vals.sort()
+            found = (quantile(vals, alpha), quantile(vals, 1.0 - alpha))
+            if whole is None:
+                out[i][name] = found
+            elif name in whole and name in own:
+                out[i][name] = _rescaled(found, own[name], whole[name], n, scale_to or n)
+    return out
