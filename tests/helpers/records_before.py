@@ -1,7 +1,7 @@
 """The level's statistics as they were computed from one record per request, before
 a level's requests were kept as columns (a copy of ``servesweep.bench.metrics``,
-``servesweep.decide.level_intervals`` and the bootstrap of
-``servesweep.decide.intervals`` then, its values gathered unit by unit and sorted as
+``servesweep.decide.level_intervals``, the bootstrap of ``servesweep.decide.intervals``
+and the capacity search's ``slo_score`` then, its values gathered unit by unit and sorted as
 Python lists): the reference
 ``tests/unit/test_sample_columns.py`` pins the columns' figures to, and the *before*
 of ``bench/level_cost.py``."""
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from servesweep import metrics_catalog as mc
+from servesweep.bench.capacity_search import _SLO_SECONDS
 from servesweep.bench.client import RawResult
 from servesweep.bench.metrics import LevelContext, _warnings, summary_stats
 from servesweep.bench.specdecode import estimate_from_chunks
@@ -38,7 +39,7 @@ from servesweep.decide.level_intervals import _KINDS, _MIN_FOR_RATES, _STATS, SL
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.models import RequestSample
 
-__all__ = ["compute_level", "level_intervals"]
+__all__ = ["compute_level", "level_intervals", "slo_score"]
 
 FloatArray = Any
 
@@ -555,3 +556,36 @@ def bootstrap_stats(
             elif name in whole and name in own:
                 out[i][name] = _rescaled(found, own[name], whole[name], n, scale_to or n)
     return out
+
+
+def _ratio(sample: RequestSample, slo: Mapping[str, float]) -> float:
+    if not sample.ok or sample.e2e is None:
+        return math.inf
+    worst = 0.0
+    for key, limit in slo.items():
+        kind = _SLO_SECONDS[key]
+        if kind == "ttft":
+            value = sample.ttft
+        elif kind == "e2e":
+            value = sample.e2e
+        else:
+            tokens = sample.completion_tokens or 0
+            if tokens <= 1 or sample.ttft is None:
+                continue
+            value = (sample.e2e - sample.ttft) / (tokens - 1)
+        if value is None:
+            return math.inf
+        worst = max(worst, value * 1000.0 / limit)
+    return worst
+
+
+def slo_score(
+    samples: Sequence[RequestSample], slo: Mapping[str, float], quantile: float
+) -> tuple[float, float]:
+    """(score, attainment) of one level's requests (see the module docstring)."""
+    if not samples:
+        return math.inf, 0.0
+    ratios = sorted(_ratio(s, slo) for s in samples)
+    attainment = sum(1 for r in ratios if r <= 1.0) / len(ratios)
+    rank = max(0, math.ceil(quantile * len(ratios) - 1e-9) - 1)
+    return ratios[rank], attainment

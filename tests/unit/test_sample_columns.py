@@ -16,6 +16,7 @@ from tests.helpers import records_before as before
 from tests.helpers.raw_levels import random_level
 from tests.helpers.samples import sequential_level
 
+from servesweep.bench.capacity_search import slo_score
 from servesweep.bench.client import RawResult
 from servesweep.bench.columns import RawColumns, joined
 from servesweep.bench.metrics import compute_columns, compute_level
@@ -81,6 +82,22 @@ def test_the_intervals_are_the_ones_records_gave(seed: int, big: bool) -> None:
     done = sum(1 for s in records if s.ok and s.finished_at is not None)
     if big and once:
         assert done > MAX_UNITS  # the subsampled path
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_capacity_score_is_the_one_records_gave(seed: int) -> None:
+    raws, ctx = random_level(seed)
+    _, _, samples, _ = compute_level(raws, ctx)
+    _, _, records, _ = before.compute_level(raws, ctx)
+    for slo in (
+        {"ttft_ms": 30.0},
+        {"tpot_ms": 3.0, "e2e_ms": 900.0},
+        {"ttft_ms": 9.0, "tpot_ms": 1.0},
+    ):
+        for quantile in (0.5, 0.9, 0.99):
+            expected = before.slo_score(records, slo, quantile)
+            assert slo_score(samples, slo, quantile) == expected
+            assert slo_score(records, slo, quantile) == expected
 
 
 def test_records_that_do_not_line_up_keep_their_intervals() -> None:
