@@ -329,10 +329,30 @@ def _decode_chunk_mean(columns: SampleColumns, rows: IntArray) -> float | None:
     some = rows[counts > 0]
     starts, counts = columns.starts[some], columns.chunk_count[some]
     tokens = columns.chunk_tokens
-    total = int(_token_sums(columns)[some].sum())
+    total = _tokens_of(columns, some)
     firsts = int(tokens[starts].sum())
     lasts = int(tokens[(starts + counts - 1)[counts > 1]].sum())
     return (total - firsts - lasts) / n
+
+
+def _tokens_of(columns: SampleColumns, rows: IntArray) -> int:
+    """The tokens of every chunk of ``rows``: of every chunk less those of the few
+    requests left out, else summed request by request."""
+    left_out = np.ones(len(columns), dtype=np.bool_)
+    left_out[rows] = False
+    left_out &= columns.chunk_count > 0
+    others = np.flatnonzero(left_out)
+    if len(others) > _FEW:
+        return int(_token_sums(columns)[rows].sum())
+    tokens = columns.chunk_tokens
+    starts, counts = columns.starts, columns.chunk_count
+    return int(tokens.sum()) - sum(
+        int(tokens[starts[i] : starts[i] + counts[i]].sum()) for i in others.tolist()
+    )
+
+
+_FEW = 1_000
+"""Requests left out of a sum over chunks that are subtracted one by one."""
 
 
 def _token_sums(columns: SampleColumns) -> IntArray:
