@@ -181,11 +181,11 @@ class SampleColumns(Sequence[RequestSample]):
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 state: dict[str, Any] = {k: z[k] for k in z.files}
-        except (OSError, KeyError, zipfile.BadZipFile) as exc:
+            rows, texts = state.pop("error_rows"), state.pop("error_texts")
+            state["errors"] = dict(zip(rows.tolist(), texts.tolist(), strict=True))
+            return _from_state(state)
+        except (OSError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             raise ValueError(f"not a level's samples: {exc}") from exc
-        rows, texts = state.pop("error_rows"), state.pop("error_texts")
-        state["errors"] = dict(zip(rows.tolist(), texts.tolist(), strict=True))
-        return _from_state(state)
 
     FORMAT = _FORMAT
 

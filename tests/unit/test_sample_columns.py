@@ -5,12 +5,14 @@ statistics as they were computed from records (``tests.helpers.records_before``)
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tests.helpers import records_before as before
 from tests.helpers.raw_levels import random_level
@@ -207,5 +209,13 @@ def test_a_blob_that_is_not_columns_is_a_clear_error(tmp_path: Path) -> None:
     db.close()
     from servesweep.errors import StoreError
 
+    with open_store(path) as store, pytest.raises(StoreError, match="cannot be read"):
+        store.results(1)
+    out = io.BytesIO()
+    np.savez(out, indices=np.arange(3))  # columns missing
+    db = sqlite3.connect(path)
+    db.execute("UPDATE sample_columns SET data=?", (out.getvalue(),))
+    db.commit()
+    db.close()
     with open_store(path) as store, pytest.raises(StoreError, match="cannot be read"):
         store.results(1)
