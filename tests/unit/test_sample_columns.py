@@ -175,6 +175,24 @@ def test_a_level_is_stored_as_one_blob_and_read_back_the_same(tmp_path: Path) ->
     assert got == result
 
 
+def test_a_blob_larger_than_a_part_is_stored_in_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servesweep.store import schema
+
+    monkeypatch.setattr(schema, "SAMPLE_PART", 1000)
+    raws, ctx = random_level(4)
+    _, _, samples, _ = compute_level(raws, ctx)
+    path, _ = _store_level(tmp_path, samples)
+    db = sqlite3.connect(path)
+    (parts,) = db.execute("SELECT COUNT(*) FROM sample_columns").fetchone()
+    assert parts == -(-len(samples.to_bytes()) // 1000) > 1
+    db.close()
+    with open_store(path) as store:
+        (got,) = store.results(1)
+    assert got.samples == samples
+
+
 def test_a_level_stored_as_rows_is_read_as_it_was(tmp_path: Path) -> None:
     """A database of schema 5 (a row per request) is upgraded; its rows are read as
     records, in the order of their index, as before."""

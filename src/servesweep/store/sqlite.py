@@ -32,6 +32,7 @@ from servesweep.models import (
 )
 from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
 from servesweep.samples import SampleColumns, columns_of
+from servesweep.store import schema
 from servesweep.store.schema import CREATE_V1, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["Store", "open_store"]
@@ -471,10 +472,13 @@ class Store:
             result_id = cur.lastrowid
             assert result_id is not None
             if result.samples:
-                columns = columns_of(result.samples)
-                db.execute(
-                    "INSERT INTO sample_columns(result_id, layout, data) VALUES (?, ?, ?)",
-                    (result_id, SampleColumns.FORMAT, columns.to_bytes()),
+                blob = memoryview(columns_of(result.samples).to_bytes())
+                db.executemany(
+                    "INSERT INTO sample_columns(result_id, part, layout, data) VALUES (?, ?, ?, ?)",
+                    [
+                        (result_id, k, SampleColumns.FORMAT, blob[at : at + schema.SAMPLE_PART])
+                        for k, at in enumerate(range(0, len(blob), schema.SAMPLE_PART))
+                    ],
                 )
             db.executemany(
                 "INSERT INTO eval_results(result_id, task_id, sample, status, message, seconds) "
@@ -506,12 +510,14 @@ class Store:
         """A level's requests: its blob of columns, or the rows of a level stored before
         there were columns (schema 5 and older)."""
         if self._has_table("sample_columns"):
-            blob = self._query(
-                "SELECT layout, data FROM sample_columns WHERE result_id=?", (result_id,)
+            parts = self._query(
+                "SELECT layout, data FROM sample_columns WHERE result_id=? ORDER BY part",
+                (result_id,),
             )
-            if blob:
+            if parts:
                 try:
-                    return SampleColumns.from_bytes(blob[0]["data"], blob[0]["layout"])
+                    data = b"".join(p["data"] for p in parts)
+                    return SampleColumns.from_bytes(data, parts[0]["layout"])
                 except ValueError as exc:
                     raise StoreError(
                         f"results database {self.path}: the requests of result {result_id} "
