@@ -9,28 +9,28 @@
 # .devrun/llama.cpp (llama.cpp's tree from the pinned llama-cpp-python sdist, without models,
 # docs, tests, examples and the unused GPU backends). The build and the measured stores stay in
 # .gpucache/ (ignored, kept while the machine is warm), so a second call goes on where the
-# first stopped; each call copies every profile's report.json, the stores and the logs to $OUT.
+# first stopped; each call puts every profile's reports, stores and logs into $OUT/landscape.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out/gpu}"
-mkdir -p "$OUT" .gpucache
+CACHE="${GPU_CACHE:-$PWD/.gpucache}"   # the build and the stores: outside the tree survives best
+mkdir -p "$OUT" "$CACHE"
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .devrun/whl/*.whl || { echo "wheel install failed" >&2; exit 3; }
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv >"$OUT/machine.txt"
-bin=$(LLAMA_SERVER_CACHE=$PWD/.gpucache/llama-server LLAMA_SERVER_SOURCE=$PWD/.devrun/llama.cpp \
+bin=$(LLAMA_SERVER_CACHE=$CACHE/llama-server LLAMA_SERVER_SOURCE=$PWD/.devrun/llama.cpp \
     LLAMA_SERVER_CUDA_ARCH=90 CMAKE_BUILD_PARALLEL_LEVEL=16 \
     dev/install-llama-server.sh 2>>"$OUT/build.log" | tail -n 1)
 echo "build (or cache): $(( $(date +%s) - T0 ))s, binary: $bin" | tee -a "$OUT/build.log"
 [ -x "$bin" ] || { tail -n 40 "$OUT/build.log"; exit 1; }
 left=$(( ${GPU_LANDSCAPE_BUDGET:-570} - ($(date +%s) - T0) ))
 echo "landscape: ${left}s left for profiles $*"
-timeout -s INT "$left" python3 bench/gpu_spec_landscape.py .gpucache/land --binary "$bin" \
+timeout -s INT "$left" python3 bench/gpu_spec_landscape.py "$CACHE/land" --binary "$bin" \
     --profiles "$@" 2>&1 | tee -a "$OUT/landscape.log"
-for d in .gpucache/land/a*; do
-    [ -f "$d/report.json" ] && cp "$d/report.json" "$OUT/report-$(basename "$d").json"
-done
-tar -czf "$OUT/stores.tar.gz" --exclude '*.gguf' -C .gpucache land 2>/dev/null
+# every profile's reports (report.json after --no-predict, report-predict.json after the
+# predicting run), stores and logs in one archive (the device returns at most 8 files)
+tar -czf "$OUT/landscape.tar.gz" --exclude '*.gguf' -C "$CACHE" land 2>/dev/null
 echo "total: $(( $(date +%s) - T0 ))s"

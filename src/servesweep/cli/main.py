@@ -500,9 +500,11 @@ def best(
     configuration lost. Exit 1 when none is feasible.
 
     TARGET is a sweep file or a results database (default: servesweep.db here)."""
+    from servesweep.cli.schedule import schedule_of
     from servesweep.decide.best import find_best
     from servesweep.decide.refs import check_constraint, check_ref
     from servesweep.report import best_to_json, format_best
+    from servesweep.report.schedule_view import format_schedule, schedule_to_json
 
     default = "min" if minimize else "max"
     parsed: list[tuple[str, str]] = []
@@ -538,10 +540,15 @@ def best(
             constraints or tuple(data.constraints),
             include_unreliable=include_unreliable or None,
         )
+    schedule, launches = schedule_of(data, result, include_unreliable or None)
     if as_json:
-        click.echo(json.dumps(best_to_json(result), indent=2))
+        doc = best_to_json(result)
+        doc["draft_schedule"] = schedule_to_json(schedule, launches)
+        click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(format_best(result))
+        if schedule is not None:
+            click.echo(format_schedule(schedule, launches))
     if not result.feasible:
         raise _Exit(EXIT_FAILED)
 

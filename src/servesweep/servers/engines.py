@@ -117,6 +117,13 @@ class EnginePreset:
     draft_length_param: str | None = None
     """The param that sets how many tokens are drafted per step (the performance
     prediction's draft length), when the engine has one."""
+    draft_schedule_param: str | None = None
+    """The param that takes a draft length per batch size, when the engine has one:
+    vLLM's ``speculative_config.num_speculative_tokens_per_batch_size``, inclusive
+    ranges ``[[start, end, draft], ...]`` from batch size 1, each draft length at most
+    ``num_speculative_tokens`` (vLLM 0.32's ``vllm/v1/spec_decode/dynamic/utils.py``).
+    ``servesweep best`` writes the schedule the sweep supports in it
+    (:mod:`servesweep.decide.schedule`)."""
     description: str = ""
     program: tuple[str, ...] = ()
     """The default program (``server.executable`` replaces it): what precedes the flags."""
@@ -340,6 +347,7 @@ PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",
         draft_length_param="speculative_config.num_speculative_tokens",
+        draft_schedule_param="speculative_config.num_speculative_tokens_per_batch_size",
         build_argv=_vllm_argv,
         health_path="/health",
         fatal_patterns=VLLM_FATAL,

@@ -46,6 +46,7 @@ class SimConfig:
     budget: int
     topk: int
     window: int
+    verify_batch_cost: float
     release_delay: float
     shutdown_delay: float
     shutdown_generation: str
@@ -246,6 +247,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument(
         "--window", metavar="W", type=nn_int, default=0, help="draft attention window (0: none)"
     )
+    g.add_argument(
+        "--verify-batch-cost",
+        metavar="F",
+        type=nn_float,
+        default=0.0,
+        help="step time + step_ms*F*budget*(running-1): verifying the other sequences' "
+        "drafts, so the best budget falls as the batch grows (default 0)",
+    )
 
     g = p.add_argument_group("failure modes")
     g.add_argument(
@@ -362,6 +371,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> SimConfig:
         budget=ns.budget,
         topk=ns.topk,
         window=ns.window,
+        verify_batch_cost=ns.verify_batch_cost,
         release_delay=ns.release_delay,
         shutdown_delay=ns.shutdown_delay,
         shutdown_generation=ns.shutdown_generation,

@@ -152,7 +152,9 @@ class Engine:
         if self.requests < cold:
             # a fresh launch: cold kernels and caches, warming request by request
             slowdown *= 1.0 + (self.cfg.cold_slowdown - 1.0) * (1.0 - self.requests / cold)
-        return self.cfg.step_ms / 1000.0 * self.spec.step_factor * slowdown
+        # verifying every other running sequence's drafts (a batch that fills the step)
+        verify = self.cfg.verify_batch_cost * self.cfg.budget * max(self.running - 1, 0)
+        return self.cfg.step_ms / 1000.0 * (self.spec.step_factor * slowdown + verify)
 
     def first_token_seconds(self, prompt_tokens: int) -> float:
         prefill = prompt_tokens / self.cfg.prefill_tok_s if self.cfg.prefill_tok_s > 0 else 0.0
