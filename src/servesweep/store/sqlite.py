@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import servesweep.store.schema as schema
 from servesweep.errors import ServesweepError, StoreError
 from servesweep.models import (
     EvalTaskResult,
@@ -32,7 +33,6 @@ from servesweep.models import (
 )
 from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
 from servesweep.samples import SampleColumns, columns_of
-from servesweep.store import schema
 from servesweep.store.schema import CREATE_V1, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["Store", "open_store"]
