@@ -362,7 +362,9 @@ class LevelResult:
     repeat: int
     metrics: Mapping[str, float]
     """Flat metric names, e.g. ``output_throughput``, ``ttft_p99_ms``, ``pass_rate``."""
-    samples: tuple[RequestSample, ...] = ()
+    samples: Sequence[RequestSample] = ()
+    """The level's requests (the load generator's are
+    :class:`~servesweep.samples.SampleColumns`)."""
     warnings: tuple[str, ...] = ()
     info: Mapping[str, Any] = field(default_factory=dict)
     """Non-numeric facts: acceptance source, telemetry per GPU, errors by type..."""

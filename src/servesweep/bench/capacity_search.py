@@ -36,10 +36,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from servesweep.models import RequestSample
+from servesweep.samples import SampleColumns, columns_of
 from servesweep.spec.schema_search import CapacitySpec
 
 __all__ = ["CapacityEstimate", "Probe", "estimate", "next_load", "slo_score"]
+
+FloatArray = npt.NDArray[np.float64]
 
 _SLO_SECONDS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2e_ms": "e2e", "e2el_ms": "e2e"}
 _EDGE = 0.95
@@ -78,25 +84,27 @@ class CapacityEstimate:
     tolerance."""
 
 
-def _ratio(sample: RequestSample, slo: Mapping[str, float]) -> float:
-    if not sample.ok or sample.e2e is None:
-        return math.inf
-    worst = 0.0
+def _ratios(samples: SampleColumns, slo: Mapping[str, float]) -> FloatArray:
+    """Each request's worst latency over its SLO (inf: failed, or without a value an
+    SLO needs; TPOT is not judged for one token or without a first token)."""
+    ttft = samples.ttft
+    e2e = samples.e2e
+    worst = np.zeros(len(samples), dtype=np.float64)
+    bad = ~samples.ok | np.isnan(e2e)
     for key, limit in slo.items():
         kind = _SLO_SECONDS[key]
         if kind == "ttft":
-            value = sample.ttft
+            value = ttft
+            bad |= np.isnan(ttft)
         elif kind == "e2e":
-            value = sample.e2e
+            value = e2e
         else:
-            tokens = sample.completion_tokens or 0
-            if tokens <= 1 or sample.ttft is None:
-                continue
-            value = (sample.e2e - sample.ttft) / (tokens - 1)
-        if value is None:
-            return math.inf
-        worst = max(worst, value * 1000.0 / limit)
-    return worst
+            tokens = np.maximum(samples.completion_tokens, 0)
+            judged = (tokens > 1) & ~np.isnan(ttft)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                value = np.where(judged, (e2e - ttft) / (tokens - 1), np.nan)
+        worst = np.fmax(worst, value * 1000.0 / limit)
+    return np.where(bad, np.inf, worst)
 
 
 def slo_score(
@@ -105,10 +113,10 @@ def slo_score(
     """(score, attainment) of one level's requests (see the module docstring)."""
     if not samples:
         return math.inf, 0.0
-    ratios = sorted(_ratio(s, slo) for s in samples)
-    attainment = sum(1 for r in ratios if r <= 1.0) / len(ratios)
+    ratios = np.sort(_ratios(columns_of(samples), slo))
+    attainment = int((ratios <= 1.0).sum()) / len(ratios)
     rank = max(0, math.ceil(quantile * len(ratios) - 1e-9) - 1)
-    return ratios[rank], attainment
+    return float(ratios[rank]), attainment
 
 
 def _bracket(probes: Sequence[Probe]) -> tuple[Probe | None, Probe | None]:

@@ -21,6 +21,7 @@ import aiohttp
 
 from servesweep.bench.capacity import CapacityPlan
 from servesweep.bench.client import build_headers, get_text, make_session, post_json
+from servesweep.bench.columns import joined
 from servesweep.bench.datasets import (
     Prompt,
     build_body,
@@ -29,7 +30,7 @@ from servesweep.bench.datasets import (
     synthetic_prompts,
 )
 from servesweep.bench.health import assess
-from servesweep.bench.metrics import LevelContext, compute_level, paused_gc
+from servesweep.bench.metrics import LevelContext, compute_columns, paused_gc
 from servesweep.bench.plan import LevelPlan, PlanOutput, arrival_offsets, run_plan
 from servesweep.bench.specdecode import (
     acceptance_from_counters,
@@ -300,11 +301,7 @@ class _Runner:
             out = await run_plan(
                 self._plan(t0_ns=t0, first_index=start, count=size, concurrency=c), self.session
             )
-            rates = [
-                (r.completion_tokens or len(r.chunk_ns)) / ((r.end_ns - r.sent_ns) * 1e-9)
-                for r in out.raws
-                if r.ok and r.end_ns is not None and r.end_ns > r.sent_ns and r.chunk_ns
-            ]
+            rates = out.raws.tokens_per_s()
             if len(rates) < 2:
                 windows.append({"requests": float(size)})
                 continue
@@ -460,7 +457,7 @@ class _Runner:
         t0, started_at, outputs = measured.t0, measured.started_at, measured.outputs
         sampler, before, after = measured.sampler, measured.before, measured.after
         counter_error, n_workers = measured.counter_error, measured.n_workers
-        raws = [r for o in outputs for r in o.raws]
+        raws = joined([o.raws for o in outputs])
         lags = [x for o in outputs for x in o.loop_lags_ns]
         steady = None
         if conc is not None:
@@ -482,7 +479,7 @@ class _Runner:
             ignore_eos=(self.w.ignore_eos, bool(self.data_info.get("ignore_eos"))),
         )
         with paused_gc():
-            metrics, info, samples, warnings = compute_level(raws, ctx)
+            metrics, info, samples, warnings = compute_columns(raws, ctx)
         health = assess(metrics, rate=rate, stream=self.w.stream)
         info["generator_health"] = health.to_info()
         info.update(self.data_info)

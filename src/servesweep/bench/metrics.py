@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -24,14 +23,16 @@ import numpy.typing as npt
 
 from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
-from servesweep.bench.specdecode import estimate_from_chunks
-from servesweep.decide.level_intervals import SLO_KEYS, meets_slo
+from servesweep.bench.columns import RawColumns
+from servesweep.decide.level_intervals import SLO_KEYS, good_mask
 from servesweep.metrics_catalog import Latency, Stat, latency
-from servesweep.models import RequestSample
+from servesweep.samples import SampleColumns
 
 __all__ = ["LevelContext", "compute_level", "paused_gc", "percentile", "summary_stats"]
 
-FloatArray = npt.NDArray[np.float64]
+FloatArray = npt.NDArray[np.floating[Any]]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 _NS = 1e-9
 _MS = 1e-6
@@ -88,111 +89,63 @@ def _ranks(n: int, q: float) -> tuple[int, int, float]:
     return lo, min(lo + 1, n - 1), pos - lo
 
 
-def summary_stats(values: Sequence[float] | FloatArray) -> dict[str, float]:
+def summary_stats(
+    values: Sequence[float] | FloatArray | IntArray,
+    *,
+    scratch: bool = False,
+    ns_to_ms: bool = False,
+) -> dict[str, float]:
     """mean, median, p90, p99, max of ``values``, keyed by the values of
     :class:`~servesweep.metrics_catalog.Stat` (empty: no keys).
 
     The percentiles are exact, those of :func:`percentile` over the sorted values:
     only the order statistics they need are found (``numpy.partition``, linear in
     the values, not a sort), and interpolated as :func:`percentile` does, in Python
-    floats, so they are the same numbers to the last bit."""
-    a = np.asarray(values, dtype=np.float64)
+    floats, so they are the same numbers to the last bit. With ``scratch`` an array
+    ``values`` is reordered in place (no copy of it). With ``ns_to_ms`` the values
+    are integer nanoseconds and the statistics are of each one's ``v * 1e-9 * 1e3``
+    ms (the order is the same: each statistic is the same number to the last bit;
+    the mean from the exact sum)."""
+    a = np.asarray(values, dtype=np.int64 if ns_to_ms else np.float64)
     n = len(a)
     if not n:
         return {}
+    mean = int(a.sum()) * _NS * 1e3 / n if ns_to_ms else float(a.sum()) / n
+    unit = (lambda v: float(v) * _NS * 1e3) if ns_to_ms else float
     ranks: dict[float, tuple[int, int, float]] = {q: _ranks(n, q) for q in (50.0, 90.0, 99.0)}
     kth = sorted({n - 1} | {r for lo, hi, _ in ranks.values() for r in (lo, hi)})
-    part = np.partition(a, kth)
+    if scratch and a is values:
+        a.partition(kth)
+        part = a
+    else:
+        part = np.partition(a, kth)
 
     def at(q: float) -> float:
         if n == 1:
-            return float(part[0])
+            return unit(part[0])
         lo, hi, frac = ranks[q]
-        x, y = float(part[lo]), float(part[hi])
+        x, y = unit(part[lo]), unit(part[hi])
         return float(x + (y - x) * frac)
 
     return {
-        Stat.MEAN.value: float(a.sum()) / n,
+        Stat.MEAN.value: mean,
         Stat.MEDIAN.value: at(50),
         Stat.P90.value: at(90),
         Stat.P99.value: at(99),
-        Stat.MAX.value: float(part[n - 1]),
+        Stat.MAX.value: unit(part[n - 1]),
     }
 
 
-def _spread(total: int, n: int) -> list[int]:
-    base, rem = divmod(total, n)
-    return [base + (1 if i < rem else 0) for i in range(n)]
+def _stats_ms(values: FloatArray) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in summary_stats(values).items()}
 
 
-def _tokens(r: RawResult, source: Counter[str]) -> list[int]:
-    """Tokens of each of a request's chunks, and where the count came from."""
-    n_chunks = len(r.chunk_ns)
-    if r.chunk_tokens is not None and len(r.chunk_tokens) == n_chunks:
-        source["continuous_usage"] += 1
-        return r.chunk_tokens
-    if r.completion_tokens is not None and n_chunks:
-        source["usage_spread"] += 1
-        return _spread(r.completion_tokens, n_chunks)
-    if n_chunks:
-        source["chunk_count"] += 1
-    return [1] * n_chunks
-
-
-class _Chunks:
-    """Every chunk of a level's requests in one array (the per-token work of a level
-    of many requests done once over all of them, not token by token)."""
-
-    def __init__(self, raws: Sequence[RawResult], tokens: Sequence[Sequence[int]]) -> None:
-        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
-        total = int(lengths.sum())
-        self.starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        self.lengths = lengths
-        at = np.fromiter(chain.from_iterable(r.chunk_ns for r in raws), np.int64, total)
-        self.tokens = np.fromiter(chain.from_iterable(tokens), np.int64, total)
-        # gap i runs from chunk i to chunk i + 1 (across two requests at a boundary,
-        # never read then): seconds, computed as (b - a) * 1e-9 in Python floats is
-        self.gaps = np.diff(at) * _NS
-        self._gaps_list: list[float] = self.gaps.tolist()
-        self._starts_list: list[int] = self.starts.tolist()
-        self._lengths_list: list[int] = lengths.tolist()
-
-    def gaps_s(self, i: int) -> tuple[float, ...]:
-        """Request ``i``'s gaps between its chunks, in seconds."""
-        n = self._lengths_list[i]
-        if n < 2:
-            return ()
-        start = self._starts_list[i]
-        return tuple(self._gaps_list[start : start + n - 1])
-
-    def per_token_ms(self, counted: Sequence[bool]) -> tuple[FloatArray, FloatArray]:
-        """The chunk gaps (ms) of the ``counted`` requests, and their inter-token
-        latencies: a chunk of k tokens gives k intervals of its gap / k."""
-        n = len(self.tokens)
-        if n < 2:
-            empty = np.zeros(0, dtype=np.float64)
-            return empty, empty
-        own = np.repeat(np.asarray(counted, dtype=bool), self.lengths)
-        first = np.zeros(n, dtype=bool)
-        first[self.starts[self.lengths > 0]] = True
-        # gap i belongs to chunk i + 1 when that chunk is not a request's first
-        keep = own[1:] & ~first[1:]
-        gaps_ms = self.gaps[keep] * 1e3
-        k = self.tokens[1:][keep]
-        some = k > 0
-        itl = np.repeat(gaps_ms[some] / k[some], k[some])
-        return gaps_ms, itl
-
-
-def _in_flight_mean(raws: Sequence[RawResult], start: int, end: int) -> float:
+def _in_flight_mean(sent: IntArray, done: IntArray, start: int, end: int) -> float:
     """Time-weighted mean number of requests in flight in ``[start, end]``: the
     requests' times in flight inside the window, summed (integer nanoseconds, so
     exactly the area under the in-flight count), over the window."""
     if end <= start:
         return 0.0
-    n = len(raws)
-    sent = np.fromiter((r.sent_ns for r in raws), np.int64, n)
-    done = np.fromiter((r.sent_ns if r.end_ns is None else r.end_ns for r in raws), np.int64, n)
     inside = np.minimum(done, end) - np.maximum(sent, start)
     area = int(inside[inside > 0].sum())
     return area / (end - start)
@@ -200,173 +153,241 @@ def _in_flight_mean(raws: Sequence[RawResult], start: int, end: int) -> float:
 
 def compute_level(
     raws: Sequence[RawResult], ctx: LevelContext
-) -> tuple[dict[str, float], dict[str, Any], tuple[RequestSample, ...], list[str]]:
-    """Metrics, info, samples and warnings of one level."""
+) -> tuple[dict[str, float], dict[str, Any], SampleColumns, list[str]]:
+    """Metrics, info, samples and warnings of one level of ``raws``."""
+    columns = RawColumns()
+    columns.extend(raws)
+    return compute_columns(columns, ctx)
+
+
+def compute_columns(
+    columns: RawColumns, ctx: LevelContext
+) -> tuple[dict[str, float], dict[str, Any], SampleColumns, list[str]]:
+    """Metrics, info, samples and warnings of one level, from its requests' columns
+    (numpy over every request and every chunk at once; no pass over the requests).
+    The columns are used up: their gaps may be left reordered (the level's
+    statistics select in place, not in a copy of every gap)."""
     t0 = ctx.t0_ns
-    ok = [r for r in raws if r.ok]
-    failed = [r for r in raws if not r.ok]
-    ends = [r.end_ns for r in raws if r.end_ns is not None]
-    duration = max(1e-9, ((max(ends) if ends else t0) - t0) * _NS)
+    a = columns.arrays()
+    n = len(a.sent)
+    ok = a.ok
+    has_end = a.end >= 0
+    n_ok = int(ok.sum())
+    n_failed = n - n_ok
+    end_all = int(a.end[has_end].max()) if has_end.any() else t0
+    duration = max(1e-9, (end_all - t0) * _NS)
 
-    ttft: list[float] = []
-    e2e: list[float] = []
-    tpot: list[float] = []
-    prompt_tokens: list[int] = []
-    completion_tokens: list[int] = []
-    per_request_chunk_tokens: list[list[int]] = []
-    token_source = Counter[str]()
-    good = 0
-    samples: list[RequestSample] = []
-    reasoning: list[float] = []
-    reasoning_tokens: list[int] = []
+    # the requests in the order they were sent (their chunks stay where they are)
+    order = np.argsort(a.sent, kind="stable")
+    sent = a.sent[order]
+    first = a.first[order]
+    first_answer = a.first_answer[order]
+    end = a.end[order]
+    is_ok = ok[order]
+    counts = a.chunk_count[order]
+    starts_raw = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        np.cumsum(a.chunk_count[:-1], out=starts_raw[1:])
+    nonempty = a.chunk_count > 0
+    first_at = starts_raw[nonempty]
+    """Where each request that has chunks has its first."""
+    sums_raw = np.zeros(n, dtype=np.int64)
+    if len(first_at):
+        sums_raw[nonempty] = np.add.reduceat(a.chunk_tokens, first_at)
+    completion_raw = a.completion_tokens
+    ct_raw = np.where(completion_raw >= 0, completion_raw, sums_raw)
+    ct = ct_raw[order]
+    prompt = a.prompt_tokens[order]
+    reasoning_tokens = a.reasoning_tokens[order]
+
+    done = is_ok & (end >= 0)
+    with_first = done & (first >= 0)
+    e2e_all = (end - sent) * _MS
+    ttft_all = (first - sent) * _MS
+    ttft_all[first < 0] = np.nan
+    e2e = e2e_all[done]
+    ttft = ttft_all[with_first]
+    many = with_first & (ct > 1)
+    tpot = (e2e_all[many] - ttft_all[many]) / (ct[many] - 1)
+    completion_tokens = ct[done]
+    prompt_tokens = prompt[done & (prompt >= 0)]
+    late = with_first & (first_answer >= 0) & (first_answer > first)
+    reasoning = (first_answer[late] - sent[late]) * _MS
+    thought = reasoning_tokens[done & (reasoning_tokens > 0)]
     slo = {k: v for k, v in ctx.slo.items() if k in SLO_KEYS}
+    good = int(done.sum()) if not slo else int((good_mask(slo, ttft_all, e2e_all, ct) & done).sum())
 
-    ordered = sorted(raws, key=lambda x: x.sent_ns)
-    per_request_tokens = [_tokens(r, token_source) for r in ordered]
-    chunks = _Chunks(ordered, per_request_tokens)
-    counted: list[bool] = []
-    """Per request: whether its chunk gaps count in ITL and chunk gaps."""
-    for i, (r, tokens) in enumerate(zip(ordered, per_request_tokens, strict=True)):
-        n_chunks = len(tokens)
-        ct = r.completion_tokens if r.completion_tokens is not None else sum(tokens)
-        samples.append(
-            RequestSample(
-                index=r.index,
-                ok=r.ok,
-                error=f"{r.error}: {r.message}" if r.error and r.message else r.error,
-                scheduled_at=None if r.scheduled_ns is None else (r.scheduled_ns - t0) * _NS,
-                sent_at=(r.sent_ns - t0) * _NS,
-                first_token_at=None if r.first_ns is None else (r.first_ns - t0) * _NS,
-                finished_at=None if r.end_ns is None else (r.end_ns - t0) * _NS,
-                prompt_tokens=r.prompt_tokens,
-                completion_tokens=ct if (n_chunks or r.completion_tokens is not None) else None,
-                reasoning_tokens=r.reasoning_tokens,
-                chunk_gaps=chunks.gaps_s(i),
-                chunk_tokens=tuple(tokens),
-            )
-        )
-        counted.append(r.ok and r.end_ns is not None and r.first_ns is not None)
-        if not r.ok or r.end_ns is None:
-            continue
-        e = (r.end_ns - r.sent_ns) * _MS
-        e2e.append(e)
-        completion_tokens.append(ct)
-        if r.prompt_tokens is not None:
-            prompt_tokens.append(r.prompt_tokens)
-        t = None
-        tp = None
-        if r.first_ns is not None:
-            t = (r.first_ns - r.sent_ns) * _MS
-            ttft.append(t)
-            if ct > 1:
-                tp = (e - t) / (ct - 1)
-                tpot.append(tp)
-            per_request_chunk_tokens.append(tokens)
-            if r.first_answer_ns is not None and r.first_answer_ns > r.first_ns:
-                reasoning.append((r.first_answer_ns - r.sent_ns) * _MS)
-        if r.reasoning_tokens:
-            reasoning_tokens.append(r.reasoning_tokens)
-        if not slo or meets_slo(slo, {"ttft": t, "tpot": tp, "e2e": e}, ct):
-            good += 1
-    gaps_ms, itl = chunks.per_token_ms(counted)
+    # every request's gaps between its chunks (seconds, in the order the requests
+    # completed), and those of the requests that count in ITL and the chunk gaps:
+    # completed with a first token
+    gap_count = np.maximum(a.chunk_count - 1, 0)
+    gap_start = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        np.cumsum(gap_count[:-1], out=gap_start[1:])
+    gaps = a.gap_s
+    counted_raw = np.zeros(n, dtype=np.bool_)
+    counted_raw[order] = with_first
+    every = bool(counted_raw.all())
+    if every and a.chunk_tokens.min(initial=1) == 1 == a.chunk_tokens.max(initial=1):
+        # every gap counts, and is one inter-token latency (one token a chunk): their
+        # statistics from the gaps' nanoseconds, reordered in place (no copy of them)
+        gap_stats = summary_stats(a.gap_ns, scratch=True, ns_to_ms=True)
+        itl_stats = gap_stats
+    else:
+        gaps_ms = (gaps if every else gaps[np.repeat(counted_raw, gap_count)]) * 1e3
+        later = np.ones(len(a.chunk_tokens), dtype=np.bool_)
+        later[first_at] = False
+        k = a.chunk_tokens[later]
+        if not every:
+            k = k[np.repeat(counted_raw, gap_count)]
+        some = k > 0
+        itl_stats = summary_stats(np.repeat(gaps_ms[some] / k[some], k[some]), scratch=True)
+        gap_stats = summary_stats(gaps_ms, scratch=True)
 
-    total_out = sum(completion_tokens)
-    total_in = sum(prompt_tokens)
-    n = len(raws)
+    total_out = int(completion_tokens.sum())
+    total_in = int(prompt_tokens.sum())
     m: dict[str, float] = {
-        mc.COMPLETED.name: float(len(ok)),
-        mc.FAILED.name: float(len(failed)),
-        mc.ERROR_RATE.name: len(failed) / n if n else 0.0,
+        mc.COMPLETED.name: float(n_ok),
+        mc.FAILED.name: float(n_failed),
+        mc.ERROR_RATE.name: n_failed / n if n else 0.0,
         mc.DURATION_S.name: duration,
-        mc.REQUEST_THROUGHPUT.name: len(ok) / duration,
+        mc.REQUEST_THROUGHPUT.name: n_ok / duration,
         mc.OUTPUT_THROUGHPUT.name: total_out / duration,
         mc.INPUT_THROUGHPUT.name: total_in / duration,
         mc.TOTAL_TOKEN_THROUGHPUT.name: (total_in + total_out) / duration,
         mc.GOODPUT.name: good / duration,
     }
-    if prompt_tokens:
+    if len(prompt_tokens):
         m[mc.PROMPT_TOKENS_MEAN.name] = total_in / len(prompt_tokens)
-    if completion_tokens:
+    if len(completion_tokens):
         m[mc.COMPLETION_TOKENS_MEAN.name] = total_out / len(completion_tokens)
-    for kind, values_ms in (
-        (Latency.TTFT, ttft),
-        (Latency.TPOT, tpot),
-        (Latency.ITL, itl),
-        (Latency.E2E, e2e),
-        (Latency.CHUNK_GAP, gaps_ms),
+    for kind, stats in (
+        (Latency.TTFT, summary_stats(ttft, scratch=True)),
+        (Latency.TPOT, summary_stats(tpot, scratch=True)),
+        (Latency.ITL, itl_stats),
+        (Latency.E2E, summary_stats(e2e, scratch=True)),
+        (Latency.CHUNK_GAP, gap_stats),
     ):
-        stats = summary_stats(values_ms)
         for stat in Stat if stats else ():
             m[latency(kind, stat).name] = stats[stat.value]
-    n_chunks_total = sum(map(len, per_request_chunk_tokens))
+    n_chunks_total = int(a.chunk_count[counted_raw].sum())
     if n_chunks_total:
-        chunk_tokens = sum(map(sum, per_request_chunk_tokens))
+        chunk_tokens = int(sums_raw[counted_raw].sum())
         m[mc.TOKENS_PER_CHUNK_MEAN.name] = chunk_tokens / n_chunks_total
 
-    # what the generator itself did
+    # what the generator itself did (in the order the requests completed)
     info: dict[str, Any] = {}
-    lags = [(r.sent_ns - r.scheduled_ns) * _MS for r in raws if r.scheduled_ns is not None]
-    if lags:
+    scheduled = a.scheduled >= 0
+    if scheduled.any():
+        lags = (a.sent[scheduled] - a.scheduled[scheduled]) * _MS
         s = summary_stats(lags)
         m[mc.SCHEDULE_LAG_P99_MS.name] = s[Stat.P99.value]
         info["schedule_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
     if ctx.loop_lags_ns:
-        s = summary_stats([x * _MS for x in ctx.loop_lags_ns])
+        s = summary_stats(np.asarray(ctx.loop_lags_ns, dtype=np.int64) * _MS)
         m[mc.LOOP_LAG_P99_MS.name] = s[Stat.P99.value]
         info["loop_lag_ms"] = {k: round(v, 3) for k, v in s.items()}
-    ttfb = [(r.first_byte_ns - r.sent_ns) * _MS for r in ok if r.first_byte_ns is not None]
-    if ttfb and ctx.stream:
-        info["ttfb_ms"] = {k: round(v, 3) for k, v in summary_stats(ttfb).items()}
-    sent = sorted(r.sent_ns for r in raws)
-    end_all = max(ends) if ends else t0
+    byte = ok & (a.first_byte >= 0)
+    if byte.any() and ctx.stream:
+        info["ttfb_ms"] = _stats_ms((a.first_byte[byte] - a.sent[byte]) * _MS)
+    done_at = np.where(has_end, a.end, a.sent)
     if ctx.steady is not None:
-        m[mc.CONCURRENCY_MEAN.name] = _in_flight_mean(raws, *ctx.steady)
+        m[mc.CONCURRENCY_MEAN.name] = _in_flight_mean(a.sent, done_at, *ctx.steady)
         info["steady_window_s"] = round((ctx.steady[1] - ctx.steady[0]) * _NS, 3)
-        info["concurrency_mean_whole_run"] = round(_in_flight_mean(raws, t0, end_all), 2)
+        info["concurrency_mean_whole_run"] = round(_in_flight_mean(a.sent, done_at, t0, end_all), 2)
     else:
-        m[mc.CONCURRENCY_MEAN.name] = _in_flight_mean(raws, t0, end_all)
-    if ctx.rate is not None and sent:
-        span = (sent[-1] - t0) * _NS
+        m[mc.CONCURRENCY_MEAN.name] = _in_flight_mean(a.sent, done_at, t0, end_all)
+    if ctx.rate is not None and n:
+        span = (int(sent[-1]) - t0) * _NS
         if span > 0:
-            m[mc.ACHIEVED_RATE.name] = len(sent) / span
+            m[mc.ACHIEVED_RATE.name] = n / span
 
     # facts for the record
-    info["errors"] = dict(Counter(r.error for r in failed if r.error))
+    failed = [e for row, e in columns.errors.items() if not ok[row]]
+    info["errors"] = dict(Counter(error for error, _ in failed))
     examples: dict[str, str] = {}
-    for r in failed:
-        if r.error and r.error not in examples and r.message:
-            examples[r.error] = r.message
+    for error, message in failed:
+        if error not in examples and message:
+            examples[error] = message
     if examples:
         info["error_examples"] = examples
-    resent = [r.resent for r in raws if r.resent]
-    if resent:
-        info["resent_requests"] = len(resent)
-        info["resent_example"] = resent[0]
-    rejected = [r.usage_problem for r in raws if r.usage_problem]
-    if rejected:
-        info["usage_rejected"] = len(rejected)
-        info["usage_rejected_example"] = rejected[0]
-    info["finish_reasons"] = dict(Counter(r.finish_reason or "none" for r in ok))
-    info["tokens_per_chunk_source"] = dict(token_source)
-    info["completion_tokens_source"] = (
-        "usage" if all(r.completion_tokens is not None for r in ok) else "chunk_count"
+    if columns.resent:
+        info["resent_requests"] = len(columns.resent)
+        info["resent_example"] = next(iter(columns.resent.values()))
+    if columns.usage_problem:
+        info["usage_rejected"] = len(columns.usage_problem)
+        info["usage_rejected_example"] = next(iter(columns.usage_problem.values()))
+    info["finish_reasons"] = dict(columns.finish_reasons)
+    info["tokens_per_chunk_source"] = dict(columns.token_source)
+    no_usage = ok & (completion_raw < 0)
+    info["completion_tokens_source"] = "chunk_count" if no_usage.any() else "usage"
+    without_usage = int(no_usage.sum()) - sum(
+        1 for row in columns.usage_problem if ok[row] and completion_raw[row] < 0
     )
-    without_usage = sum(1 for r in ok if r.completion_tokens is None and not r.usage_problem)
-    if reasoning or reasoning_tokens:
+    if len(reasoning) or len(thought):
         info["reasoning"] = {
             "requests": len(reasoning),
-            "time_to_first_answer_ms": {
-                k: round(v, 3) for k, v in summary_stats(reasoning).items()
-            },
-            "reasoning_tokens_mean": (
-                sum(reasoning_tokens) / len(reasoning_tokens) if reasoning_tokens else None
-            ),
+            "time_to_first_answer_ms": _stats_ms(reasoning),
+            "reasoning_tokens_mean": (int(thought.sum()) / len(thought) if len(thought) else None),
         }
     warnings = _warnings(m, info, ctx, without_usage)
-    est = estimate_from_chunks(per_request_chunk_tokens)
+    est = _decode_chunk_mean(a.chunk_tokens, a.chunk_count, starts_raw, sums_raw, counted_raw)
     if est is not None:
         info["acceptance_estimate_from_chunks"] = round(est, 4)
-    return m, info, tuple(samples), warnings
+    samples = SampleColumns(
+        indices=a.index[order],
+        ok=is_ok,
+        sent_at=(sent - t0) * _NS,
+        scheduled_at=_times(a.scheduled[order], t0),
+        first_token_at=_times(first, t0),
+        finished_at=_times(end, t0),
+        prompt_tokens=prompt,
+        completion_tokens=np.where((counts > 0) | (completion_raw[order] >= 0), ct, -1),
+        reasoning_tokens=reasoning_tokens,
+        chunk_count=counts,
+        chunk_tokens=a.chunk_tokens,
+        gap_count=gap_count[order],
+        chunk_gaps=gaps,
+        chunk_start=starts_raw[order],
+        gap_start=gap_start[order],
+        errors=_error_texts(columns, order),
+    )
+    return m, info, samples, warnings
+
+
+def _decode_chunk_mean(
+    tokens: IntArray, counts: IntArray, starts: IntArray, sums: IntArray, counted: BoolArray
+) -> float | None:
+    """Mean tokens of the ``counted`` requests' decode chunks, each request's first
+    and last chunk left out (:func:`~servesweep.bench.specdecode.estimate_from_chunks`):
+    from each request's total, first and last chunk, not chunk by chunk."""
+    rows = counted & (counts > 0)
+    n = int(np.maximum(counts[rows] - 2, 0).sum())
+    if not n:
+        return None
+    firsts = tokens[starts[rows]]
+    two = rows & (counts > 1)
+    lasts = tokens[(starts + counts - 1)[two]]
+    return (int(sums[rows].sum()) - int(firsts.sum()) - int(lasts.sum())) / n
+
+
+def _times(ns: IntArray, t0: int) -> FloatArray:
+    """Seconds from ``t0`` (NaN where missing)."""
+    out = (ns - t0) * _NS
+    out[ns < 0] = np.nan
+    return out
+
+
+def _error_texts(columns: RawColumns, order: IntArray) -> dict[int, str]:
+    """The samples' error texts, by their row in ``order``."""
+    if not columns.errors:
+        return {}
+    row_of = np.empty(len(order), dtype=np.int64)
+    row_of[order] = np.arange(len(order), dtype=np.int64)
+    return {
+        int(row_of[row]): f"{error}: {message}" if message else error
+        for row, (error, message) in columns.errors.items()
+    }
 
 
 def _warnings(

@@ -1,7 +1,9 @@
 """One process's share of one load level, and how it is run (closed or open loop).
 
 A :class:`LevelPlan` is plain picklable data so that a worker process can run it;
-:func:`run_plan` runs it on the current event loop with a given session.
+:func:`run_plan` runs it on the current event loop with a given session. Each request
+joins the plan's :class:`~servesweep.bench.columns.RawColumns` as it completes, so
+nothing is left to gather request by request when the level ends.
 
 A level with a deadline (the workload's ``duration``) ends there: no request is
 started after it, and the requests still in flight get a grace to finish (twice
@@ -22,6 +24,7 @@ from time import monotonic_ns
 import aiohttp
 
 from servesweep.bench.client import Cutoff, RawResult, send
+from servesweep.bench.columns import RawColumns
 from servesweep.bench.telemetry import LoopLagMonitor
 
 __all__ = ["END_GRACE_MIN_S", "LevelPlan", "PlanOutput", "arrival_offsets", "run_plan"]
@@ -53,7 +56,8 @@ class LevelPlan:
 
 @dataclass
 class PlanOutput:
-    raws: list[RawResult]
+    raws: RawColumns
+    """The requests, gathered into columns as each one completed."""
     loop_lags_ns: list[int]
     full_at_ns: int | None = None
     """Closed loop: when the whole concurrency was first in flight."""
@@ -119,15 +123,14 @@ async def run_plan(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutpu
     return out
 
 
-def _grace_s(raws: Sequence[RawResult]) -> float:
-    slowest = max((r.end_ns - r.sent_ns for r in raws if r.ok and r.end_ns is not None), default=0)
-    return max(END_GRACE_MIN_S, 2 * slowest * 1e-9)
+def _grace_s(raws: RawColumns) -> float:
+    return max(END_GRACE_MIN_S, 2 * raws.slowest_ok_ns * 1e-9)
 
 
 async def _finish(
     tasks: Sequence[asyncio.Task[object]],
     deadline_ns: int | None,
-    raws: Sequence[RawResult],
+    raws: RawColumns,
     cutoff: Cutoff,
     out: PlanOutput,
 ) -> None:
@@ -156,7 +159,7 @@ async def _finish(
 
 
 async def _closed_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutput:
-    raws: list[RawResult] = []
+    raws = RawColumns()
     out = PlanOutput(raws=raws, loop_lags_ns=[])
     concurrency = plan.concurrency or 1
     bodies, order, n_order = plan.bodies, plan.order, len(plan.order)
@@ -202,7 +205,7 @@ async def _closed_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanO
 
 
 async def _open_loop(plan: LevelPlan, session: aiohttp.ClientSession) -> PlanOutput:
-    raws: list[RawResult] = []
+    raws = RawColumns()
     out = PlanOutput(raws=raws, loop_lags_ns=[])
     cutoff = Cutoff()
     offsets = plan.offsets_ns or ()

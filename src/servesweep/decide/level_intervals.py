@@ -26,6 +26,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from servesweep import metrics_catalog as mc
 from servesweep.decide.intervals import (
@@ -35,16 +39,21 @@ from servesweep.decide.intervals import (
     bootstrap_ratio,
     bootstrap_stats,
     subsample,
-    summary_of,
     wilson,
 )
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.models import EvalTaskResult, RequestSample
+from servesweep.samples import SampleColumns, columns_of
+
+FloatArray = npt.NDArray[np.floating[Any]]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
     "INTERVAL_METRICS",
     "SLO_KEYS",
     "eval_intervals",
+    "good_mask",
     "level_intervals",
     "meets_slo",
 ]
@@ -96,9 +105,33 @@ def meets_slo(slo: Mapping[str, float], values: Mapping[str, float | None], toke
     return True
 
 
+def good_mask(
+    slo: Mapping[str, float], ttft_ms: FloatArray, e2e_ms: FloatArray, tokens: IntArray
+) -> BoolArray:
+    """:func:`meets_slo` over many requests at once: their TTFT and E2E in ms (NaN:
+    none) and completion tokens; TPOT is computed here as :func:`meets_slo`'s callers
+    do (none for one token)."""
+    good = np.ones(len(e2e_ms), dtype=np.bool_)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(tokens > 1, (e2e_ms - ttft_ms) / (tokens - 1), np.nan)
+    values = {"ttft": ttft_ms, "tpot": tpot, "e2e": e2e_ms}
+    for key, limit in slo.items():
+        name = SLO_KEYS.get(key)
+        if name is None:
+            continue
+        value = values[name]
+        missing = np.isnan(value)
+        within = ~missing & (value <= limit)
+        if name == "tpot":
+            within |= missing & (tokens <= 1)
+        good &= within
+    return good
+
+
 def _rates(
-    done: Sequence[RequestSample],
-    goods: Sequence[bool],
+    columns: SampleColumns,
+    done: IntArray,
+    goods: Sequence[bool] | BoolArray,
     duration_s: float,
     confidence: float,
     resamples: int,
@@ -108,14 +141,15 @@ def _rates(
     requests in flight (``sum(e2e) / duration``, which the load generator's
     concurrency or arrival rate sets) times a per-second-in-flight ratio of the
     requests (tokens / e2e); the ratio is bootstrapped over the requests (over the
-    ``picked`` ones, rescaled to all, when the level is subsampled)."""
-    e2e = [(s.finished_at - s.sent_at) if s.finished_at is not None else 0.0 for s in done]
-    total = math.fsum(e2e)
+    ``picked`` ones, rescaled to all, when the level is subsampled). ``done``: the
+    rows of the completed requests."""
+    e2e = columns.finished_at[done] - columns.sent_at[done]
+    total = math.fsum(e2e.tolist())
     if len(done) < _MIN_FOR_RATES or duration_s <= 0 or total <= 0:
         return {}
     in_flight = total / duration_s
-    out_tokens = [float(s.completion_tokens or 0) for s in done]
-    in_tokens = [float(s.prompt_tokens or 0) for s in done]
+    out_tokens = np.maximum(columns.completion_tokens[done], 0).astype(np.float64)
+    in_tokens = np.maximum(columns.prompt_tokens[done], 0).astype(np.float64)
     names = [
         mc.REQUEST_THROUGHPUT.name,
         mc.GOODPUT.name,
@@ -124,22 +158,30 @@ def _rates(
         mc.TOTAL_TOKEN_THROUGHPUT.name,
     ]
     numerators = [
-        [1.0] * len(done),
-        [1.0 if g else 0.0 for g in goods],
+        np.ones(len(done), dtype=np.float64),
+        np.asarray(goods, dtype=np.float64),
         out_tokens,
         in_tokens,
-        [a + b for a, b in zip(in_tokens, out_tokens, strict=True)],
+        in_tokens + out_tokens,
     ]
     if picked is None:
-        found = bootstrap_ratio(numerators, e2e, confidence=confidence, resamples=resamples)
-    else:
         found = bootstrap_ratio(
-            [[num[i] for i in picked] for num in numerators],
-            [e2e[i] for i in picked],
+            [num.tolist() for num in numerators],
+            e2e.tolist(),
+            confidence=confidence,
+            resamples=resamples,
+        )
+    else:
+        rows = np.asarray(picked, dtype=np.int64)
+        # the exact sum of each numerator (fsum's): whole numbers, summed as integers
+        sums = [float(int(num.astype(np.int64).sum())) for num in numerators]
+        found = bootstrap_ratio(
+            [num[rows].tolist() for num in numerators],
+            e2e[rows].tolist(),
             confidence=confidence,
             resamples=resamples,
             scale_to=len(done),
-            centers=[math.fsum(num) / total for num in numerators],
+            centers=[whole / total for whole in sums],
         )
     return {
         name: (in_flight * b[0], in_flight * b[1])
@@ -173,15 +215,17 @@ def level_intervals(
     the inter-token latencies, which every token of every request would have to be
     sorted for, taken from ``values``, the level's metrics, when it has them).
     """
-    done = [s for s in samples if s.ok and s.finished_at is not None]
+    columns = columns_of(samples)
+    done = np.flatnonzero(columns.done)
     out: dict[str, tuple[float, float]] = {}
-    if samples:
-        failed = sum(1 for s in samples if not s.ok)
-        found = wilson(failed, len(samples), confidence=confidence)
+    if len(columns):
+        failed = int((~columns.ok).sum())
+        found = wilson(failed, len(columns), confidence=confidence)
         if found is not None:
             out[mc.ERROR_RATE.name] = found
     picked = subsample(len(done), max_units)
-    units = done if picked is None else [done[i] for i in picked]
+    rows = done if picked is None else done[np.asarray(picked, dtype=np.int64)]
+    units = columns.rows(rows.tolist()) if samples is columns else [samples[i] for i in rows]
     per_kind: dict[Latency, list[list[float]]] = {k: [] for k in _KINDS}
     middles: list[list[float]] = []
     for s in units:
@@ -191,30 +235,26 @@ def level_intervals(
         per_kind[Latency.ITL].append(_itl(s) if ttft is not None else [])
         per_kind[Latency.E2E].append([] if e2e is None else [e2e])
         middles.append(_middle(s) if ttft is not None else [])
-    goods: list[bool] = []
-    whole: dict[Latency, list[float]] = {k: [] for k in _KINDS if k is not Latency.ITL}
-    ttfts, tpots, e2es = whole[Latency.TTFT], whole[Latency.TPOT], whole[Latency.E2E]
-    for s in done if slo or picked is not None else ():
-        ttft, tpot, e2e, ct = _latencies(s)
-        if slo:
-            goods.append(meets_slo(slo, {"ttft": ttft, "tpot": tpot, "e2e": e2e}, ct))
-        if picked is not None:
-            if ttft is not None:
-                ttfts.append(ttft)
-            if tpot is not None:
-                tpots.append(tpot)
-            if e2e is not None:
-                e2es.append(e2e)
-    if not slo:
-        goods = [slo is not None] * len(done)  # no SLO: every completed request is good
+    ttft_ms = columns.ttft[done] * 1e3
+    e2e_ms = columns.e2e[done] * 1e3
+    tokens = _completion_tokens(columns)[done]
+    goods: Sequence[bool] | BoolArray = (
+        good_mask(slo, ttft_ms, e2e_ms, tokens) if slo else [slo is not None] * len(done)
+    )  # no SLO: every completed request is good
     groups = [per_kind[k] for k in _KINDS] + [middles]
     centers: list[Mapping[str, float] | None] | None = None
     chunk_estimate = _mean(middles)
     if picked is not None:
-        centers = [_center(k, whole.get(k), done, values) for k in _KINDS]
-        middle = [s.chunk_tokens[1:-1] for s in done if s.ttft is not None]
-        count = sum(map(len, middle))
-        chunk_estimate = sum(map(sum, middle)) / count if count else None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot_ms = np.where(tokens > 1, (e2e_ms - ttft_ms) / (tokens - 1), np.nan)
+        whole = {
+            Latency.TTFT: ttft_ms[~np.isnan(ttft_ms)],
+            Latency.TPOT: tpot_ms[~np.isnan(tpot_ms)],
+            Latency.E2E: e2e_ms,
+        }
+        first = done[~np.isnan(ttft_ms)]
+        centers = [_center(k, whole.get(k), columns, first, values) for k in _KINDS]
+        chunk_estimate = _decode_chunk_mean(columns, first)
         centers.append(None if chunk_estimate is None else {"mean": chunk_estimate})
     found_stats = bootstrap_stats(
         groups,
@@ -227,7 +267,7 @@ def level_intervals(
         for stat in _STATS:
             if stat.value in stats:
                 out[latency(kind, stat).name] = stats[stat.value]
-    rates = _rates(done, goods, duration_s, confidence, resamples, picked)
+    rates = _rates(columns, done, goods, duration_s, confidence, resamples, picked)
     if slo is None:
         rates.pop(mc.GOODPUT.name, None)
     out.update(rates)
@@ -268,22 +308,124 @@ def _middle(s: RequestSample) -> list[float]:
     return [float(t) for t in s.chunk_tokens[1:-1]]
 
 
+def _completion_tokens(columns: SampleColumns) -> IntArray:
+    """Each request's completion tokens: the server's count, else its chunks' tokens."""
+    counted = columns.completion_tokens
+    if bool((counted >= 0).all()):
+        return counted
+    running = np.concatenate(([0], np.cumsum(columns.chunk_tokens)))
+    starts = columns.starts
+    own = running[starts + columns.chunk_count] - running[starts]
+    return np.where(counted >= 0, counted, own)
+
+
+def _decode_chunk_mean(columns: SampleColumns, rows: IntArray) -> float | None:
+    """Mean tokens of the decode chunks of ``rows`` (each one's chunks but its first
+    and its last): from each request's total, first and last chunk."""
+    counts = columns.chunk_count[rows]
+    n = int(np.maximum(counts - 2, 0).sum())
+    if not n:
+        return None
+    some = rows[counts > 0]
+    starts, counts = columns.starts[some], columns.chunk_count[some]
+    tokens = columns.chunk_tokens
+    total = _tokens_of(columns, some)
+    firsts = int(tokens[starts].sum())
+    lasts = int(tokens[(starts + counts - 1)[counts > 1]].sum())
+    return (total - firsts - lasts) / n
+
+
+def _tokens_of(columns: SampleColumns, rows: IntArray) -> int:
+    """The tokens of every chunk of ``rows``: of every chunk less those of the few
+    requests left out, else summed request by request."""
+    left_out = np.ones(len(columns), dtype=np.bool_)
+    left_out[rows] = False
+    left_out &= columns.chunk_count > 0
+    others = np.flatnonzero(left_out)
+    if len(others) > _FEW:
+        return int(_token_sums(columns)[rows].sum())
+    tokens = columns.chunk_tokens
+    starts, counts = columns.starts, columns.chunk_count
+    return int(tokens.sum()) - sum(
+        int(tokens[starts[i] : starts[i] + counts[i]].sum()) for i in others.tolist()
+    )
+
+
+_FEW = 1_000
+"""Requests left out of a sum over chunks that are subtracted one by one."""
+
+
+def _token_sums(columns: SampleColumns) -> IntArray:
+    """Each request's tokens over its chunks (one pass over the chunks: the chunk
+    columns hold every request's chunks once, one request's after another's)."""
+    sums = np.zeros(len(columns), dtype=np.int64)
+    some = np.flatnonzero(columns.chunk_count > 0)
+    if len(some):
+        some = some[np.argsort(columns.starts[some], kind="stable")]
+        sums[some] = np.add.reduceat(columns.chunk_tokens, columns.starts[some])
+    return sums
+
+
+def _runs(starts: IntArray, counts: IntArray) -> IntArray:
+    """The positions ``starts[i] .. starts[i] + counts[i] - 1`` of every ``i``, in turn."""
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(counts), dtype=np.int64)
+    if len(counts) > 1:
+        np.cumsum(counts[:-1], out=offsets[1:])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - offsets, counts)
+
+
 def _center(
     kind: Latency,
-    values: list[float] | None,
-    done: Sequence[RequestSample],
+    values: FloatArray | None,
+    columns: SampleColumns,
+    rows: IntArray,
     metrics: Mapping[str, float] | None,
 ) -> Mapping[str, float] | None:
     """The whole level's statistics of ``kind``: from ``values`` (every request's),
-    or for ITL from the level's ``metrics`` (else from every token: slow)."""
+    or for ITL from the level's ``metrics`` (else from every token of ``rows``)."""
     if kind is Latency.ITL:
         names = {stat.value: latency(kind, stat).name for stat in _STATS}
         if metrics is not None and all(n in metrics for n in names.values()):
             return {stat: float(metrics[n]) for stat, n in names.items()}
-        values = [v for s in done if s.ttft is not None for v in _itl(s)]
-    if not values:
+        # a gap with the tokens of the chunk it ended (as many as both have)
+        pairs = np.minimum(columns.gap_count[rows], np.maximum(columns.chunk_count[rows] - 1, 0))
+        gaps = columns.chunk_gaps[_runs(columns.gap_starts[rows], pairs)]
+        k = columns.chunk_tokens[_runs(columns.starts[rows] + 1, pairs)]
+        some = k > 0
+        values = np.repeat(gaps[some] * 1e3 / k[some], k[some])
+    if values is None or not len(values):
         return None
-    return summary_of(sorted(values))
+    return _summary(values)
+
+
+def _summary(values: FloatArray) -> dict[str, float]:
+    """:func:`~servesweep.decide.intervals.summary_of` of ``values`` sorted, the same
+    numbers: the mean by ``math.fsum`` (exact, in any order), the quantiles from
+    the order statistics they need (``numpy.partition``, not a sort)."""
+    n = len(values)
+    picks = {}
+    for q in (0.5, 0.9, 0.99):
+        pos = (n - 1) * q
+        lo = math.floor(pos)
+        picks[q] = (lo, min(lo + 1, n - 1), pos - lo)
+    part = np.partition(values, sorted({r for lo, hi, _ in picks.values() for r in (lo, hi)}))
+
+    def at(q: float) -> float:
+        if n == 1:
+            return float(part[0])
+        lo, hi, frac = picks[q]
+        x, y = float(part[lo]), float(part[hi])
+        return float(x + (y - x) * frac)
+
+    return {
+        "mean": math.fsum(values.tolist()) / n,
+        "median": at(0.5),
+        "p90": at(0.9),
+        "p99": at(0.99),
+    }
 
 
 def _mean(units: Sequence[Sequence[float]]) -> float | None:

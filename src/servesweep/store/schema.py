@@ -7,7 +7,10 @@ rather than guessed at.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+
+SAMPLE_PART = 256 * 2**20
+"""The largest part of a level's blob of samples, in bytes (table ``sample_columns``)."""
 
 CREATE_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -134,5 +137,18 @@ ALTER TABLE results ADD COLUMN unreliable TEXT;
     # measurement): 1; 0 for every level stored before
     4: """
 ALTER TABLE results ADD COLUMN screening INTEGER NOT NULL DEFAULT 0;
+""",
+    # a level's requests as one blob of columns (servesweep.samples.SampleColumns,
+    # ``layout`` its version) instead of a row per request, in parts (``part`` 0, 1...)
+    # of at most SAMPLE_PART bytes each (SQLite refuses a value over 1 GB); the rows
+    # of the levels stored before stay where they are and are read as they were
+    5: """
+CREATE TABLE IF NOT EXISTS sample_columns (
+    result_id INTEGER NOT NULL REFERENCES results(id),
+    part INTEGER NOT NULL,
+    layout INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (result_id, part)
+);
 """,
 }

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import servesweep.store.schema as schema
 from servesweep.errors import ServesweepError, StoreError
 from servesweep.models import (
     EvalTaskResult,
@@ -31,6 +32,7 @@ from servesweep.models import (
     ServerConfig,
 )
 from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.samples import SampleColumns, columns_of
 from servesweep.store.schema import CREATE_V1, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["Store", "open_store"]
@@ -57,6 +59,7 @@ def open_store(path: str | Path, *, readonly: bool = False) -> Store:
 class Store:
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
+        self._tables: dict[str, bool] = {}
         try:
             if readonly:
                 if not path.exists():
@@ -468,30 +471,15 @@ class Store:
             )
             result_id = cur.lastrowid
             assert result_id is not None
-            db.executemany(
-                "INSERT INTO samples(result_id, idx, ok, error, scheduled_at, sent_at, "
-                "first_token_at, finished_at, prompt_tokens, completion_tokens, "
-                "reasoning_tokens, chunk_gaps, chunk_tokens) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        result_id,
-                        s.index,
-                        1 if s.ok else 0,
-                        s.error,
-                        s.scheduled_at,
-                        s.sent_at,
-                        s.first_token_at,
-                        s.finished_at,
-                        s.prompt_tokens,
-                        s.completion_tokens,
-                        s.reasoning_tokens,
-                        _dumps(list(s.chunk_gaps)),
-                        _dumps(list(s.chunk_tokens)),
-                    )
-                    for s in result.samples
-                ],
-            )
+            if result.samples:
+                blob = memoryview(columns_of(result.samples).to_bytes())
+                db.executemany(
+                    "INSERT INTO sample_columns(result_id, part, layout, data) VALUES (?, ?, ?, ?)",
+                    [
+                        (result_id, k, SampleColumns.FORMAT, blob[at : at + schema.SAMPLE_PART])
+                        for k, at in enumerate(range(0, len(blob), schema.SAMPLE_PART))
+                    ],
+                )
             db.executemany(
                 "INSERT INTO eval_results(result_id, task_id, sample, status, message, seconds) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -518,28 +506,56 @@ class Store:
             if bool(_column(row, "screening", 0)) == screening
         ]
 
-    def _result(self, row: sqlite3.Row, with_samples: bool) -> LevelResult:
-        samples: tuple[RequestSample, ...] = ()
-        if with_samples:
-            samples = tuple(
-                RequestSample(
-                    index=s["idx"],
-                    ok=bool(s["ok"]),
-                    error=s["error"],
-                    scheduled_at=s["scheduled_at"],
-                    sent_at=s["sent_at"],
-                    first_token_at=s["first_token_at"],
-                    finished_at=s["finished_at"],
-                    prompt_tokens=s["prompt_tokens"],
-                    completion_tokens=s["completion_tokens"],
-                    reasoning_tokens=s["reasoning_tokens"],
-                    chunk_gaps=tuple(json.loads(s["chunk_gaps"])),
-                    chunk_tokens=tuple(json.loads(s["chunk_tokens"])),
-                )
-                for s in self._query(
-                    "SELECT * FROM samples WHERE result_id=? ORDER BY idx", (row["id"],)
-                )
+    def _samples(self, result_id: int) -> Sequence[RequestSample]:
+        """A level's requests: its blob of columns, or the rows of a level stored before
+        there were columns (schema 5 and older)."""
+        if self._has_table("sample_columns"):
+            parts = self._query(
+                "SELECT layout, data FROM sample_columns WHERE result_id=? ORDER BY part",
+                (result_id,),
             )
+            if parts:
+                try:
+                    data = b"".join(p["data"] for p in parts)
+                    return SampleColumns.from_bytes(data, parts[0]["layout"])
+                except ValueError as exc:
+                    raise StoreError(
+                        f"results database {self.path}: the requests of result {result_id} "
+                        f"cannot be read ({exc})"
+                    ) from exc
+        return tuple(
+            RequestSample(
+                index=s["idx"],
+                ok=bool(s["ok"]),
+                error=s["error"],
+                scheduled_at=s["scheduled_at"],
+                sent_at=s["sent_at"],
+                first_token_at=s["first_token_at"],
+                finished_at=s["finished_at"],
+                prompt_tokens=s["prompt_tokens"],
+                completion_tokens=s["completion_tokens"],
+                reasoning_tokens=s["reasoning_tokens"],
+                chunk_gaps=tuple(json.loads(s["chunk_gaps"])),
+                chunk_tokens=tuple(json.loads(s["chunk_tokens"])),
+            )
+            for s in self._query(
+                "SELECT * FROM samples WHERE result_id=? ORDER BY idx", (result_id,)
+            )
+        )
+
+    def _has_table(self, name: str) -> bool:
+        """Whether the database has table ``name`` (a read-only look at an older one
+        may not)."""
+        found = self._tables.get(name)
+        if found is None:
+            found = bool(
+                self._query("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
+            )
+            self._tables[name] = found
+        return found
+
+    def _result(self, row: sqlite3.Row, with_samples: bool) -> LevelResult:
+        samples = self._samples(row["id"]) if with_samples else ()
         evals = tuple(
             EvalTaskResult(
                 task_id=e["task_id"],
