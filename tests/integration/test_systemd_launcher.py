@@ -415,3 +415,61 @@ def test_servers_that_exit_at_once_are_classified_from_their_journal_lines(
             )
         assert unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0).survivors == ()
     assert not wrong, f"{len(wrong)} of {FAST_EXITS} misclassified:\n" + "\n".join(wrong)
+
+
+def _stored(sandbox: Sandbox, line: str, since: float) -> list[dict[str, Any]]:
+    """The journal entries whose message is ``line``, stored after ``since`` (epoch s)."""
+    argv = [sandbox.journalctl, "-o", "json", "-q", "--no-pager", f"MESSAGE={line}"]
+    out = subprocess.run(
+        [*argv, f"--since=@{int(since) - 1}"], capture_output=True, text=True, timeout=60
+    ).stdout
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["sync", "no-sync"])
+def test_a_line_journald_stored_without_the_invocation_is_the_instance_s(
+    unit_factory: Any, systemd_sandbox: Sandbox, journal_sync: bool
+) -> None:
+    """journald tags a stream's lines with the unit's invocation when it first reads the
+    stream, from the process's cgroup: a server that printed and exited before that (a
+    busy journald; here journald is paused meanwhile) has its line stored without
+    ``_SYSTEMD_INVOCATION_ID``. The line is still the instance's (by ``ExecMainPID``),
+    and the gate classifies from it."""
+    journalctl = (
+        [systemd_sandbox.journalctl]
+        if journal_sync
+        else ["sh", "-c", NO_SYNC, systemd_sandbox.journalctl]
+    )
+    unit = unit_factory("ss-untagged.service", journalctl=journalctl)
+    line = f"{OOM_LINE} [{'sync' if journal_sync else 'no-sync'} {time.time():.6f}]"
+    script = f"import sys; print({line!r}); sys.exit(1)"
+    journald = "systemd-journald.service"
+    systemd_sandbox.sdctl("kill", "--signal=SIGSTOP", journald)
+    try:
+        rec = unit.start([sys.executable, "-c", script])
+        deadline = time.monotonic() + 30
+        while unit.launcher.poll(rec) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert unit.launcher.poll(rec) is not None, "the server did not exit within 30 s"
+    finally:
+        systemd_sandbox.sdctl("kill", "--signal=SIGCONT", journald)
+    with pytest.raises(TrialFailed) as caught:
+        wait_ready(
+            unit.launcher,
+            rec,
+            get_preset("sim"),
+            host="127.0.0.1",
+            port=unit.port,
+            model=None,
+            deadline_s=60,
+        )
+    stored = _stored(systemd_sandbox, line, rec.started_at or 0.0)
+    assert len(stored) == 1 and "_SYSTEMD_INVOCATION_ID" not in stored[0], stored
+    props = systemd_sandbox.show(unit.name, "ExecMainPID", "InvocationID")
+    assert props["InvocationID"] == rec.invocation_id
+    assert stored[0]["_PID"] == props["ExecMainPID"]
+    ev = caught.value.evidence
+    assert (ev.reason, ev.matched_line, ev.exit_code) == ("oom", line, 1), ev
+    assert line in Path(rec.log_path or "").read_text()
+    assert unit.launcher.log_tail(rec, 10) == [line]
+    assert unit.launcher.stop(rec, grace=2.0, kill_timeout=2.0).survivors == ()

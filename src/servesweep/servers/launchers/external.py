@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servesweep.errors import LaunchError
@@ -87,8 +87,10 @@ class LogCopier:
     the marker the log watcher skips to) and runs ``follow_argv`` with its output
     appended to the file, under a shell watchdog that ends it when servesweep's end
     of its stdin pipe closes. ``finish`` ends the follower and appends whatever it had not
-    copied yet, read once with ``dump_argv`` (the same lines, from the beginning), so the
-    file ends complete even when the follower lagged.
+    copied yet, read once with ``dump`` (the same lines, from the beginning: a command, or
+    a function of the time limit that returns them and whether it read them all, and
+    raises LaunchError when it cannot), so the file ends complete even when the follower
+    lagged.
     """
 
     def __init__(
@@ -96,12 +98,12 @@ class LogCopier:
         log_path: Path,
         tag: str,
         follow_argv: Sequence[str],
-        dump_argv: Sequence[str],
+        dump: Sequence[str] | Callable[[float], tuple[str, bool]],
     ) -> None:
         self.log_path = log_path
         self.tag = tag
         self.follow_argv = list(follow_argv)
-        self.dump_argv = list(dump_argv)
+        self.dump = dump if callable(dump) else list(dump)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, argv_for_header: Sequence[str]) -> None:
@@ -139,10 +141,9 @@ class LogCopier:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=2.0)
         try:
-            done = run_tool(self.dump_argv, timeout=timeout, check=False, merge_stderr=True)
+            full, complete = self._dump(timeout)
         except LaunchError:
             return False
-        full = done.stdout
         copied = self._copied_text()
         if full.startswith(copied):
             rest = full[len(copied) :]
@@ -153,7 +154,13 @@ class LogCopier:
         if rest:
             with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as fh:
                 fh.write(rest)
-        return done.returncode == 0
+        return complete
+
+    def _dump(self, timeout: float) -> tuple[str, bool]:
+        if callable(self.dump):
+            return self.dump(timeout)
+        done = run_tool(self.dump, timeout=timeout, check=False, merge_stderr=True)
+        return done.stdout, done.returncode == 0
 
     def _copied_text(self) -> str:
         try:

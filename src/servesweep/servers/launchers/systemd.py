@@ -13,9 +13,10 @@ Identity: systemd's ``InvocationID`` (new for every start), the unit's
 ``ControlGroup`` and the main PID. ``pids`` reads every process of the unit's cgroup
 from the local cgroup file system, also when systemd runs in a container whose
 cgroup namespace nests the path (the systemd sandbox of the tests). Logs: the
-journal of that invocation only (``_SYSTEMD_INVOCATION_ID``), copied into the
-trial's log file while the instance runs; once it exited, ``finish_log`` waits for
-the journal to hold its last lines (see :mod:`.journal`) and copies them, so a
+journal lines of that invocation only (its ``_SYSTEMD_INVOCATION_ID``, or its main
+process's ``ExecMainPID`` for lines journald stored without it: see :mod:`.journal`),
+copied into the trial's log file while the instance runs; once it exited,
+``finish_log`` waits for the journal to hold its last lines and copies them, so a
 server that dies at once is classified by its fatal line. ``stop``: ``systemctl stop --no-block``,
 ``grace`` seconds, then ``systemctl kill --signal=SIGKILL`` and SIGKILL to every
 local PID of the cgroup, then up to ``kill_timeout`` for the cgroup to empty.
@@ -24,6 +25,7 @@ local PID of the cgroup, then up to ``kill_timeout`` for the cgroup to empty.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -69,6 +71,7 @@ _PROPS = (
     "KillMode",
     "Restart",
     "MainPID",
+    "ExecMainPID",
     "InvocationID",
     "ControlGroup",
     "ExecMainCode",
@@ -80,6 +83,8 @@ _PROPS = (
 _RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 _START_WAIT = 15.0
 _TTL = 0.2
+_KEEP_JOURNALS = 64
+"""Invocations whose main PID the launcher remembers for their journal lines."""
 
 
 class SystemdLauncher(Launcher):
@@ -97,6 +102,7 @@ class SystemdLauncher(Launcher):
         self._cached_state: tuple[str | None, float, dict[str, str]] | None = None
         self.cgroups = UnitCgroup()
         self._copiers: dict[str, LogCopier] = {}
+        self._journals: dict[str, journal.Invocation] = {}
 
     # ---- systemctl and journalctl -------------------------------------------------
 
@@ -114,18 +120,11 @@ class SystemdLauncher(Launcher):
                 data[key] = value
         return data
 
-    def journal_argv(self, invocation_id: str, *extra: str) -> list[str]:
-        return [
-            *self.sd.journalctl,
-            "-u",
-            self.unit,
-            f"_SYSTEMD_INVOCATION_ID={invocation_id}",
-            "-o",
-            "cat",
-            "--no-pager",
-            "--quiet",
-            *extra,
-        ]
+    def journal_of(self, instance: InstanceRecord) -> journal.Invocation:
+        """Which journal lines are the instance's: by its main process too when this
+        launcher started it (see :mod:`.journal`)."""
+        inv = instance.invocation_id or ""
+        return self._journals.get(inv) or journal.Invocation(self.unit, inv)
 
     # ---- drop-in ----------------------------------------------------------------------
 
@@ -245,11 +244,19 @@ class SystemdLauncher(Launcher):
         ns_main = parse_int(props.get("MainPID"))
         main = self._host_pid(cgroup, ns_main)
         log_path = Path(request.log_path)
+        # ExecMainPID: the process that opened the unit's stdout stream (MainPID is 0
+        # once it exited, and may move to another process on Type=notify).
+        lines = journal.Invocation(
+            self.unit, invocation, parse_int(props.get("ExecMainPID")) or ns_main, started_at
+        )
+        self._journals[invocation] = lines
+        for old in list(self._journals)[:-_KEEP_JOURNALS]:
+            del self._journals[old]
         copier = LogCopier(
             log_path,
             invocation,
-            self.journal_argv(invocation, "-f", "-n", "all"),
-            self.journal_argv(invocation),
+            lines.follow_argv(self.sd.journalctl),
+            functools.partial(lines.read, self.sd.journalctl),
         )
         copier.start(request.argv)
         self._copiers[invocation] = copier
@@ -455,12 +462,9 @@ class SystemdLauncher(Launcher):
     def log_tail(self, instance: InstanceRecord, lines: int = 50) -> list[str]:
         if instance.invocation_id:
             with contextlib.suppress(LaunchError):
-                done = run_tool(
-                    self.journal_argv(instance.invocation_id, "-n", str(lines)),
-                    timeout=15.0,
-                    check=True,
-                )
-                return done.stdout.splitlines()[-lines:]
+                text, ok = self.journal_of(instance).read(self.sd.journalctl, 15.0, lines)
+                if ok:
+                    return text.splitlines()[-lines:]
         return logs.tail(instance.log_path, lines)
 
     def finish_log(self, instance: InstanceRecord, timeout: float) -> bool:
@@ -470,13 +474,7 @@ class SystemdLauncher(Launcher):
         if not invocation:
             return True
         deadline = time.monotonic() + timeout
-        complete = journal.wait_complete(
-            self.sd.journalctl,
-            self.unit,
-            invocation,
-            self.journal_argv(invocation),
-            timeout,
-        )
+        complete = journal.wait_complete(self.sd.journalctl, self.journal_of(instance), timeout)
         copier = self._copiers.pop(invocation, None)
         if copier is not None:
             complete = copier.finish(max(1.0, deadline - time.monotonic())) and complete
