@@ -9,8 +9,9 @@ allow (a start is about a minute on 2 cores, an instance about 3 GB, so never tw
 once):
 
 1. ``max-num-seqs 2``: the API server is SIGKILLed in the middle of its benchmark; its
-   EngineCore and Worker (same process group, reparented) must be gone before trial 2
-   is launched, stopped by servesweep's teardown;
+   EngineCore and Worker (same process group, reparented) outlive it until servesweep's
+   teardown signals them (its ``stopped`` event) and must be gone before trial 2 is
+   launched;
 2. an unknown flag: ``invalid_args``, vLLM's own argparse line quoted;
 3. ``max-model-len 4096`` (the model has 2048 positions): fails with vLLM's message;
 4. ``max-num-seqs 1`` and 5. the defaults: the first serialises requests, the second
@@ -173,6 +174,21 @@ def _names(pids: set[int]) -> dict[int, str]:
     return out
 
 
+def _teardown_of(events: Path, trial: int) -> dict[str, Any] | None:
+    """The ``stopped`` event of the teardown of ``trial``'s instance (the PIDs servesweep
+    found alive and signalled), with ``began``: when the stop phase that ran it began."""
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    for stopped in lines:
+        if stopped["event"] == "stopped" and stopped["instance_of"] == trial:
+            began = [
+                e["at"]
+                for e in lines
+                if e["event"] == "phase" and e["phase"] == "stop" and e["trial"] == stopped["trial"]
+            ]
+            return {**stopped, "began": began}
+    return None
+
+
 class _GoneWatch(threading.Thread):
     """Records when the last of ``pids`` is gone (wall clock)."""
 
@@ -219,6 +235,7 @@ def swept(
     killed: dict[str, Any] = {}
     try:
         inst = wait_for_event(events, lambda e: e["event"] == "instance", timeout=120)
+        trial = int(inst["trial"])
         pgid = int(inst["instance"]["pgid"])
         main = int(inst["instance"]["pids"][0])
         wait_for_event(
@@ -230,12 +247,13 @@ def swept(
         watch = _GoneWatch(orphans, timeout=600)
         os.kill(main, signal.SIGKILL)
         watch.start()
-        psutil.wait_procs([psutil.Process(main)], timeout=10)
-        # the API server is gone; its engine processes are not: orphans
-        killed["alive_after_main"] = _names({p for p in orphans if not zombie(p)})
         out, err = proc.communicate(timeout=900)
         watch.join(5)
         killed["orphans_gone_at"] = watch.gone_at
+        # the API server is gone; its engine processes outlived it (orphans) until the
+        # teardown signalled them: what it found alive, read from its event, not from a
+        # look of ours that the teardown may already have overtaken on a busy machine
+        killed["teardown"] = _teardown_of(events, trial)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -337,7 +355,13 @@ def test_killed_api_server_orphans_stopped_before_next_trial(swept: Any) -> None
     killed = swept["killed"]
     names = set(killed["orphans"].values())
     assert any("EngineCor" in n for n in names) and any("Worker" in n for n in names), killed
-    after = set(killed["alive_after_main"].values())
+    # the engine processes outlived the API server until servesweep's teardown, begun
+    # after the kill, found them alive and signalled them
+    teardown = killed["teardown"]
+    assert teardown is not None and len(teardown["began"]) == 1, killed
+    assert teardown["began"][0] > killed["at"], killed
+    taken = set(teardown["signalled"]) | set(teardown["killed"])
+    after = {name for pid, name in killed["orphans"].items() if pid in taken}
     assert any("EngineCor" in n for n in after) and any("Worker" in n for n in after), killed
     first, second = rows[0], rows[1]
     assert first["outcome"] == "failed" and first["failure_class"] == "bench_crash", first

@@ -19,3 +19,13 @@ def test_every_test_module_has_a_basename_of_its_own() -> None:
         seen[path.name].append(str(path.relative_to(TESTS)))
     clashes = {name: sorted(paths) for name, paths in seen.items() if len(paths) > 1}
     assert clashes == {}, f"test modules share a basename (pytest cannot collect both): {clashes}"
+
+
+def test_every_exclusive_module_exists() -> None:
+    """dev/test.sh runs the modules of ``EXCLUSIVE`` alone, after the rest: a renamed
+    module left in the list would run beside the others again, silently."""
+    from tests.conftest import EXCLUSIVE
+
+    integration = {path.name for path in (TESTS / "integration").glob("test_*.py")}
+    assert EXCLUSIVE, "no exclusive modules"
+    assert not EXCLUSIVE - integration, sorted(EXCLUSIVE - integration)
