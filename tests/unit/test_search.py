@@ -167,6 +167,41 @@ def test_rebuilt_search_replays_parallel_asks_in_their_order() -> None:
     assert isinstance(rebuilt, SampledSearch) and rebuilt.notes == []
 
 
+@pytest.mark.parametrize("killed", ["stored", "started", "after_a_skip"])
+def test_a_search_killed_during_a_trial_launches_the_cap_exactly_in_all(killed: str) -> None:
+    """A run killed during its third trial of six, then a rerun (which makes the running
+    trial pending again, its start kept): the rebuilt search asks the killed trial first
+    and counts it once, then the configurations the cap leaves, then nothing. A trial
+    skipped before the kill (predicted worse) is stored but not in the cap: the store
+    then holds the cap plus the skipped ones."""
+    spec = sweep("{strategy: tpe, trials: 6, seed: 5, startup_trials: 2}")
+    driver = Driver(create_search(spec))
+    driver.run(2)
+    skipped = 0
+    if killed == "after_a_skip":
+        config = driver.ask()
+        assert config is not None
+        metric = "chat.c8.output_throughput"
+        below = {metric: Prediction(metric, 40.0, 30.0, 50.0, "speculative")}
+        evidence = skip_evidence("x", below, Leader(metric, "max", 120.0, 1), 0.01)
+        driver.finish(config, Outcome.SKIPPED, evidence=evidence, started_at=None)
+        skipped = 1
+    third = driver.ask()
+    assert third is not None
+    started = None if killed == "stored" else driver.clock + 6.0  # after the last end
+    attempts = 0 if killed == "stored" else 1
+    pending = driver.record(third, Outcome.PENDING, started_at=started, attempts=attempts)
+    driver.history.append((pending, []))
+    rerun = Driver(create_search(spec, driver.history))
+    assert rerun.ask() == third
+    rerun.finish(third)
+    rerun.run(3)
+    assert rerun.ask() is None
+    stored = {c.fingerprint for c in driver.asked} | {c.fingerprint for c in rerun.asked}
+    assert len(stored) == 6 + skipped
+    assert len(driver.asked) + len(rerun.asked) == 6 + skipped + 1  # the killed one twice
+
+
 def test_another_seed_in_the_history_still_measures_nothing_twice() -> None:
     driver = Driver(create_search(sweep("{strategy: tpe, trials: 80, seed: 1}")))
     driver.run(10)
