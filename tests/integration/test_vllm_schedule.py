@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 from tests.helpers.report_data import level, sweep_data, trial
-from tests.integration.vllm_helpers import FIXED_ARGS, REPO, check_or_skip, stop_group
+from tests.integration.vllm_helpers import FIXED_ARGS, check_or_skip, stop_group
+from tests.integration.vllm_helpers import tiny_model as build_tiny_model
 
 from servesweep.cli.schedule import schedule_of
 from servesweep.decide.best import find_best
@@ -48,17 +49,7 @@ def vllm_venv() -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-llama") / "model"
-    done = subprocess.run(
-        [str(vllm_venv / "bin" / "python"), "-m", "tests.helpers.tiny_hf_model", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
+    return build_tiny_model(vllm_venv, tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _records(vllm_venv: Path, model: Path, port: int) -> SweepData:

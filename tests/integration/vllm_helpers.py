@@ -40,6 +40,22 @@ def check_or_skip() -> Path:
     return VENV
 
 
+def tiny_model(venv: Path, folder: Path) -> Path:
+    """The tiny random-weight Llama of tests/helpers/tiny_hf_model.py, written into
+    ``folder/model`` by the vLLM environment's own Python (its transformers)."""
+    out = folder / "model"
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "tests.helpers.tiny_hf_model", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
 def group(pgid: int) -> set[int]:
     """The live (not zombie) processes of process group ``pgid``."""
     found = set()
