@@ -3,6 +3,7 @@ restart; failures that blame the configuration against failures of the environme
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -488,3 +489,79 @@ def test_public_api_is_pinned() -> None:
     )
     for name in search_pkg.__all__:
         assert hasattr(search_pkg, name)
+
+
+def _skipped_then_launched_at_the_end(
+    spec: SweepSpec,
+) -> tuple[Driver, TrialRecord, TrialRecord, list[LevelResult]]:
+    """A sampled search whose fourth proposal is skipped as predicted worse, that goes
+    on, and launches that trial at the end of the sweep (its interval still reached
+    the leader): its trial keeps its id and number, and now holds the late launch."""
+    driver = Driver(create_search(spec))
+    driver.run(3)
+    config = driver.ask()
+    assert config is not None
+    metric = "chat.c8.output_throughput"
+    below = {metric: Prediction(metric, 40.0, 30.0, 50.0, "speculative")}
+    evidence = skip_evidence("x", below, Leader(metric, "max", 120.0, 1), 0.01)
+    driver.finish(config, Outcome.SKIPPED, evidence=evidence, started_at=None)
+    skipped = driver.history[-1][0]
+    driver.run(4)
+    launched = dataclasses.replace(
+        skipped,
+        outcome=Outcome.OK,
+        evidence=None,
+        started_at=driver.clock + 10,
+        finished_at=driver.clock + 15,
+    )
+    results = results_of(dict(config.params))
+    driver.search.tell(launched, results)
+    return driver, skipped, launched, results
+
+
+def test_a_skipped_trial_launched_at_the_end_replays_where_the_sampler_told_it() -> None:
+    spec = sweep("{strategy: tpe, trials: 40, seed: 7, startup_trials: 3}")
+    driver, skipped, launched, results = _skipped_then_launched_at_the_end(spec)
+    expected = driver.search.ask()
+    # the store holds the trial once, as launched; its skip is a fact beside it
+    # (search_history puts it back where it happened)
+    stored = [(launched, results) if r.id == skipped.id else (r, res) for r, res in driver.history]
+    history = [*stored[:3], (skipped, []), *stored[3:]]
+    rebuilt = create_search(spec, history)
+    assert isinstance(rebuilt, SampledSearch)
+    assert rebuilt.notes == []
+    assert rebuilt.ask() == expected
+    assert rebuilt.told[launched.fingerprint].verdict.kind is VerdictKind.COMPLETE
+    # the trial's latest state alone puts its ask at the late launch: not where the
+    # sampler proposed it, which is what a rerun used to warn of
+    alone = create_search(spec, stored)
+    assert alone.notes and "not what the sampler proposes" in alone.notes[0]
+    # another seed is still not what the sampler proposes
+    other = sweep("{strategy: tpe, trials: 40, seed: 8, startup_trials: 3}")
+    assert any("not what the sampler proposes" in n for n in create_search(other, history).notes)
+
+
+def test_a_late_launch_of_a_skipped_trial_that_did_not_finish_is_asked_again_first() -> None:
+    spec = sweep("{strategy: tpe, trials: 40, seed: 7, startup_trials: 3}")
+    driver, skipped, launched, _ = _skipped_then_launched_at_the_end(spec)
+    killed = dataclasses.replace(launched, outcome=Outcome.PENDING, finished_at=None)
+    stored = [(killed, []) if r.id == skipped.id else (r, res) for r, res in driver.history]
+    rebuilt = create_search(spec, [*stored[:3], (skipped, []), *stored[3:]])
+    assert isinstance(rebuilt, SampledSearch) and rebuilt.notes == []
+    assert rebuilt.ask() == driver.asked[3]  # the skipped one, launched again
+    assert rebuilt.trials_left == 40 - 7  # not counted in the cap: it was skipped
+
+
+def test_a_grid_continues_from_each_trials_latest_state() -> None:
+    params = "params:\n  grid:\n    seqs: [16, 32]\n    spec: [0, 2]\n"
+    spec = sweep("{strategy: grid}", params)
+    driver = Driver(create_search(spec))
+    config = driver.ask()
+    assert config is not None
+    metric = "chat.c8.output_throughput"
+    below = {metric: Prediction(metric, 40.0, 30.0, 50.0, "speculative")}
+    evidence = skip_evidence("x", below, Leader(metric, "max", 120.0, 1), 0.01)
+    skipped = driver.record(config, Outcome.SKIPPED, evidence=evidence, started_at=None)
+    relaunched = dataclasses.replace(skipped, outcome=Outcome.PENDING, finished_at=None)
+    rebuilt = create_search(spec, [(skipped, []), (relaunched, [])])
+    assert rebuilt.ask() == config  # pending now: run again in its place

@@ -38,7 +38,10 @@ class GridSearch(Search):
         self._finished: set[str] = set()
         self._running: set[str] = set()
         in_grid = {c.fingerprint for c in self.configs}
-        for record, results in history:
+        # each trial as it is now (a history may hold a trial's earlier state first:
+        # the skip a sampler was told, ``search_source.search_history``)
+        latest = {record.id: (record, results) for record, results in history}
+        for record, results in latest.values():
             if record.fingerprint not in in_grid:
                 continue
             if record.outcome.final:

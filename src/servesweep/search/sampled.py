@@ -26,6 +26,11 @@ then, so its state — and the next proposal — is the one the interrupted run 
 have had. Where a stored trial differs from the replayed proposal (another seed,
 an edited file, another Optuna), the stored configuration is added as it is and the
 replay stops asking the sampler; nothing measured is proposed again either way.
+A trial skipped as predicted worse and launched before the sweep ended comes in the
+history twice (``sweep.core.search_source.search_history``): as the skip, where the
+sampler proposed it and was told it, then as launched, a result recorded for the
+search without a new ask (as when it ran); if that late launch did not finish, it
+is handed out again first.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
+from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.decide.verdict import Verdict, VerdictKind
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
@@ -304,9 +310,14 @@ class SampledSearch(Search):
         if fp in self._again:
             self._again.remove(fp)
             return
+        config = ServerConfig(params=dict(record.params), fingerprint=fp)
+        if fp in self.told and self.told[fp].verdict.reason == PREDICTED_WORSE:
+            if not record.outcome.final:  # launched after its skip, not finished: again
+                self._open[fp] = None
+                self._configs[fp] = config
+            return
         if fp in self._open or fp in self.told:
             return  # the same configuration asked again (a retry of a stored trial)
-        config = ServerConfig(params=dict(record.params), fingerprint=fp)
         if not self._diverged:
             proposed = self._propose()
             if proposed is not None and proposed.fingerprint == fp:

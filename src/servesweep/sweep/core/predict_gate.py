@@ -18,14 +18,16 @@ placement beside what it measured (a ``performance`` event) and widens the trust
 metric whose measurement missed the interval (:func:`~servesweep.decide.perf.verify`);
 a later run rebuilds the trust from those events. Before the sweep ends,
 :meth:`PredictGate.still_open` names the skipped trials that must be launched after
-all (their interval still reaches the leader's value).
+all (their interval still reaches the leader's value); :meth:`PredictGate.reopen` keeps
+each one's skip as a ``reopened`` fact (:class:`Reopened`), so that a rerun replays it
+to the sampler where the sampler was told it (``search_source.search_history``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from servesweep.decide.memory import gate_of
@@ -49,7 +51,7 @@ from servesweep.spec.space import build_space
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.events import Fact, TrialFinished
 
-__all__ = ["PerformanceChecked", "PredictGate", "decide_launch", "leader_of"]
+__all__ = ["PerformanceChecked", "PredictGate", "Reopened", "decide_launch", "leader_of"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,42 @@ class PerformanceChecked(Fact):
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reopened(Fact):
+    """A trial skipped as predicted worse, made pending again to launch before the end
+    (:meth:`PredictGate.reopen`): when it was skipped and why, which its record then
+    no longer holds."""
+
+    kind: ClassVar[str] = "reopened"
+    skipped_at: float = 0.0
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Reopened:
+        """The fact back from the store's events (``Store.events``)."""
+        evidence = data.get("evidence")
+        return cls(
+            trial=data.get("trial"),
+            skipped_at=float(data.get("skipped_at") or 0.0),
+            evidence=dict(evidence) if isinstance(evidence, Mapping) else {},
+        )
+
+    def skip(self, trial: TrialRecord) -> TrialRecord:
+        """``trial`` as it was when skipped: what the search was told then."""
+        return replace(
+            trial,
+            outcome=Outcome.SKIPPED,
+            failure_class=None,
+            evidence=Evidence.from_dict(self.evidence),
+            phase=None,
+            phase_started={},
+            phase_seconds={},
+            instance=None,
+            started_at=None,
+            finished_at=self.skipped_at,
+        )
 
 
 def leader_of(goal: Goal, history: History) -> Leader | None:
@@ -202,7 +240,15 @@ class PredictGate:
         )
 
     def reopen(self, trial: TrialRecord) -> TrialRecord:
-        """A trial :meth:`still_open` named, pending again and never skipped again."""
+        """A trial :meth:`still_open` named, pending again and never skipped again; its
+        skip is kept as a :class:`Reopened` fact."""
+        if trial.evidence is not None and trial.finished_at is not None:
+            fact = Reopened(
+                trial=trial.id, skipped_at=trial.finished_at, evidence=trial.evidence.to_dict()
+            )
+            data = fact.to_json()
+            data.pop("trial", None)
+            self.store.add_event(self.sweep_id, fact.kind, data, trial.id)
         self.store.reset_trial(trial.id)
         self.forced.add(trial.id)
         return self.store.trial(trial.id)

@@ -9,7 +9,8 @@ crash or Ctrl-C the same search continues and nothing measured is measured twice
 Each proposal becomes a trial of the sweep (in plan, numbered in the order it was
 asked); a configuration asked again (an environment failure, or a trial a dead run
 left unfinished) reuses its trial. Finished trials are told to the search by the
-driver, from its own thread.
+driver, from its own thread. A trial skipped as predicted worse and launched before
+the end is replayed as the sampler saw it (:func:`search_history`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,30 @@ from collections.abc import Collection, Sequence
 
 from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult, Outcome
-from servesweep.search import create_search
+from servesweep.search import History, create_search
 from servesweep.spec.schema import SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord
+from servesweep.sweep.core.predict_gate import Reopened
 
-__all__ = ["SearchSource", "measuring_time"]
+__all__ = ["SearchSource", "measuring_time", "search_history"]
+
+
+def search_history(store: Store, sweep_id: int) -> History:
+    """The sweep's stored trials with their results, as a search is rebuilt from them.
+    A trial skipped as predicted worse and then launched before the end
+    (:class:`~servesweep.sweep.core.predict_gate.Reopened`) comes twice: first as the
+    skip the sampler was told, when it was told (its record holds only the late
+    launch now), then as it is."""
+    skips: dict[int, list[Reopened]] = {}
+    for event in store.events(sweep_id, Reopened.kind):
+        fact = Reopened.of(event)
+        if fact.trial is not None:
+            skips.setdefault(fact.trial, []).append(fact)
+    history: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
+    for trial in store.trials(sweep_id):
+        history.extend((fact.skip(trial), ()) for fact in skips.get(trial.id, ()))
+        history.append((trial, store.results(trial.id, with_samples=False)))
+    return history
 
 
 def measuring_time(trials: Sequence[TrialRecord], now: float) -> float:
@@ -67,8 +87,7 @@ class SearchSource:
     ) -> None:
         self.store = store
         self.sweep = sweep
-        history = [(t, store.results(t.id, with_samples=False)) for t in store.trials(sweep.id)]
-        self.search = create_search(spec, history, only)
+        self.search = create_search(spec, search_history(store, sweep.id), only)
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(self.search.notes)
