@@ -7,12 +7,14 @@ Pure functions over the sweep file and stored records; the callers read the stor
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.decide.perf.records import Measured, Setting
+from servesweep.decide.stats import MetricStats, aggregate_results
 from servesweep.models import LevelResult, Outcome
 from servesweep.records import TrialRecord
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
@@ -46,9 +48,10 @@ def perf_setting(
     closed-loop level, and that acceptance depends on nothing but the draft length and
     the engine's other ``speculative`` params (``EnginePreset.spec_params``: the draft
     model, its minimum probability, ngram lookup sizes), which change nothing else; the
-    relative noise of one launch's figure is the sweep's ``decision.launch_sd`` (where
-    launches vary more, a machine shared with other work, the predictions widen with
-    it)."""
+    stated noise of one launch's figure is the sweep's ``decision.launch_sd``, the prior
+    of what :func:`~servesweep.decide.perf.predict` learns from the sweep's relaunches
+    (where launches vary more, a machine shared with other work, the predictions widen
+    with it)."""
     metrics = [ref.key for ref, _ in resolve_objectives(spec)]
     metrics += [c.ref.key for c in validate_constraints(spec) if c.ref.key not in metrics]
     swept = {_norm(k): k for k in _swept(spec)}
@@ -69,7 +72,8 @@ def perf_setting(
         concurrency=concurrency,
         invariant={"acceptance_length": others} if draft_param else {},
         drafter=drafter if draft_param else frozenset(),
-        # what launches of one configuration vary: the one figure decisions also use
+        # what launches of one configuration vary, until relaunches measure it: the
+        # prior decisions also start from
         noise=float(spec.decision.launch_sd) or Setting.noise,
     )
 
@@ -94,9 +98,20 @@ def level_rates(info: Mapping[str, Any]) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _stats(trial: TrialRecord, results: Sequence[LevelResult]) -> dict[str, MetricStats]:
+    """Each level metric's stats over its repeats and launches, as ``best`` reads them."""
+    return {
+        f"{level.workload}.{level.level}.{name}": stats
+        for level in aggregate_results(trial.id, results)
+        for name, stats in level.metrics.items()
+        if math.isfinite(stats.mean)
+    }
+
+
 def measured_of(history: History) -> list[Measured]:
     """The trials that measured levels (ok or stopped early): each level's metrics,
-    the mean over its repeats, and its per-position acceptance (:func:`level_rates`)."""
+    the mean over its repeats, its stats over repeats and launches (the interval, the
+    launches' spread), and its per-position acceptance (:func:`level_rates`)."""
     out = []
     for trial, results in history:
         if trial.outcome not in (Outcome.OK, Outcome.PRUNED):
@@ -113,5 +128,5 @@ def measured_of(history: History) -> list[Measured]:
                 rates[f"{result.workload}.{result.level}"] = rate
         if values:
             metrics = {k: statistics.fmean(v) for k, v in values.items()}
-            out.append(Measured(dict(trial.params), metrics, rates))
+            out.append(Measured(dict(trial.params), metrics, rates, _stats(trial, results)))
     return out

@@ -1,10 +1,24 @@
 """Every configuration's metrics predicted from the trials measured so far (see the
-package's docstring for the reasoning)."""
+package's docstring for the reasoning).
+
+The noise of one launch's figure is learned per metric from the sweep's own
+relaunches by the rule ``best`` decides with
+(:func:`~servesweep.decide.uncertainty.learned_launch_sd`, the stated
+:attr:`Setting.noise` its prior), and every interval holds it: a measured
+configuration's (and one a knob cannot change) is two of the standard errors a
+decision gives its mean (:func:`~servesweep.decide.uncertainty.decision_se`: its own
+interval, and at least what launches vary); a model's throughput or any metric of the
+empirical model is at least two of that noise either side, as a launch of it will vary
+by that much however well the model fits. (The acceptance length of the speculative
+model keeps its own bounds: acceptance depends on the target, the drafter and the
+text, not on the launch, and the engine's counters give it exactly.)
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from servesweep.decide.perf.empirical import Features, fit_predict
@@ -16,8 +30,10 @@ from servesweep.decide.perf.speculative import (
     fit_step_cost,
     predict_throughput,
 )
+from servesweep.decide.stats import MetricStats
+from servesweep.decide.uncertainty import decision_se, learned_launch_sd
 
-__all__ = ["predict", "verify"]
+__all__ = ["learned_noise", "predict", "verify"]
 
 
 def _split(metric: str) -> tuple[str, str]:
@@ -46,10 +62,47 @@ def _widened(p: Prediction, factor: float) -> Prediction:
     return Prediction(p.metric, p.value, max(low, 0.0) if p.low >= 0 else low, high, p.basis)
 
 
-def _measured(setting: Setting, metric: str, values: Sequence[float]) -> Prediction:
-    value = statistics.fmean(values)
-    spread = 2 * setting.noise * abs(value)
-    return Prediction(metric, value, value - spread, value + spread, "measured")
+Point = tuple[Mapping[str, Any], float, MetricStats | None]
+"""A measured configuration's params, its value of a metric and the value's stats."""
+
+
+def _measured(metric: str, points: Sequence[Point], noise: float, basis: str) -> Prediction:
+    """The mean of ``points`` (one configuration's measurements) with two of the standard
+    errors a decision gives it: each measurement's :func:`decision_se` (its interval,
+    and at least what launches vary, ``noise`` relative), or ``noise`` of its value."""
+    value = statistics.fmean(v for _, v, _ in points)
+    variance = 0.0
+    for _, v, stats in points:
+        se = decision_se(stats, noise) if stats is not None else None
+        variance += (noise * v) ** 2 if se is None else se * se
+    half = 2 * math.sqrt(variance) / len(points)
+    return Prediction(metric, value, value - half, value + half, basis)
+
+
+def _floored(p: Prediction, noise: float) -> Prediction:
+    """``p`` with its interval at least ``2 x noise`` of its value either side: a launch
+    of the configuration varies by that much, however well a model fits."""
+    if p.value is None or p.low is None or p.high is None:
+        return p
+    half = 2 * noise * abs(p.value)
+    return Prediction(
+        p.metric, p.value, min(p.low, p.value - half), max(p.high, p.value + half), p.basis
+    )
+
+
+def learned_noise(setting: Setting, trials: Sequence[Measured]) -> Callable[[str], float]:
+    """Per metric, the relative noise of one launch's figure: learned from ``trials``
+    measured in several launches (:func:`learned_launch_sd`, ``setting.noise`` its
+    prior); ``setting.noise`` while none was relaunched."""
+    cache: dict[str, float] = {}
+
+    def noise(metric: str) -> float:
+        if metric not in cache:
+            stats = [t.stats[metric] for t in trials if metric in t.stats]
+            cache[metric] = learned_launch_sd(stats, setting.noise)
+        return cache[metric]
+
+    return noise
 
 
 def _shared(setting: Setting) -> frozenset[str]:
@@ -66,7 +119,11 @@ def _curve_key(setting: Setting, workload: str, params: Mapping[str, Any]) -> st
 
 
 def _acceptance(
-    setting: Setting, workload: str, params: Mapping[str, Any], trials: Sequence[Measured]
+    setting: Setting,
+    workload: str,
+    params: Mapping[str, Any],
+    trials: Sequence[Measured],
+    noise: Callable[[str], float],
 ) -> AcceptanceFit | None:
     """The acceptance curve of the workload and of ``params``' drafter: it does not
     depend on the params known not to change it (the batch, memory settings:
@@ -76,6 +133,7 @@ def _acceptance(
     shared = _shared(setting)
     lengths: dict[int, list[float]] = {}
     rates: tuple[float, ...] = ()
+    noises = [setting.noise]
     for t in trials:
         if not _same(t.params, params, shared):
             continue
@@ -86,9 +144,8 @@ def _acceptance(
             lv, n = _split(m)
             if n == setting.acceptance and lv.split(".")[0] == workload:
                 lengths.setdefault(_draft(setting, t.params), []).append(v)
-    return fit_acceptance(
-        {k: statistics.fmean(v) for k, v in lengths.items()}, rates, setting.noise
-    )
+                noises.append(noise(m))
+    return fit_acceptance({k: statistics.fmean(v) for k, v in lengths.items()}, rates, max(noises))
 
 
 def _speculative(
@@ -97,6 +154,7 @@ def _speculative(
     params: Mapping[str, Any],
     trials: Sequence[Measured],
     acceptances: dict[str, AcceptanceFit | None],
+    noise: Callable[[str], float],
 ) -> Prediction | None:
     """Acceptance length from the acceptance curve; throughput from it and the step
     cost, when the configuration's other knobs were measured at two draft lengths or
@@ -109,7 +167,7 @@ def _speculative(
     workload = level.split(".")[0]
     key = _curve_key(setting, workload, params)
     if key not in acceptances:
-        acceptances[key] = _acceptance(setting, workload, params, trials)
+        acceptances[key] = _acceptance(setting, workload, params, trials, noise)
     acceptance = acceptances[key]
     if acceptance is None:
         return None
@@ -134,11 +192,11 @@ def _speculative(
             points.append(
                 StepTime(setting.concurrency[lv], k, setting.concurrency[lv] * length / v)
             )
-    cost = fit_step_cost(points, setting.noise)
+    cost = fit_step_cost(points, noise(metric))
     if cost is None:
         return None
     value, low, high = predict_throughput(acceptance, cost, setting.concurrency[level], draft)
-    return Prediction(metric, value, low, high, "speculative")
+    return _floored(Prediction(metric, value, low, high, "speculative"), noise(metric))
 
 
 def predict(
@@ -149,31 +207,36 @@ def predict(
     trust: Trust | None = None,
 ) -> list[dict[str, Prediction]]:
     """Per configuration, per metric of ``setting``, the prediction from this sweep's
-    ``trials`` and ``earlier`` sweeps' (same engine, model and GPUs: a warm start)."""
+    ``trials`` and ``earlier`` sweeps' (same engine, model and GPUs: a warm start); the
+    noise of each metric learned from this sweep's relaunches (:func:`learned_noise`),
+    as ``best`` learns it."""
     trust = trust or Trust()
     known = [*trials, *earlier]
+    noise = learned_noise(setting, trials)
     acceptances: dict[str, AcceptanceFit | None] = {}
     features = Features.of([*configs, *(t.params for t in known)], setting.draft_param)
     out: list[dict[str, Prediction]] = [{} for _ in configs]
     for metric in setting.metrics:
         _, name = _split(metric)
-        data = [(t.params, t.metrics[metric]) for t in known if metric in t.metrics]
-        empirical = fit_predict(features, data, configs, setting.noise)
+        sd = noise(metric)
+        data: list[Point] = [
+            (t.params, t.metrics[metric], t.stats.get(metric)) for t in known if metric in t.metrics
+        ]
+        empirical = fit_predict(features, [(p, v) for p, v, _ in data], configs, sd)
         ignore = setting.invariant.get(name, frozenset())
         for i, params in enumerate(configs):
-            same = [v for p, v in data if _same(p, params, frozenset())]
-            alike = [v for p, v in data if _same(p, params, ignore)] if ignore else []
+            same = [d for d in data if _same(d[0], params, frozenset())]
+            alike = [d for d in data if _same(d[0], params, ignore)] if ignore else []
             if same:
-                out[i][metric] = _measured(setting, metric, same)
+                out[i][metric] = _measured(metric, same, sd, "measured")
                 continue
             if alike:
-                p = _measured(setting, metric, alike)
-                found: Prediction | None = Prediction(metric, p.value, p.low, p.high, "invariant")
+                found: Prediction | None = _measured(metric, alike, sd, "invariant")
             else:
-                found = _speculative(setting, metric, params, known, acceptances)
+                found = _speculative(setting, metric, params, known, acceptances, noise)
             if found is None and empirical[i] is not None:
                 value, low, high = empirical[i]  # type: ignore[misc]
-                found = Prediction(metric, value, low, high, "empirical")
+                found = _floored(Prediction(metric, value, low, high, "empirical"), sd)
             out[i][metric] = _widened(found, trust.factor(metric)) if found else Prediction(metric)
     return out
 

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from servesweep.decide.stats import MetricStats
+
 __all__ = ["Measured", "Prediction", "Setting", "Trust"]
 
 
@@ -19,6 +21,11 @@ class Measured:
     rates: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     """Per level (``chat.c8``), the cumulative acceptance rate per draft position the
     engine counted (``accepted_per_pos`` over ``drafts``), when it did."""
+    stats: Mapping[str, MetricStats] = field(default_factory=dict)
+    """Per metric, its stats over the level's repeats and launches (the interval of its
+    mean, the launches and their spread), where the results give them: what a decision
+    reads of it (``decide.uncertainty.decision_se``), and the relaunches the noise is
+    learned from (``learned_launch_sd``)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,11 @@ class Setting:
     throughput: str = "output_throughput"
     acceptance: str = "acceptance_length"
     noise: float = 0.02
-    """Relative noise of one measured figure."""
+    """The stated relative standard deviation between launches of one configuration
+    (``decision.launch_sd``): the noise of one launch's figure until the sweep's own
+    relaunches measure it. :func:`~servesweep.decide.perf.predict` learns the noise of
+    each metric from them by the rule ``best`` decides with
+    (:func:`~servesweep.decide.uncertainty.learned_launch_sd`, this as its prior)."""
 
 
 BASES = ("measured", "invariant", "speculative", "empirical", "unknown")
