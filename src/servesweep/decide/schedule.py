@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.decide.best import BestResult
+from servesweep.decide.best import BestResult, rules_of
 from servesweep.decide.perf import Measured, Prediction, Setting, predict
 from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.decide.perf.inputs import measured_of
@@ -453,6 +453,7 @@ def _predict(
         draft_param=draft_param,
         concurrency=concurrency,
         invariant={"acceptance_length": others},
+        noise=rules_of(data).launch_sd or Setting.noise,  # the stated prior, as the gate's
     )
     configs = [{**base, draft_param: d} for d in drafts]
     return predict(setting, configs, measured)
