@@ -18,7 +18,9 @@ The driver's contract (the driver's side is ``servesweep.sweep.core.search_sourc
 - ``create_search`` rebuilds the search from the stored trials: a grid continues in its
   order; a sampler replays the stored asks and tells (same seed, same proposals), and
   trials left unfinished by a crash are asked again first. Nothing measured is
-  proposed again.
+  proposed again. A history may hold a trial twice, an earlier state first (a skip
+  the sampler was told, then the launch that followed at the sweep's end:
+  ``search_source.search_history``): a sampler replays both, a grid reads the latest.
 - ``ask`` never returns a configuration that ``exclude``/``when`` forbid (the sampler
   is told they are infeasible without a launch). Several asks may come before a tell
   (one per free slot); two asks never return the same configuration while it runs.
