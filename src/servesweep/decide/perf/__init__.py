@@ -30,6 +30,12 @@ Three kinds of knowledge, tried in this order for each configuration and metric:
 Otherwise: unknown. Earlier sweeps' trials (the same engine, model and GPUs) join the
 evidence as if measured in this sweep: a warm start.
 
+Every interval holds what launches of one configuration vary: the relative noise of a
+launch's figure, learned per metric from this sweep's relaunches by the rule ``best``
+decides with (``decide.uncertainty.learned_launch_sd``, the sweep file's
+``decision.launch_sd`` its prior); a measured configuration's interval is at least its
+levels' own (:mod:`.predict`).
+
 A model that is wrong about a launched configuration (the measurement outside its
 interval) is trusted less for the rest of the sweep: :func:`verify` widens that
 metric's intervals by what the miss needed, and never narrows them (:class:`Trust`).
