@@ -24,6 +24,7 @@ import numpy.typing as npt
 from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
 from servesweep.bench.columns import RawColumns
+from servesweep.decide.exact import order_stats
 from servesweep.decide.level_intervals import SLO_KEYS, good_mask
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.samples import SampleColumns
@@ -92,17 +93,16 @@ def _ranks(n: int, q: float) -> tuple[int, int, float]:
 def summary_stats(
     values: Sequence[float] | FloatArray | IntArray,
     *,
-    scratch: bool = False,
     ns_to_ms: bool = False,
 ) -> dict[str, float]:
     """mean, median, p90, p99, max of ``values``, keyed by the values of
     :class:`~servesweep.metrics_catalog.Stat` (empty: no keys).
 
     The percentiles are exact, those of :func:`percentile` over the sorted values:
-    only the order statistics they need are found (``numpy.partition``, linear in
-    the values, not a sort), and interpolated as :func:`percentile` does, in Python
-    floats, so they are the same numbers to the last bit. With ``scratch`` an array
-    ``values`` is reordered in place (no copy of it). With ``ns_to_ms`` the values
+    only the order statistics they need are found
+    (:func:`~servesweep.decide.exact.order_stats`: ``numpy.partition``'s, from the
+    values near each rank), and interpolated as :func:`percentile` does, in Python
+    floats, so they are the same numbers to the last bit. With ``ns_to_ms`` the values
     are integer nanoseconds and the statistics are of each one's ``v * 1e-9 * 1e3``
     ms (the order is the same: each statistic is the same number to the last bit;
     the mean from the exact sum)."""
@@ -114,11 +114,7 @@ def summary_stats(
     unit = (lambda v: float(v) * _NS * 1e3) if ns_to_ms else float
     ranks: dict[float, tuple[int, int, float]] = {q: _ranks(n, q) for q in (50.0, 90.0, 99.0)}
     kth = sorted({n - 1} | {r for lo, hi, _ in ranks.values() for r in (lo, hi)})
-    if scratch and a is values:
-        a.partition(kth)
-        part = a
-    else:
-        part = np.partition(a, kth)
+    part = dict(zip(kth, order_stats(a, kth).tolist(), strict=True))
 
     def at(q: float) -> float:
         if n == 1:
@@ -165,8 +161,8 @@ def compute_columns(
 ) -> tuple[dict[str, float], dict[str, Any], SampleColumns, list[str]]:
     """Metrics, info, samples and warnings of one level, from its requests' columns
     (numpy over every request and every chunk at once; no pass over the requests).
-    The columns are used up: their gaps may be left reordered (the level's
-    statistics select in place, not in a copy of every gap)."""
+    The columns are read, not changed: the percentiles of every gap are selected
+    from the values near each rank, not in a copy of every gap."""
     t0 = ctx.t0_ns
     a = columns.arrays()
     n = len(a.sent)
@@ -230,8 +226,8 @@ def compute_columns(
     every = bool(counted_raw.all())
     if every and a.chunk_tokens.min(initial=1) == 1 == a.chunk_tokens.max(initial=1):
         # every gap counts, and is one inter-token latency (one token a chunk): their
-        # statistics from the gaps' nanoseconds, reordered in place (no copy of them)
-        gap_stats = summary_stats(a.gap_ns, scratch=True, ns_to_ms=True)
+        # statistics from the gaps' nanoseconds (no copy of them)
+        gap_stats = summary_stats(a.gap_ns, ns_to_ms=True)
         itl_stats = gap_stats
     else:
         gaps_ms = (gaps if every else gaps[np.repeat(counted_raw, gap_count)]) * 1e3
@@ -241,8 +237,8 @@ def compute_columns(
         if not every:
             k = k[np.repeat(counted_raw, gap_count)]
         some = k > 0
-        itl_stats = summary_stats(np.repeat(gaps_ms[some] / k[some], k[some]), scratch=True)
-        gap_stats = summary_stats(gaps_ms, scratch=True)
+        itl_stats = summary_stats(np.repeat(gaps_ms[some] / k[some], k[some]))
+        gap_stats = summary_stats(gaps_ms)
 
     total_out = int(completion_tokens.sum())
     total_in = int(prompt_tokens.sum())
@@ -262,10 +258,10 @@ def compute_columns(
     if len(completion_tokens):
         m[mc.COMPLETION_TOKENS_MEAN.name] = total_out / len(completion_tokens)
     for kind, stats in (
-        (Latency.TTFT, summary_stats(ttft, scratch=True)),
-        (Latency.TPOT, summary_stats(tpot, scratch=True)),
+        (Latency.TTFT, summary_stats(ttft)),
+        (Latency.TPOT, summary_stats(tpot)),
         (Latency.ITL, itl_stats),
-        (Latency.E2E, summary_stats(e2e, scratch=True)),
+        (Latency.E2E, summary_stats(e2e)),
         (Latency.CHUNK_GAP, gap_stats),
     ):
         for stat in Stat if stats else ():
