@@ -133,12 +133,12 @@ def _rounded(total: int, scale: int, values: Any) -> float:
         return math.fsum(np.asarray(values, dtype=np.float64).ravel().tolist())
 
 
-_SELECT_FROM = 1 << 20
+_SELECT_FROM = 1 << 18
 """Values from which :func:`order_stats` brackets its ranks instead of selecting
 among every value."""
 _SAMPLE = 1 << 16
 """Values of the seeded sample the brackets are read from."""
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18
 """Values counted at a time (a chunk stays in the cache while each bracket reads it)."""
 
 
@@ -205,17 +205,26 @@ def _bracketed(a: npt.NDArray[Any], ks: list[int]) -> dict[int, Any] | None:
             spans.append((low, high, [k]))
     below = [0] * len(spans)
     inside: list[list[npt.NDArray[Any]]] = [[] for _ in spans]
+    under = np.empty(min(n, _CHUNK), dtype=np.bool_)  # buffers reused chunk after chunk
+    keep = np.empty(min(n, _CHUNK), dtype=np.bool_)
     for start in range(0, n, _CHUNK):
         chunk = a[start : start + _CHUNK]
+        size = len(chunk)
         for i, (low, high, _) in enumerate(spans):
-            keep: npt.NDArray[np.bool_] | None = None
+            if low is None and high is None:
+                inside[i].append(chunk)
+                continue
             if low is not None:
-                under = chunk < low
-                below[i] += int(np.count_nonzero(under))
-                keep = ~under
-            if high is not None:
-                keep = chunk <= high if keep is None else keep & (chunk <= high)
-            inside[i].append(chunk if keep is None else chunk[keep])
+                np.less(chunk, low, out=under[:size])
+                below[i] += int(np.count_nonzero(under[:size]))
+            if high is None:
+                np.logical_not(under[:size], out=keep[:size])
+            elif low is None:
+                np.less_equal(chunk, high, out=keep[:size])
+            else:
+                np.less_equal(chunk, high, out=keep[:size])
+                np.greater(keep[:size], under[:size], out=keep[:size])  # and not under
+            inside[i].append(chunk[keep[:size]])
     found: dict[int, Any] = {}
     for (_, _, group), count, parts in zip(spans, below, inside, strict=True):
         values = np.concatenate(parts)

@@ -239,8 +239,10 @@ def level_intervals(
     ttft_ms = columns.ttft[done] * 1e3
     e2e_ms = columns.e2e[done] * 1e3
     tokens = _completion_tokens(columns)[done]
-    goods: Sequence[bool] | BoolArray = (
-        good_mask(slo, ttft_ms, e2e_ms, tokens) if slo else [slo is not None] * len(done)
+    goods = (
+        good_mask(slo, ttft_ms, e2e_ms, tokens)
+        if slo
+        else np.full(len(done), slo is not None, dtype=np.bool_)
     )  # no SLO: every completed request is good
     groups = [per_kind[k] for k in _KINDS] + [middles]
     centers: list[Mapping[str, float] | None] | None = None
@@ -255,7 +257,8 @@ def level_intervals(
         }
         first = done[~np.isnan(ttft_ms)]
         centers = [_center(k, whole.get(k), columns, first, values) for k in _KINDS]
-        chunk_estimate = _decode_chunk_mean(columns, first)
+        # the decode chunks' interval serves the acceptance length only
+        chunk_estimate = None if acceptance is None else _decode_chunk_mean(columns, first)
         centers.append(None if chunk_estimate is None else {"mean": chunk_estimate})
     found_stats = bootstrap_stats(
         groups,
