@@ -148,8 +148,9 @@ def order_stats(values: npt.NDArray[Any], ranks: Sequence[int]) -> npt.NDArray[A
 
     Under :data:`_SELECT_FROM` values, ``numpy.partition``. Above, the smallest and
     largest by ``min``/``max``, and each other rank from a bracket of values read
-    off a seeded sample of the values (wide enough that the rank falls outside it
-    about once in a billion): one pass counts the values under each bracket and
+    off a seeded sample of the values (about six standard deviations of the
+    sample's rank either side: the rank falls outside it a few times in a billion
+    at most): one pass counts the values under each bracket and
     keeps those inside it, and the rank is selected among those; a rank that still
     falls outside its bracket is selected among every value (the same answer,
     slower)."""
