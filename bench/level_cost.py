@@ -14,12 +14,13 @@ paused (``servesweep.bench.metrics.paused_gc``). Columns:
   ``RawResult`` list, building one ``RequestSample`` per request with its chunk gaps
   as a tuple of floats, then ``level_intervals`` over those records);
 - *gathered*: what the load generator now does as each request completes, during
-  the level (``RawColumns.append``, a few array appends a request), summed over the
-  level: not between levels, shown for what it moved there;
+  the level (``RawColumns.append``, a few array appends a request and its token
+  sums), summed over the level: not between levels, shown for what it moved there;
 - *after*: ``servesweep.bench.metrics.compute_columns`` over the gathered columns
   (numpy over every request and chunk at once; the samples a
-  ``servesweep.samples.SampleColumns``), then ``level_intervals`` over them (the
-  same intervals, ``tests/unit/test_sample_columns.py``).
+  ``servesweep.samples.SampleColumns``; exact sums, order statistics and the
+  bootstrap's draws from ``servesweep.decide.exact``), then ``level_intervals`` over
+  them (the same intervals, ``tests/unit/test_sample_columns.py``).
 
 *before* runs up to ``--before-max`` requests. The request order is drawn as the
 requests are sent (``servesweep.bench.datasets.RequestOrder``), during the level.

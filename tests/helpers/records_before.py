@@ -13,6 +13,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,6 @@ from servesweep.decide.intervals import (
     SEED,
     _rescaled,
     _thinned,
-    bootstrap_ratio,
     quantile,
     subsample,
     summary_of,
@@ -589,3 +589,47 @@ def slo_score(
     attainment = sum(1 for r in ratios if r <= 1.0) / len(ratios)
     rank = max(0, math.ceil(quantile * len(ratios) - 1e-9) - 1)
     return ratios[rank], attainment
+
+
+def bootstrap_ratio(  # as it was: Python draws, math.fsum per resample
+    numerators: Sequence[Sequence[float]],
+    denominator: Sequence[float],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = SEED,
+    scale_to: int | None = None,
+    centers: Sequence[float] | None = None,
+) -> list[tuple[float, float] | None]:
+    """Percentile-bootstrap intervals of ``sum(numerator) / sum(denominator)`` over
+    units (requests), for several numerators sharing one denominator: unit ``u`` has
+    ``numerators[k][u]`` and ``denominator[u]``. None for a numerator with fewer than
+    two units or a zero denominator. ``scale_to`` and ``centers``: the units are a
+    subsample of ``scale_to`` units whose ratios are ``centers`` (as in
+    :func:`bootstrap_stats`)."""
+    n = len(denominator)
+    if n < 2 or any(len(x) != n for x in numerators):
+        return [None for _ in numerators]
+    rng = random.Random(seed)
+    draws: list[list[float]] = [[] for _ in numerators]
+    for _ in range(resamples):
+        get = itemgetter(*rng.choices(range(n), k=n))
+        den = math.fsum(get(denominator))
+        if den <= 0:
+            continue
+        for k, num in enumerate(numerators):
+            draws[k].append(math.fsum(get(num)) / den)
+    alpha = (1.0 - confidence) / 2.0
+    out: list[tuple[float, float] | None] = []
+    den_all = math.fsum(denominator)
+    for k, vals in enumerate(draws):
+        if len(vals) < 2:
+            out.append(None)
+            continue
+        vals.sort()
+        found = (quantile(vals, alpha), quantile(vals, 1.0 - alpha))
+        if scale_to is not None and scale_to > n and centers is not None:
+            own = math.fsum(numerators[k]) / den_all if den_all > 0 else math.nan
+            found = _rescaled(found, own, centers[k], n, scale_to)
+        out.append(found)
+    return out

@@ -148,6 +148,23 @@ def test_worker_parts_join_as_the_requests_of_one_process() -> None:
     assert pickle.loads(pickle.dumps(whole)).arrays().sent.tolist() == [r.sent_ns for r in raws]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_each_requests_tokens_are_summed_as_it_comes(seed: int) -> None:
+    """The per-request token columns gathered during the level are those of its chunks,
+    in one process and joined from several."""
+    raws, _ = random_level(seed)
+    parts = [RawColumns(), RawColumns()]
+    for k, part in enumerate(parts):
+        part.extend(raws[k::2])
+    for columns in (*parts, joined(parts)):
+        a = columns.arrays()
+        runs = np.split(a.chunk_tokens, np.cumsum(a.chunk_count)[:-1]) if len(a.sent) else []
+        assert a.token_sum.tolist() == [int(r.sum()) for r in runs]
+        edges = [int(r[0] + r[-1]) if len(r) > 1 else int(r.sum()) for r in runs]
+        assert a.edge_tokens.tolist() == edges
+        assert columns.other_chunks == int((a.chunk_tokens != 1).sum())
+
+
 def _store_level(tmp_path: Path, samples: object) -> tuple[Path, LevelResult]:
     path = tmp_path / "s.db"
     store = open_store(path)

@@ -64,6 +64,12 @@ class RawColumns:
     chunk_tokens: array[int] = field(default_factory=lambda: array("q"))
     """Tokens of each chunk: the server's continuous usage, else its total usage
     spread over the chunks, else one a chunk (:attr:`token_source` counts which)."""
+    token_sum: array[int] = field(default_factory=lambda: array("q"))
+    """Each request's tokens over its chunks (its ``chunk_tokens`` summed)."""
+    edge_tokens: array[int] = field(default_factory=lambda: array("q"))
+    """Each request's tokens in its first and its last chunk (one chunk: its tokens)."""
+    other_chunks: int = 0
+    """Chunks that do not carry exactly one token."""
     token_source: Counter[str] = field(default_factory=Counter)
     errors: dict[int, tuple[str, str]] = field(default_factory=dict)
     """Row -> (error type, message) of each request that has an error type."""
@@ -100,14 +106,16 @@ class RawColumns:
             self.gap_s.extend([gap * _NS for gap in gaps])
         if r.chunk_tokens is not None and len(r.chunk_tokens) == n:
             self.token_source["continuous_usage"] += 1
-            self.chunk_tokens.extend(r.chunk_tokens)
+            self._tokens(r.chunk_tokens)
         elif r.completion_tokens is not None and n:
             self.token_source["usage_spread"] += 1
-            self.chunk_tokens.extend(_spread(r.completion_tokens, n))
+            self._tokens(_spread(r.completion_tokens, n))
         else:
             if n:
                 self.token_source["chunk_count"] += 1
             self.chunk_tokens.extend([1] * n)
+            self.token_sum.append(n)
+            self.edge_tokens.append(min(n, 2))
         if r.ok:
             self.finish_reasons[r.finish_reason or "none"] += 1
             if r.end_ns is not None:
@@ -118,6 +126,14 @@ class RawColumns:
             self.resent[row] = r.resent
         if r.usage_problem:
             self.usage_problem[row] = r.usage_problem
+
+    def _tokens(self, tokens: list[int]) -> None:
+        """One request's chunks' tokens."""
+        self.chunk_tokens.extend(tokens)
+        self.token_sum.append(sum(tokens))
+        n = len(tokens)
+        self.edge_tokens.append(tokens[0] + tokens[-1] if n > 1 else tokens[0] if n else 0)
+        self.other_chunks += len(tokens) - tokens.count(1)
 
     def extend(self, raws: Iterable[RawResult]) -> None:
         for r in raws:
@@ -158,6 +174,8 @@ class RawColumns:
             if len(self.gap_s)
             else np.zeros(0, np.float64),
             chunk_tokens=ints(self.chunk_tokens),
+            token_sum=ints(self.token_sum),
+            edge_tokens=ints(self.edge_tokens),
         )
 
 
@@ -180,6 +198,8 @@ class RawArrays:
     gap_ns: IntArray
     gap_s: FloatArray
     chunk_tokens: IntArray
+    token_sum: IntArray
+    edge_tokens: IntArray
 
 
 def joined(parts: Sequence[RawColumns]) -> RawColumns:
@@ -205,8 +225,11 @@ def joined(parts: Sequence[RawColumns]) -> RawColumns:
             "gap_ns",
             "gap_s",
             "chunk_tokens",
+            "token_sum",
+            "edge_tokens",
         ):
             getattr(out, name).extend(getattr(part, name))
+        out.other_chunks += part.other_chunks
         out.token_source.update(part.token_source)
         out.finish_reasons.update(part.finish_reasons)
         out.errors.update({offset + k: v for k, v in part.errors.items()})

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from servesweep import metrics_catalog as mc
 from servesweep.bench.client import RawResult
 from servesweep.bench.columns import RawColumns
+from servesweep.decide.exact import order_stats
 from servesweep.decide.level_intervals import SLO_KEYS, good_mask
 from servesweep.metrics_catalog import Latency, Stat, latency
 from servesweep.samples import SampleColumns
@@ -92,17 +93,16 @@ def _ranks(n: int, q: float) -> tuple[int, int, float]:
 def summary_stats(
     values: Sequence[float] | FloatArray | IntArray,
     *,
-    scratch: bool = False,
     ns_to_ms: bool = False,
 ) -> dict[str, float]:
     """mean, median, p90, p99, max of ``values``, keyed by the values of
     :class:`~servesweep.metrics_catalog.Stat` (empty: no keys).
 
     The percentiles are exact, those of :func:`percentile` over the sorted values:
-    only the order statistics they need are found (``numpy.partition``, linear in
-    the values, not a sort), and interpolated as :func:`percentile` does, in Python
-    floats, so they are the same numbers to the last bit. With ``scratch`` an array
-    ``values`` is reordered in place (no copy of it). With ``ns_to_ms`` the values
+    only the order statistics they need are found
+    (:func:`~servesweep.decide.exact.order_stats`: ``numpy.partition``'s, from the
+    values near each rank), and interpolated as :func:`percentile` does, in Python
+    floats, so they are the same numbers to the last bit. With ``ns_to_ms`` the values
     are integer nanoseconds and the statistics are of each one's ``v * 1e-9 * 1e3``
     ms (the order is the same: each statistic is the same number to the last bit;
     the mean from the exact sum)."""
@@ -114,11 +114,7 @@ def summary_stats(
     unit = (lambda v: float(v) * _NS * 1e3) if ns_to_ms else float
     ranks: dict[float, tuple[int, int, float]] = {q: _ranks(n, q) for q in (50.0, 90.0, 99.0)}
     kth = sorted({n - 1} | {r for lo, hi, _ in ranks.values() for r in (lo, hi)})
-    if scratch and a is values:
-        a.partition(kth)
-        part = a
-    else:
-        part = np.partition(a, kth)
+    part = dict(zip(kth, order_stats(a, kth).tolist(), strict=True))
 
     def at(q: float) -> float:
         if n == 1:
@@ -165,8 +161,8 @@ def compute_columns(
 ) -> tuple[dict[str, float], dict[str, Any], SampleColumns, list[str]]:
     """Metrics, info, samples and warnings of one level, from its requests' columns
     (numpy over every request and every chunk at once; no pass over the requests).
-    The columns are used up: their gaps may be left reordered (the level's
-    statistics select in place, not in a copy of every gap)."""
+    The columns are read, not changed: the percentiles of every gap are selected
+    from the values near each rank, not in a copy of every gap."""
     t0 = ctx.t0_ns
     a = columns.arrays()
     n = len(a.sent)
@@ -188,12 +184,7 @@ def compute_columns(
     starts_raw = np.zeros(n, dtype=np.int64)
     if n > 1:
         np.cumsum(a.chunk_count[:-1], out=starts_raw[1:])
-    nonempty = a.chunk_count > 0
-    first_at = starts_raw[nonempty]
-    """Where each request that has chunks has its first."""
-    sums_raw = np.zeros(n, dtype=np.int64)
-    if len(first_at):
-        sums_raw[nonempty] = np.add.reduceat(a.chunk_tokens, first_at)
+    sums_raw = a.token_sum  # each request's tokens over its chunks, summed as it came
     completion_raw = a.completion_tokens
     ct_raw = np.where(completion_raw >= 0, completion_raw, sums_raw)
     ct = ct_raw[order]
@@ -203,14 +194,13 @@ def compute_columns(
     done = is_ok & (end >= 0)
     with_first = done & (first >= 0)
     e2e_all = (end - sent) * _MS
-    ttft_all = (first - sent) * _MS
-    ttft_all[first < 0] = np.nan
-    e2e = e2e_all[done]
-    ttft = ttft_all[with_first]
+    ttft_all = _times(first, sent, _MS)
+    e2e = _picked(e2e_all, done)
+    ttft = _picked(ttft_all, with_first)
     many = with_first & (ct > 1)
-    tpot = (e2e_all[many] - ttft_all[many]) / (ct[many] - 1)
-    completion_tokens = ct[done]
-    prompt_tokens = prompt[done & (prompt >= 0)]
+    tpot = (_picked(e2e_all, many) - _picked(ttft_all, many)) / (_picked(ct, many) - 1)
+    completion_tokens = _picked(ct, done)
+    prompt_tokens = _picked(prompt, done & (prompt >= 0))
     late = with_first & (first_answer >= 0) & (first_answer > first)
     reasoning = (first_answer[late] - sent[late]) * _MS
     thought = reasoning_tokens[done & (reasoning_tokens > 0)]
@@ -228,21 +218,21 @@ def compute_columns(
     counted_raw = np.zeros(n, dtype=np.bool_)
     counted_raw[order] = with_first
     every = bool(counted_raw.all())
-    if every and a.chunk_tokens.min(initial=1) == 1 == a.chunk_tokens.max(initial=1):
+    if every and not columns.other_chunks:
         # every gap counts, and is one inter-token latency (one token a chunk): their
-        # statistics from the gaps' nanoseconds, reordered in place (no copy of them)
-        gap_stats = summary_stats(a.gap_ns, scratch=True, ns_to_ms=True)
+        # statistics from the gaps' nanoseconds (no copy of them)
+        gap_stats = summary_stats(a.gap_ns, ns_to_ms=True)
         itl_stats = gap_stats
     else:
         gaps_ms = (gaps if every else gaps[np.repeat(counted_raw, gap_count)]) * 1e3
         later = np.ones(len(a.chunk_tokens), dtype=np.bool_)
-        later[first_at] = False
+        later[starts_raw[a.chunk_count > 0]] = False  # each request's first chunk
         k = a.chunk_tokens[later]
         if not every:
             k = k[np.repeat(counted_raw, gap_count)]
         some = k > 0
-        itl_stats = summary_stats(np.repeat(gaps_ms[some] / k[some], k[some]), scratch=True)
-        gap_stats = summary_stats(gaps_ms, scratch=True)
+        itl_stats = summary_stats(np.repeat(gaps_ms[some] / k[some], k[some]))
+        gap_stats = summary_stats(gaps_ms)
 
     total_out = int(completion_tokens.sum())
     total_in = int(prompt_tokens.sum())
@@ -262,10 +252,10 @@ def compute_columns(
     if len(completion_tokens):
         m[mc.COMPLETION_TOKENS_MEAN.name] = total_out / len(completion_tokens)
     for kind, stats in (
-        (Latency.TTFT, summary_stats(ttft, scratch=True)),
-        (Latency.TPOT, summary_stats(tpot, scratch=True)),
+        (Latency.TTFT, summary_stats(ttft)),
+        (Latency.TPOT, summary_stats(tpot)),
         (Latency.ITL, itl_stats),
-        (Latency.E2E, summary_stats(e2e, scratch=True)),
+        (Latency.E2E, summary_stats(e2e)),
         (Latency.CHUNK_GAP, gap_stats),
     ):
         for stat in Stat if stats else ():
@@ -331,7 +321,7 @@ def compute_columns(
             "reasoning_tokens_mean": (int(thought.sum()) / len(thought) if len(thought) else None),
         }
     warnings = _warnings(m, info, ctx, without_usage)
-    est = _decode_chunk_mean(a.chunk_tokens, a.chunk_count, starts_raw, sums_raw, counted_raw)
+    est = _decode_chunk_mean(a.chunk_count, sums_raw, a.edge_tokens, counted_raw)
     if est is not None:
         info["acceptance_estimate_from_chunks"] = round(est, 4)
     samples = SampleColumns(
@@ -356,25 +346,32 @@ def compute_columns(
 
 
 def _decode_chunk_mean(
-    tokens: IntArray, counts: IntArray, starts: IntArray, sums: IntArray, counted: BoolArray
+    counts: IntArray, sums: IntArray, edges: IntArray, counted: BoolArray
 ) -> float | None:
     """Mean tokens of the ``counted`` requests' decode chunks, each request's first
     and last chunk left out (:func:`~servesweep.bench.specdecode.estimate_from_chunks`):
-    from each request's total, first and last chunk, not chunk by chunk."""
-    rows = counted & (counts > 0)
-    n = int(np.maximum(counts[rows] - 2, 0).sum())
+    from each request's total and the tokens of its first and last chunk, gathered
+    as it came (:class:`~servesweep.bench.columns.RawColumns`), not chunk by chunk."""
+    every = bool(counted.all())
+    n = int(np.maximum(_picked(counts, counted) - 2, 0).sum())
     if not n:
         return None
-    firsts = tokens[starts[rows]]
-    two = rows & (counts > 1)
-    lasts = tokens[(starts + counts - 1)[two]]
-    return (int(sums[rows].sum()) - int(firsts.sum()) - int(lasts.sum())) / n
+    inner = sums - edges
+    return int((inner if every else inner[counted]).sum()) / n
 
 
-def _times(ns: IntArray, t0: int) -> FloatArray:
-    """Seconds from ``t0`` (NaN where missing)."""
-    out = (ns - t0) * _NS
-    out[ns < 0] = np.nan
+def _picked(values: npt.NDArray[Any], mask: BoolArray) -> npt.NDArray[Any]:
+    """``values[mask]``: ``values`` themselves when the mask keeps every one (no copy)."""
+    return values if bool(mask.all()) else values[mask]
+
+
+def _times(ns: IntArray, t0: int | IntArray, unit: float = _NS) -> FloatArray:
+    """``(ns - t0) * unit`` (NaN where ``ns`` is missing)."""
+    if len(ns) and int(ns.max()) < 0:
+        return np.full(len(ns), np.nan)
+    out = (ns - t0) * unit
+    if len(ns) and int(ns.min()) < 0:
+        out[ns < 0] = np.nan
     return out
 
 

@@ -5,7 +5,8 @@ what; sweep, search and report use these modules and decide nothing of their own
 This package imports nothing above it (sweep, search, report, bench, servers, store,
 cli): only spec, models, metrics_catalog, records and errors (tests/unit/test_layout.py).
 
-- the statistics: ``intervals``, ``level_intervals``, ``stats``, ``refs``
+- the statistics: ``intervals``, ``level_intervals``, ``stats``, ``refs``; ``exact``
+  (their exact sums and order statistics of large arrays, at numpy's speed)
 - the judgements: ``uncertainty`` (is A better than B), ``best`` (the winner or the
   tie), ``acceptance`` and ``trusted`` (can an acceptance figure be trusted),
   ``standing`` (each trial against the objective)

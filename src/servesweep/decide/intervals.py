@@ -30,12 +30,18 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
+
+from servesweep.decide.exact import (
+    exact_row_sums,
+    exact_segment_sums,
+    exact_sum,
+    python_choices,
+)
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -176,17 +182,21 @@ def bootstrap_stats(
         return out
     groups = _thinned(groups, live)
     columns = {i: _UnitValues(groups[i]) for i in live}
-    rng = random.Random(seed)
     draws: list[dict[str, list[float]]] = [{} for _ in groups]
-    for _ in range(resamples):
-        picks = np.array(rng.choices(range(n), k=n), dtype=np.int64)
+    for block in python_choices(seed, n, n, resamples):
         for i in live:
-            drawn = columns[i].drawn(picks)
-            if not len(drawn):
-                continue
-            drawn.sort()
-            for name, v in statistic(drawn.tolist()).items():
-                draws[i].setdefault(name, []).append(v)
+            runs = []
+            for picks in block:
+                drawn = columns[i].drawn(picks)
+                if len(drawn):
+                    drawn.sort()
+                    runs.append(drawn)
+            if statistic is summary_of:
+                stats = _summaries(runs)  # the same numbers, for every resample at once
+            else:
+                stats = _listed(statistic(run.tolist()) for run in runs)
+            for name, vs in stats.items():
+                draws[i].setdefault(name, []).extend(vs)
     alpha = (1.0 - confidence) / 2.0
     for i in live:
         own: Mapping[str, float] = {}
@@ -202,6 +212,36 @@ def bootstrap_stats(
                 out[i][name] = found
             elif name in whole and name in own:
                 out[i][name] = _rescaled(found, own[name], whole[name], n, scale_to or n)
+    return out
+
+
+def _listed(stats: Iterable[Mapping[str, float]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for one in stats:
+        for name, v in one.items():
+            out.setdefault(name, []).append(v)
+    return out
+
+
+def _summaries(runs: Sequence[npt.NDArray[np.float64]]) -> dict[str, list[float]]:
+    """:func:`summary_of` of each sorted run, computed for every run at once: the
+    mean from the exact sum (``math.fsum``'s), the quantiles interpolated as
+    :func:`quantile` does, in the same float operations: the same numbers."""
+    if not runs:
+        return {}
+    lengths = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+    values = np.concatenate(runs)
+    starts = np.cumsum(lengths) - lengths
+    sums = np.asarray(exact_segment_sums(values, lengths), dtype=np.float64)
+    out = {"mean": (sums / lengths).tolist()}
+    last = lengths - 1
+    for name, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        pos = last * q
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, last)
+        x, y = values[starts + lo], values[starts + hi]
+        at = x + (y - x) * (pos - lo)
+        out[name] = np.where(lengths == 1, x, at).tolist()
     return out
 
 
@@ -297,18 +337,20 @@ def bootstrap_ratio(
     n = len(denominator)
     if n < 2 or any(len(x) != n for x in numerators):
         return [None for _ in numerators]
-    rng = random.Random(seed)
+    den = np.asarray(denominator, dtype=np.float64)
+    nums = [np.asarray(num, dtype=np.float64) for num in numerators]
     draws: list[list[float]] = [[] for _ in numerators]
-    for _ in range(resamples):
-        get = itemgetter(*rng.choices(range(n), k=n))
-        den = math.fsum(get(denominator))
-        if den <= 0:
-            continue
-        for k, num in enumerate(numerators):
-            draws[k].append(math.fsum(get(num)) / den)
+    for picks in python_choices(seed, n, n, resamples):
+        dens = exact_row_sums(den[picks])
+        sums = [exact_row_sums(num[picks]) for num in nums]
+        for r, d in enumerate(dens):
+            if d <= 0:
+                continue
+            for k, s in enumerate(sums):
+                draws[k].append(s[r] / d)
     alpha = (1.0 - confidence) / 2.0
     out: list[tuple[float, float] | None] = []
-    den_all = math.fsum(denominator)
+    den_all = exact_sum(den)
     for k, vals in enumerate(draws):
         if len(vals) < 2:
             out.append(None)
@@ -316,7 +358,7 @@ def bootstrap_ratio(
         vals.sort()
         found = (quantile(vals, alpha), quantile(vals, 1.0 - alpha))
         if scale_to is not None and scale_to > n and centers is not None:
-            own = math.fsum(numerators[k]) / den_all if den_all > 0 else math.nan
+            own = exact_sum(nums[k]) / den_all if den_all > 0 else math.nan
             found = _rescaled(found, own, centers[k], n, scale_to)
         out.append(found)
     return out

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servesweep import metrics_catalog as mc
+from servesweep.decide.exact import exact_sum, order_stats
 from servesweep.decide.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
@@ -144,7 +145,7 @@ def _rates(
     ``picked`` ones, rescaled to all, when the level is subsampled). ``done``: the
     rows of the completed requests."""
     e2e = columns.finished_at[done] - columns.sent_at[done]
-    total = math.fsum(e2e.tolist())
+    total = exact_sum(e2e)
     if len(done) < _MIN_FOR_RATES or duration_s <= 0 or total <= 0:
         return {}
     in_flight = total / duration_s
@@ -238,8 +239,10 @@ def level_intervals(
     ttft_ms = columns.ttft[done] * 1e3
     e2e_ms = columns.e2e[done] * 1e3
     tokens = _completion_tokens(columns)[done]
-    goods: Sequence[bool] | BoolArray = (
-        good_mask(slo, ttft_ms, e2e_ms, tokens) if slo else [slo is not None] * len(done)
+    goods = (
+        good_mask(slo, ttft_ms, e2e_ms, tokens)
+        if slo
+        else np.full(len(done), slo is not None, dtype=np.bool_)
     )  # no SLO: every completed request is good
     groups = [per_kind[k] for k in _KINDS] + [middles]
     centers: list[Mapping[str, float] | None] | None = None
@@ -254,7 +257,8 @@ def level_intervals(
         }
         first = done[~np.isnan(ttft_ms)]
         centers = [_center(k, whole.get(k), columns, first, values) for k in _KINDS]
-        chunk_estimate = _decode_chunk_mean(columns, first)
+        # the decode chunks' interval serves the acceptance length only
+        chunk_estimate = None if acceptance is None else _decode_chunk_mean(columns, first)
         centers.append(None if chunk_estimate is None else {"mean": chunk_estimate})
     found_stats = bootstrap_stats(
         groups,
@@ -403,25 +407,27 @@ def _center(
 
 def _summary(values: FloatArray) -> dict[str, float]:
     """:func:`~servesweep.decide.intervals.summary_of` of ``values`` sorted, the same
-    numbers: the mean by ``math.fsum`` (exact, in any order), the quantiles from
-    the order statistics they need (``numpy.partition``, not a sort)."""
+    numbers: the mean ``math.fsum``'s (exact, in any order:
+    :func:`~servesweep.decide.exact.exact_sum`), the quantiles from the order
+    statistics they need (:func:`~servesweep.decide.exact.order_stats`, not a sort)."""
     n = len(values)
     picks = {}
     for q in (0.5, 0.9, 0.99):
         pos = (n - 1) * q
         lo = math.floor(pos)
         picks[q] = (lo, min(lo + 1, n - 1), pos - lo)
-    part = np.partition(values, sorted({r for lo, hi, _ in picks.values() for r in (lo, hi)}))
+    ranks = sorted({r for lo, hi, _ in picks.values() for r in (lo, hi)})
+    found = dict(zip(ranks, order_stats(values, ranks).tolist(), strict=True))
 
     def at(q: float) -> float:
-        if n == 1:
-            return float(part[0])
         lo, hi, frac = picks[q]
-        x, y = float(part[lo]), float(part[hi])
+        x, y = found[lo], found[hi]
+        if n == 1:
+            return float(x)
         return float(x + (y - x) * frac)
 
     return {
-        "mean": math.fsum(values.tolist()) / n,
+        "mean": exact_sum(values) / n,
         "median": at(0.5),
         "p90": at(0.9),
         "p99": at(0.99),
