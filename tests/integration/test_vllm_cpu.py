@@ -193,7 +193,7 @@ def swept(
     # each vLLM instance, then the machine's other work: the levels measure vLLM, not
     # how long servesweep waited for a core nor how busy the machine was
     # (test_max_num_seqs_changes_throughput compares two of them)
-    favour = FavourInstances(events, limit=900)
+    favour = FavourInstances(events, limit=1800)
     favour.start()
     unfavoured = [why] if (why := favour_session(proc.pid)) else []
     killed: dict[str, Any] = {}
