@@ -6,7 +6,13 @@ How a proposal is made (:meth:`SampledSearch.ask`):
    crash left unfinished): its sampler trial is still open and is reused;
 2. then ``params.points``, in order (told to the sampler when they are points of the
    space);
-3. then the sampler. A proposal that ``exclude``/``when`` forbids is told to the
+3. with a performance guide (``search.predict`` on, one objective, a finite space: the
+   driver's performance gate skips what cannot win), the configuration
+   :mod:`servesweep.decide.perf.design` picks: the design's first launches, then the
+   predicted best or the one whose interval reaches farthest, each told to the
+   sampler as a fixed trial (``enqueue_trial``); when the predictor knows nothing that
+   can still win, the sampler's proposal;
+4. then the sampler. A proposal that ``exclude``/``when`` forbids is told to the
    sampler as infeasible without launching; one already measured is told the same
    result again; one running in another slot is dropped. After
    :data:`MAX_REJECTED` such proposals in a row, a finite space falls back to an
@@ -48,6 +54,9 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
+from servesweep.decide.perf import Setting, predict
+from servesweep.decide.perf.design import design_point, next_launch
+from servesweep.decide.perf.inputs import measured_of
 from servesweep.decide.verdict import Verdict, VerdictKind
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
@@ -66,6 +75,12 @@ EAGER_ALLOWED = 10_000
 knows when every allowed one is measured."""
 
 ENV_ATTEMPTS = 3
+"""Attempts of one configuration that fail because of the environment before the search
+stops proposing it."""
+
+DESIGN_TRIES = 6
+"""Configurations of the performance guide's design handed out at most (a design launch
+that crashes gives way to the next one, at most this many times)."""
 """Attempts of one configuration that fail because of the environment before the search
 stops proposing it."""
 
@@ -103,8 +118,14 @@ def _quiet_optuna() -> None:
 
 
 class SampledSearch(Search):
-    def __init__(self, spec: SweepSpec, history: History = ()) -> None:
+    def __init__(
+        self, spec: SweepSpec, history: History = (), guide: Setting | None = None
+    ) -> None:
         super().__init__(spec)
+        self.guide = guide if len(self.goal.objectives) == 1 else None
+        """What the performance predictor is told (None: the sampler alone proposes)."""
+        self._measured: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
+        self._design_tries = 0
         _quiet_optuna()
         self.space: SearchSpace = build_space(spec.params)
         self.distributions = {d.name: _distribution(d) for d in self.space.dimensions}
@@ -150,6 +171,9 @@ class SampledSearch(Search):
             return self._hand_out(point, self._fixed_trial(point))
         if self._finished_space():
             return None
+        guided = self._guided()
+        if guided is not None:
+            return self._hand_out(guided, self._fixed_trial(guided))
         for _ in range(MAX_REJECTED):
             trial = self.study.ask(self.distributions)
             config = self.space.config(trial.params)
@@ -163,6 +187,48 @@ class SampledSearch(Search):
             else:
                 return self._hand_out(config, trial)
         return self._fallback()
+
+    def _guided(self) -> ServerConfig | None:
+        """The performance guide's pick (see the module doc), or None."""
+        if self.guide is None or self._allowed_set() is None:
+            return None
+        left = [c for c in self._allowed_configs if not self._known(c.fingerprint)]
+        if not left:
+            return None
+        measured = measured_of(self._measured)
+        draft = self.guide.draft_param
+        if self._design_tries < DESIGN_TRIES:
+            space = [c.params for c in self._allowed_configs]
+            lefts = [c.params for c in left]
+            done = [m.params for m in measured]
+            pick = design_point(space, draft, self.spec.search.seed, lefts, done)
+            if pick is not None:
+                self._design_tries += 1
+                return left[lefts.index(pick)]
+        if not measured:
+            return None
+        predictions = predict(self.guide, [c.params for c in left], measured)
+        ref, direction = self.goal.objectives[0]
+        index = next_launch(
+            predictions,
+            ref.key,
+            direction,
+            self.goal.constraints,
+            self._leader(),
+            self.spec.decision.threshold,
+            self.guide.noise,
+        )
+        return None if index is None else left[index]
+
+    def _leader(self) -> float | None:
+        """The best feasible measured value of the one objective so far."""
+        sign = 1.0 if self.goal.directions[0] == "max" else -1.0
+        values = [
+            v
+            for t in self.told.values()
+            if t.verdict.feasible and (v := t.verdict.values[0]) is not None
+        ]
+        return max(values, key=lambda v: sign * v) if values else None
 
     def _known(self, fp: str) -> bool:
         return fp in self.told or fp in self._open or fp in self._given_up
@@ -228,6 +294,8 @@ class SampledSearch(Search):
             return
         self._close(fp, verdict)
         self.record(trial, verdict)
+        if self.guide is not None and results:
+            self._measured.append((trial, results))
 
     def _close(self, fp: str, verdict: Verdict | None) -> None:
         optuna_trial = self._open.pop(fp, None)

@@ -405,7 +405,7 @@ def _run(
     source: TrialSource
     capped = spec.search.trials is not None or spec.search.budget is not None
     if spec.search.samples or (capped and not options.only):
-        search = SearchSource(store, sweep, spec)
+        search = SearchSource(store, sweep, spec, predict=options.predict)
         for note in search.notes:
             observer.event(SweepWarning(message=note))
         source = search

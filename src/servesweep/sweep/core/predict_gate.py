@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from servesweep.decide.memory import gate_of
-from servesweep.decide.perf import Prediction, Trust, predict, verify
+from servesweep.decide.perf import Prediction, Setting, Trust, predict, verify
 from servesweep.decide.perf.gate import (
     PREDICTED_WORSE,
     Leader,
@@ -49,7 +49,7 @@ from servesweep.spec.space import build_space
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.events import Fact, TrialFinished
 
-__all__ = ["PerformanceChecked", "PredictGate", "decide_launch", "leader_of"]
+__all__ = ["PerformanceChecked", "PredictGate", "decide_launch", "guide_of", "leader_of"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,19 @@ class PerformanceChecked(Fact):
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)
+
+
+def guide_of(spec: SweepSpec, enabled: bool) -> Setting | None:
+    """What a sampling search is told of the performance predictor, so that it launches
+    first what the prediction says can win (``search.create_search``'s ``guide``):
+    the gate's setting when the gate skips (``search.predict`` not ``off``, a sampling
+    search, one objective, not ``run --no-predict``: ``enabled``); else None."""
+    gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
+    if not gate.skips or not spec.search.samples or len(goal_of(spec).objectives) != 1:
+        return None
+    preset = get_preset(spec.server.engine)
+    setting = perf_setting(spec, preset.draft_length_param, preset.spec_params)
+    return setting if setting.metrics else None
 
 
 def leader_of(goal: Goal, history: History) -> Leader | None:

@@ -22,6 +22,7 @@ from servesweep.models import LevelResult, Outcome
 from servesweep.search import create_search
 from servesweep.spec.schema import SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord
+from servesweep.sweep.core.predict_gate import guide_of
 
 __all__ = ["SearchSource", "measuring_time"]
 
@@ -64,11 +65,12 @@ class SearchSource:
         sweep: SweepRecord,
         spec: SweepSpec,
         only: Collection[str] | None = None,
+        predict: bool = True,
     ) -> None:
         self.store = store
         self.sweep = sweep
         history = [(t, store.results(t.id, with_samples=False)) for t in store.trials(sweep.id)]
-        self.search = create_search(spec, history, only)
+        self.search = create_search(spec, history, only, guide_of(spec, predict))
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(self.search.notes)
