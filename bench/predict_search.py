@@ -536,7 +536,7 @@ def _sweep_rows(prefix: str, sweeps: Sequence[Run], full: float) -> dict[str, An
     }
 
 
-def compare(name: str, seeds: int, sweep_only: bool = False) -> dict[str, Any]:
+def compare(name: str, seeds: int, sweep_only: bool = False, first: int = 0) -> dict[str, Any]:
     """The grid, tpe+predict (servesweep's search with the memory gate), the prediction
     policy and ``servesweep run`` (unguided, as before the search was guided, and as it
     runs now) on landscape ``name``, over ``seeds`` seeds (``sweep_only``: the two
@@ -544,8 +544,8 @@ def compare(name: str, seeds: int, sweep_only: bool = False) -> dict[str, Any]:
     land = landscape(name)
     full = se.grid_cost()
     grid = se.run_search("grid", 0, predict=True, predict_mode="skip")
-    before = [run_sweep(land, seed, guided=False) for seed in range(seeds)]
-    sweeps = [run_sweep(land, seed) for seed in range(seeds)]
+    before = [run_sweep(land, seed, guided=False) for seed in range(first, first + seeds)]
+    sweeps = [run_sweep(land, seed) for seed in range(first, first + seeds)]
     out: dict[str, Any] = {
         "landscape": name,
         "configs": len(land.truth),
@@ -627,6 +627,12 @@ def h100(measured: Sequence[int]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds first-seed .. first-seed + seeds - 1 (--sweep-only: to split a run)",
+    )
     parser.add_argument("--landscapes", default="original,mirror,mirror-seqs,mirror-tokens,curves")
     parser.add_argument("--order", choices=("ucb", "near", "far"), default="ucb")
     parser.add_argument("--json", action="store_true")
@@ -673,7 +679,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     global ORDER
     ORDER = args.order
     rows = [
-        compare(name, args.seeds, args.sweep_only) for name in args.landscapes.split(",") if name
+        compare(name, args.seeds, args.sweep_only, args.first_seed)
+        for name in args.landscapes.split(",")
+        if name
     ]
     if args.json:
         json.dump(rows, sys.stdout, indent=2, default=str)
