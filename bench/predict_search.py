@@ -89,6 +89,7 @@ from servesweep.decide.perf.inputs import measured_of
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
 from servesweep.search import create_search, goal_of
+from servesweep.search.sampled import SampledSearch
 from servesweep.sweep.core.predict_gate import decide_launch, guide_of, leader_of
 
 Key = se.Key
@@ -360,6 +361,8 @@ def run_sweep(land: Landscape, seed: int, guided: bool = True) -> Run:
     assert setting is not None
     search = create_search(spec, [], guide=setting if guided else None)
     memory = se.Predictor(spec)
+    if guided and isinstance(search, SampledSearch):  # as the driver does (run.py)
+        search.memory = lambda params: memory.model.predict(params).over_by
     goal = goal_of(spec)
     noise = random.Random(f"noise:{seed}")
     history: list[tuple[TrialRecord, list[LevelResult]]] = []

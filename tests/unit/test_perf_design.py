@@ -16,10 +16,11 @@ from servesweep.decide.perf.design import (
     DESIGN_LAUNCHES,
     design_point,
     first_launch,
+    memory_safe,
     next_launch,
     partner,
 )
-from servesweep.models import LevelResult, Outcome
+from servesweep.models import Evidence, FailureClass, LevelResult, Outcome
 from servesweep.records import TrialRecord
 from servesweep.search import create_search
 from servesweep.search.sampled import SampledSearch
@@ -230,3 +231,80 @@ def test_of_predictions_within_the_noise_of_the_best_the_surest() -> None:
     preds = [{M: p(120, 80, 160)}, {M: p(119, 110, 128)}, {M: p(105, 104, 106)}]
     assert next_launch(preds, M, "max", (), 100.0, 0.01, tie=0.02) == 1
     assert next_launch(preds, M, "max", (), 100.0, 0.01, tie=0.0) == 0
+
+
+def test_the_guide_keeps_clear_of_the_memory_margin() -> None:
+    configs = [{"seqs": 64, DRAFT: 4}, {"seqs": 128, DRAFT: 4}, {"seqs": 256, DRAFT: 4}]
+    # over the capacity (within the gate's margin, or the gate would skip it): left out;
+    # fitting, or unknown: kept
+    assert memory_safe(configs, [-5, 3, None], []) == [True, False, True]
+    assert memory_safe(configs, [0, 0, 0], []) == [True, True, True]
+
+
+def test_after_an_oom_crash_the_guide_leaves_what_raises_its_knobs() -> None:
+    crash = {"seqs": 128, "tokens": 4096, DRAFT: 4, "dtype": "fp16"}
+    configs = [
+        {"seqs": 256, "tokens": 4096, DRAFT: 4, "dtype": "fp16"},  # raises every knob
+        {"seqs": 128, "tokens": 4096, DRAFT: 4, "dtype": "fp16"},  # the same
+        {"seqs": 256, "tokens": 2048, DRAFT: 4, "dtype": "fp16"},  # lowers one
+        {"seqs": 256, "tokens": 4096, DRAFT: 4, "dtype": "fp8"},  # another dtype
+        {"seqs": 256, "tokens": 8192, DRAFT: 8, "dtype": "fp16"},
+    ]
+    unknown: list[int | None] = [None] * len(configs)
+    assert memory_safe(configs, unknown, [(crash, None)]) == [False, False, True, True, False]
+    assert memory_safe(configs, unknown, []) == [True] * len(configs)
+    # predicted to need less than the crashed one (a knob that lowers memory): kept
+    assert memory_safe(configs, [-9, -5, -9, -9, -1], [(crash, -5)]) == [
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
+
+
+def over(params: Any) -> int:
+    """Predicted bytes beyond the capacity: the middle at the longest draft is over."""
+    return int(params["seqs"] * params["tokens"] / 1024 + 40 * params[DRAFT]) - 400
+
+
+def test_a_guided_search_launches_first_what_fits_without_the_margin() -> None:
+    for seed in range(6):
+        spec = sweep(f"{{strategy: tpe, trials: 30, seed: {seed}}}")
+        search = create_search(spec, guide=SETTING)
+        assert isinstance(search, SampledSearch)
+        search.memory = over
+        first = search.ask()
+        assert first is not None
+        assert first.params[DRAFT] == 8 and over(first.params) <= 0
+        assert dict(first.params) != {"seqs": 64, "tokens": 4096, DRAFT: 8}
+
+
+def test_a_guided_search_does_not_raise_the_knobs_of_an_oom_crash() -> None:
+    picks = set()
+    for seed in range(10):
+        spec = sweep(f"{{strategy: tpe, trials: 30, seed: {seed}}}")
+        search = create_search(spec, guide=SETTING)
+        assert isinstance(search, SampledSearch)
+        first = search.ask()
+        assert first is not None and dict(first.params) == {"seqs": 64, "tokens": 4096, DRAFT: 8}
+        crashed = TrialRecord(
+            id=1,
+            sweep_id=1,
+            seq=1,
+            fingerprint=first.fingerprint,
+            params=dict(first.params),
+            outcome=Outcome.FAILED,
+            failure_class=FailureClass.START_CRASH,
+            evidence=Evidence(message="CUDA out of memory", reason="oom"),
+            attempts=1,
+            started_at=1000.0,
+            finished_at=1360.0,
+        )
+        search.tell(crashed, [])
+        second = search.ask()
+        assert second is not None
+        picks.add(tuple(sorted(second.params.items())))
+    # the design's next nearest the middle, never the one that raises the crashed knobs
+    # (64 -> 128 sequences), which ties with it
+    assert picks == {(("seqs", 32), (DRAFT, 8), ("tokens", 4096))}

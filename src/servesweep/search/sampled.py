@@ -10,8 +10,10 @@ How a proposal is made (:meth:`SampledSearch.ask`):
    driver's performance gate skips what cannot win), the configuration
    :mod:`servesweep.decide.perf.design` picks: the design's first launches, then the
    predicted best or the one whose interval reaches farthest, each told to the
-   sampler as a fixed trial (``enqueue_trial``); when the predictor knows nothing that
-   can still win, the sampler's proposal;
+   sampler as a fixed trial (``enqueue_trial``), only among the configurations that
+   the memory prediction (``memory``, given by the driver) leaves room for and that
+   raise no knob of a trial that crashed out of memory (``design.memory_safe``); when
+   the predictor knows nothing that can still win, the sampler's proposal;
 4. then the sampler. A proposal that ``exclude``/``when`` forbids is told to the
    sampler as infeasible without launching; one already measured is told the same
    result again; one running in another slot is dropped. After
@@ -41,7 +43,7 @@ import math
 import random
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -55,7 +57,7 @@ from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
 from servesweep.decide.perf import Setting, predict
-from servesweep.decide.perf.design import design_point, next_launch
+from servesweep.decide.perf.design import design_point, memory_safe, next_launch
 from servesweep.decide.perf.inputs import measured_of
 from servesweep.decide.verdict import Verdict, VerdictKind
 from servesweep.models import LevelResult, Outcome, ServerConfig
@@ -81,8 +83,14 @@ stops proposing it."""
 DESIGN_TRIES = 6
 """Configurations of the performance guide's design handed out at most (a design launch
 that crashes gives way to the next one, at most this many times)."""
-"""Attempts of one configuration that fail because of the environment before the search
-stops proposing it."""
+
+OOM_REASON = "oom"
+"""The evidence reason of a trial whose engine ran out of memory (the engines' fatal
+log patterns)."""
+
+MemoryOver = Callable[[Mapping[str, Any]], int | None]
+"""A configuration's predicted memory beyond its capacity (bytes, negative: room left;
+None: unknown): the memory gate's prediction."""
 
 
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -126,6 +134,10 @@ class SampledSearch(Search):
         """What the performance predictor is told (None: the sampler alone proposes)."""
         self._measured: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
         self._design_tries = 0
+        self.memory: MemoryOver | None = None
+        """The memory gate's prediction, for the guide (set by the driver)."""
+        self._crashed: list[Mapping[str, Any]] = []
+        """Configurations that ran out of memory."""
         _quiet_optuna()
         self.space: SearchSpace = build_space(spec.params)
         self.distributions = {d.name: _distribution(d) for d in self.space.dimensions}
@@ -193,6 +205,7 @@ class SampledSearch(Search):
         if self.guide is None or self._allowed_set() is None:
             return None
         left = [c for c in self._allowed_configs if not self._known(c.fingerprint)]
+        left = self._memory_safe(left)
         if not left:
             return None
         measured = measured_of(self._measured)
@@ -219,6 +232,16 @@ class SampledSearch(Search):
             self.guide.noise,
         )
         return None if index is None else left[index]
+
+    def _memory_safe(self, configs: Sequence[ServerConfig]) -> list[ServerConfig]:
+        """Those of ``configs`` the guide may launch (``design.memory_safe``)."""
+        if self.memory is None and not self._crashed:
+            return list(configs)
+        over = self.memory or (lambda _: None)
+        crashed = [(p, over(p)) for p in self._crashed]
+        params = [c.params for c in configs]
+        safe = memory_safe(params, [over(p) for p in params], crashed)
+        return [c for c, ok in zip(configs, safe, strict=True) if ok]
 
     def _leader(self) -> float | None:
         """The best feasible measured value of the one objective so far."""
@@ -294,6 +317,8 @@ class SampledSearch(Search):
             return
         self._close(fp, verdict)
         self.record(trial, verdict)
+        if trial.evidence is not None and trial.evidence.reason == OOM_REASON:
+            self._crashed.append(trial.params)
         if self.guide is not None and results:
             self._measured.append((trial, results))
 

@@ -29,6 +29,15 @@ sampler proposes.
 What it picks is what the performance gate launches anyway (the predicted best is
 always launched), so the two never disagree about the first of them.
 
+The guide adds no launch that is likely to run out of memory (:func:`memory_safe`; the
+memory gate still judges every launch, the sampler's too): it picks only among the
+configurations predicted to fit without using the memory gate's margin (a prediction
+over the capacity but within the margin is launched by the gate, and such a launch is
+the likeliest to crash), and after a trial crashed out of memory, never one that
+raises every numeric knob that trial had (the same other knobs, each numeric one as
+large or larger) and is predicted to need at least as much memory as it: expected to
+crash the same way. Where none is left, the sampler proposes.
+
 Pure functions over plain records; no I/O.
 """
 
@@ -44,7 +53,14 @@ from servesweep.decide.perf.gate import rules_out
 from servesweep.decide.perf.records import Prediction
 from servesweep.spec.constraints import Constraint
 
-__all__ = ["DESIGN_LAUNCHES", "design_point", "first_launch", "next_launch", "partner"]
+__all__ = [
+    "DESIGN_LAUNCHES",
+    "design_point",
+    "first_launch",
+    "memory_safe",
+    "next_launch",
+    "partner",
+]
 
 DESIGN_LAUNCHES = 2
 """Launches of the design (:func:`design_point`) before the predictor chooses."""
@@ -163,3 +179,46 @@ def next_launch(
         tied = [a for a in able if a[0] >= best - tie * abs(best)]
         return min(tied, key=lambda a: (a[2], -a[0], a[3]))[3]
     return max(able, key=lambda a: (a[1], -a[3]))[3]
+
+
+def _numeric(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _raises(params: Mapping[str, Any], crashed: Mapping[str, Any]) -> bool:
+    """``params`` has every knob of ``crashed``: the same non-numeric values, each
+    numeric one as large or larger."""
+    if params.keys() != crashed.keys():
+        return False
+    for knob, value in crashed.items():
+        other = params[knob]
+        if _numeric(value) and _numeric(other):
+            if float(other) < float(value):
+                return False
+        elif other != value:
+            return False
+    return True
+
+
+def memory_safe(
+    candidates: Sequence[Mapping[str, Any]],
+    over_by: Sequence[int | None],
+    crashed: Sequence[tuple[Mapping[str, Any], int | None]],
+) -> list[bool]:
+    """Which of ``candidates`` the guide may pick (see the module doc): ``over_by`` is
+    each one's predicted memory beyond its capacity (bytes; negative or 0: it fits;
+    None: unknown), ``crashed`` the configurations that ran out of memory with theirs.
+    A candidate predicted over its capacity (within the gate's margin, or the gate
+    would not launch it) is left out; so is one that raises every knob of a crashed
+    configuration and is predicted to need at least as much beyond the capacity (an
+    unknown prediction on either side: the knobs decide)."""
+    out = []
+    for params, over in zip(candidates, over_by, strict=True):
+        safe = over is None or over <= 0
+        for crash, crash_over in crashed:
+            if not safe:
+                break
+            same_or_more = over is None or crash_over is None or over >= crash_over
+            safe = not (same_or_more and _raises(params, crash))
+        out.append(safe)
+    return out
