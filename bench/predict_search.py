@@ -26,7 +26,11 @@ both gates as the driver places a trial: the memory gate, then the performance g
 (``sweep/core/predict_gate.decide_launch`` on the predictions of every configuration
 not finished, with the trust the sweep earned), a skipped proposal told to the search
 as the driver tells it; when the search ends, the skipped configurations still open
-(``decide.perf.gate.still_open``) are launched, as the driver's last step does.
+(``decide.perf.gate.still_open``) are launched, as the driver's last step does. The
+search is given the predictor's setting as the driver gives it (``guide_of``): it
+launches the design's first configurations and then what the prediction says can
+still win (``decide.perf.design``); rows ``before``: the same without it (TPE alone
+proposes, as ``servesweep run`` did before), on the same seeds.
 
 The policy ``predict`` (a policy of this benchmark, not what ``servesweep run`` does:
 it chooses the next launch itself instead of gating a sampler's proposals;
@@ -53,6 +57,7 @@ landscape as an earlier engine version measured it, another seed): only the new 
 GPU-hours count. ``--h100``: issue 34's H100 draft lengths predicted from a few.
 
 Run:  .venv/bin/python bench/predict_search.py [--seeds 100] [--landscapes L,..] [--order ucb]
+                                              [--sweep-only]
       .venv/bin/python bench/predict_search.py --warm | --h100
 """
 
@@ -80,12 +85,12 @@ from landscape_memory import engine_memory
 
 from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
 from servesweep.decide.perf.gate import still_open
-from servesweep.decide.perf.inputs import measured_of, perf_setting
+from servesweep.decide.perf.inputs import measured_of
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
 from servesweep.search import create_search, goal_of
-from servesweep.servers.engines import get_preset
-from servesweep.sweep.core.predict_gate import decide_launch, leader_of
+from servesweep.search.sampled import SampledSearch
+from servesweep.sweep.core.predict_gate import decide_launch, guide_of, leader_of
 
 Key = se.Key
 OBJECTIVE = "chat.c8.output_throughput"
@@ -224,6 +229,8 @@ class Run:
     """Launched configurations whose measured objective fell outside its interval."""
     seconds: float
     """The policy's own time (predictions and decisions)."""
+    search_seconds: float = 0.0
+    """``servesweep run``: the search's own time in it (asks and tells)."""
 
 
 def _can_win(p: Mapping[str, Prediction], leader: float | None) -> bool:
@@ -340,36 +347,43 @@ def run_policy(
     )
 
 
-def run_sweep(land: Landscape, seed: int) -> Run:
+def run_sweep(land: Landscape, seed: int, guided: bool = True) -> Run:
     """``servesweep run`` with ``search.strategy: tpe`` on ``land``: each proposal
     through the memory gate and then the performance gate (``sweep/core/predict_gate``'s
     :func:`decide_launch`, on the predictions of every configuration not finished yet,
     with the sweep's trust), a skip told to the search as the driver tells it; after the
     search ends, the skipped configurations still open (``decide.perf.gate.still_open``)
-    are launched, as the driver's last step does."""
+    are launched, as the driver's last step does. ``guided``: the search is given the
+    predictor's setting, as the driver gives it (``guide_of``: the design's first
+    launches, then the predicted best); False: as before it was (TPE alone proposes)."""
     spec = se.sweep_spec("tpe", seed)
-    search = create_search(spec, [])
+    setting = guide_of(spec, True)
+    assert setting is not None
+    search = create_search(spec, [], guide=setting if guided else None)
     memory = se.Predictor(spec)
+    if guided and isinstance(search, SampledSearch):  # as the driver does (run.py)
+        search.memory = lambda params: memory.model.predict(params).over_by
     goal = goal_of(spec)
-    setting = perf_setting(spec, get_preset(spec.server.engine).draft_length_param)
     noise = random.Random(f"noise:{seed}")
     history: list[tuple[TrialRecord, list[LevelResult]]] = []
     finished: set[Key] = set()
     skipped: dict[Key, TrialRecord] = {}
     trust = Trust()
-    gpu_s = own = 0.0
+    gpu_s = own = searching = 0.0
     reached: tuple[float, int] | None = None
     launched = oom = misses = 0
 
     def launch(seq: int, config: ServerConfig, made: Mapping[str, Prediction] | None) -> None:
-        nonlocal gpu_s, own, reached, launched, oom, misses, trust
+        nonlocal gpu_s, own, reached, launched, oom, misses, trust, searching
         key = se._key(config.params)
         launched += 1
         record, results, seconds = se.run_trial(
             search, seq, config, gpu_s / se.GPUS, noise, land.level
         )
         gpu_s += seconds * se.GPUS
+        started = time.perf_counter()
         search.tell(record, results)
+        searching += time.perf_counter() - started
         history.append((record, results))
         finished.add(key)
         if record.outcome is Outcome.FAILED:
@@ -396,13 +410,16 @@ def run_sweep(land: Landscape, seed: int) -> Run:
         started = time.perf_counter()
         config = search.ask()
         own += time.perf_counter() - started
+        searching += time.perf_counter() - started
         if config is None:
             break
         key = se._key(config.params)
         evidence = memory.skip(config)
         if evidence is not None:
             record = se._skipped(seq, config, evidence, gpu_s / se.GPUS)
+            started = time.perf_counter()
             search.tell(record, [])
+            searching += time.perf_counter() - started
             history.append((record, []))
             finished.add(key)
             continue
@@ -413,7 +430,9 @@ def run_sweep(land: Landscape, seed: int) -> Run:
         own += time.perf_counter() - started
         if evidence is not None:
             record = se._skipped(seq, config, evidence, gpu_s / se.GPUS)
+            started = time.perf_counter()
             search.tell(record, [])
+            searching += time.perf_counter() - started
             history.append((record, []))
             finished.add(key)
             skipped[key] = record
@@ -448,6 +467,7 @@ def run_sweep(land: Landscape, seed: int) -> Run:
         oom,
         misses,
         own,
+        searching,
     )
 
 
@@ -498,25 +518,56 @@ def _hours(values: Sequence[float | None]) -> list[float]:
     return [v if v is not None else math.inf for v in values]
 
 
-def compare(name: str, seeds: int) -> dict[str, Any]:
-    """The grid, tpe+predict (servesweep's search with the memory gate) and the
-    prediction policy on landscape ``name``, over ``seeds`` seeds."""
+def _sweep_rows(prefix: str, sweeps: Sequence[Run], full: float) -> dict[str, Any]:
+    hours = _hours([r.gpu_hours for r in sweeps])
+    return {
+        f"{prefix}_median": statistics.median(hours) / full,
+        f"{prefix}_p90": _pct(hours, 0.9) / full,
+        f"{prefix}_total_median": statistics.median(r.total_gpu_hours for r in sweeps) / full,
+        f"{prefix}_launched_median": statistics.median(r.launched for r in sweeps),
+        f"{prefix}_restarts_median": statistics.median(r.restarts or math.inf for r in sweeps),
+        f"{prefix}_restarts_p90": _pct([r.restarts or math.inf for r in sweeps], 0.9),
+        f"{prefix}_wrong_winners": sum(r.wrong_winner for r in sweeps) / len(sweeps),
+        f"{prefix}_oom_started_median": statistics.median(r.oom_started for r in sweeps),
+        f"{prefix}_oom_started_max": max(r.oom_started for r in sweeps),
+        f"{prefix}_ms_per_launch": 1000
+        * sum(r.seconds for r in sweeps)
+        / max(1, sum(r.launched for r in sweeps)),
+        f"{prefix}_search_ms_per_launch": 1000
+        * sum(r.search_seconds for r in sweeps)
+        / max(1, sum(r.launched for r in sweeps)),
+    }
+
+
+def compare(name: str, seeds: int, sweep_only: bool = False, first: int = 0) -> dict[str, Any]:
+    """The grid, tpe+predict (servesweep's search with the memory gate), the prediction
+    policy and ``servesweep run`` (unguided, as before the search was guided, and as it
+    runs now) on landscape ``name``, over ``seeds`` seeds (``sweep_only``: the two
+    ``servesweep run`` rows alone)."""
     land = landscape(name)
     full = se.grid_cost()
     grid = se.run_search("grid", 0, predict=True, predict_mode="skip")
-    tpe = [se.run_search("tpe", seed, predict=True) for seed in range(seeds)]
-    runs = [run_policy(land, seed) for seed in range(seeds)]
-    sweeps = [run_sweep(land, seed) for seed in range(seeds)]
-    hours = _hours([r.gpu_hours for r in runs])
-    sweep_hours = _hours([r.gpu_hours for r in sweeps])
-    tpe_hours = _hours([r.gpu_hours for r in tpe])
-    return {
+    before = [run_sweep(land, seed, guided=False) for seed in range(first, first + seeds)]
+    sweeps = [run_sweep(land, seed) for seed in range(first, first + seeds)]
+    out: dict[str, Any] = {
         "landscape": name,
         "configs": len(land.truth),
         "oom": sum(t.oom for t in land.truth.values()),
         "near_best": sorted(se.NEAR_BEST),
         "grid_gpu_hours": full,
         "grid_to_best": (grid.gpu_hours or math.inf) / full,
+        **_sweep_rows("before", before, full),
+        **_sweep_rows("sweep", sweeps, full),
+        "before_runs": [asdict(r) for r in before],
+        "sweep_runs": [asdict(r) for r in sweeps],
+    }
+    if sweep_only:
+        return out
+    tpe = [se.run_search("tpe", seed, predict=True) for seed in range(seeds)]
+    runs = [run_policy(land, seed) for seed in range(seeds)]
+    hours = _hours([r.gpu_hours for r in runs])
+    tpe_hours = _hours([r.gpu_hours for r in tpe])
+    return out | {
         "tpe_median": statistics.median(tpe_hours) / full,
         "tpe_p90": _pct(tpe_hours, 0.9) / full,
         "tpe_oom_started_median": statistics.median(r.oom_started for r in tpe),
@@ -533,18 +584,7 @@ def compare(name: str, seeds: int) -> dict[str, Any]:
         "ms_per_launch": 1000
         * sum(r.seconds for r in runs)
         / max(1, sum(r.launched for r in runs)),
-        "sweep_median": statistics.median(sweep_hours) / full,
-        "sweep_p90": _pct(sweep_hours, 0.9) / full,
-        "sweep_total_median": statistics.median(r.total_gpu_hours for r in sweeps) / full,
-        "sweep_launched_median": statistics.median(r.launched for r in sweeps),
-        "sweep_wrong_winners": sum(r.wrong_winner for r in sweeps) / len(sweeps),
-        "sweep_oom_started_median": statistics.median(r.oom_started for r in sweeps),
-        "sweep_oom_started_max": max(r.oom_started for r in sweeps),
-        "sweep_ms_per_launch": 1000
-        * sum(r.seconds for r in sweeps)
-        / max(1, sum(r.launched for r in sweeps)),
         "runs": [asdict(r) for r in runs],
-        "sweep_runs": [asdict(r) for r in sweeps],
     }
 
 
@@ -590,9 +630,20 @@ def h100(measured: Sequence[int]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds first-seed .. first-seed + seeds - 1 (--sweep-only: to split a run)",
+    )
     parser.add_argument("--landscapes", default="original,mirror,mirror-seqs,mirror-tokens,curves")
     parser.add_argument("--order", choices=("ucb", "near", "far"), default="ucb")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="only servesweep run, before (unguided) and now (guided by the prediction)",
+    )
     parser.add_argument(
         "--no-counters",
         action="store_true",
@@ -630,30 +681,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     global ORDER
     ORDER = args.order
-    rows = [compare(name, args.seeds) for name in args.landscapes.split(",") if name]
+    rows = [
+        compare(name, args.seeds, args.sweep_only, args.first_seed)
+        for name in args.landscapes.split(",")
+        if name
+    ]
     if args.json:
         json.dump(rows, sys.stdout, indent=2, default=str)
         print()
         return 0
     print(
-        f"{'landscape':<14} {'configs':>7} {'grid':>6} {'tpe+predict p50':>15} {'p90':>6} "
-        f"{'predict p50':>11} {'p90':>6} {'to its end p50':>14} {'launches p50':>12} "
-        f"{'wrong winners':>13} {'never':>5} {'OOM started p50':>15} {'max':>4} "
-        f"{'misses/run':>10} {'ms/launch':>9} | {'sweep p50':>9} {'p90':>6} {'to its end':>10} "
-        f"{'launches':>8} {'wrong':>5} {'OOM p50':>7} {'max':>4} {'ms/launch':>9}"
+        f"{'landscape':<14} {'configs':>7} {'grid':>6} | servesweep run, before: {'p50':>6} "
+        f"{'p90':>6} {'to end':>6} {'launches':>8} {'reach p50':>9} {'p90':>4} {'wrong':>5} "
+        f"{'OOM p50':>7} {'max':>4} {'ms':>5} {'search':>6} | now: {'p50':>6} {'p90':>6} "
+        f"{'to end':>6} {'launches':>8} {'reach p50':>9} {'p90':>4} {'wrong':>5} {'OOM p50':>7} "
+        f"{'max':>4} {'ms':>5} {'search':>6}"
+    )
+    for r in rows:
+        cells = []
+        for prefix in ("before", "sweep"):
+            cells.append(
+                f"{r[f'{prefix}_median']:>6.1%} {r[f'{prefix}_p90']:>6.1%} "
+                f"{r[f'{prefix}_total_median']:>6.1%} {r[f'{prefix}_launched_median']:>8g} "
+                f"{r[f'{prefix}_restarts_median']:>9g} {r[f'{prefix}_restarts_p90']:>4g} "
+                f"{r[f'{prefix}_wrong_winners']:>5.0%} {r[f'{prefix}_oom_started_median']:>7g} "
+                f"{r[f'{prefix}_oom_started_max']:>4} {r[f'{prefix}_ms_per_launch']:>5.0f} "
+                f"{r[f'{prefix}_search_ms_per_launch']:>6.0f}"
+            )
+        print(
+            f"{r['landscape']:<14} {r['configs']:>7} {r['grid_to_best']:>6.0%} | "
+            f"{'':>23}{cells[0]} | {'':>5}{cells[1]}"
+        )
+    if args.sweep_only:
+        return 0
+    print(
+        f"\n{'landscape':<14} {'tpe+predict p50':>15} {'p90':>6} {'predict p50':>11} {'p90':>6} "
+        f"{'to its end p50':>14} {'launches p50':>12} {'wrong winners':>13} {'never':>5} "
+        f"{'OOM started p50':>15} {'max':>4} {'misses/run':>10} {'ms/launch':>9}"
     )
     for r in rows:
         print(
-            f"{r['landscape']:<14} {r['configs']:>7} {r['grid_to_best']:>6.0%} "
-            f"{r['tpe_median']:>15.1%} {r['tpe_p90']:>6.1%} {r['predict_median']:>11.1%} "
-            f"{r['predict_p90']:>6.1%} {r['predict_total_median']:>14.1%} "
-            f"{r['predict_launched_median']:>12g} {r['wrong_winners']:>13.0%} {r['never']:>5} "
-            f"{r['oom_started_median']:>15g} {r['oom_started_max']:>4} "
-            f"{r['misses_per_run']:>10.2f} {r['ms_per_launch']:>9.1f} | "
-            f"{r['sweep_median']:>9.1%} {r['sweep_p90']:>6.1%} {r['sweep_total_median']:>10.1%} "
-            f"{r['sweep_launched_median']:>8g} {r['sweep_wrong_winners']:>5.0%} "
-            f"{r['sweep_oom_started_median']:>7g} {r['sweep_oom_started_max']:>4} "
-            f"{r['sweep_ms_per_launch']:>9.1f}"
+            f"{r['landscape']:<14} {r['tpe_median']:>15.1%} {r['tpe_p90']:>6.1%} "
+            f"{r['predict_median']:>11.1%} {r['predict_p90']:>6.1%} "
+            f"{r['predict_total_median']:>14.1%} {r['predict_launched_median']:>12g} "
+            f"{r['wrong_winners']:>13.0%} {r['never']:>5} {r['oom_started_median']:>15g} "
+            f"{r['oom_started_max']:>4} {r['misses_per_run']:>10.2f} {r['ms_per_launch']:>9.1f}"
         )
     return 0
 

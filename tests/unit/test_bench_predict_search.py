@@ -69,11 +69,13 @@ def test_a_warm_start_from_a_drifted_earlier_sweep(bench: ModuleType) -> None:
 def test_servesweep_runs_tpe_through_both_gates_to_the_best(bench: ModuleType) -> None:
     land = bench.landscape("original")
     full = bench.se.grid_cost()
-    run = bench.run_sweep(land, 0)
-    assert run.gpu_hours is not None and run.restarts is not None
-    assert run.gpu_hours <= run.total_gpu_hours < full
-    assert run.restarts <= run.launched <= len(land.truth)
-    assert not run.wrong_winner
+    for guided in (True, False):  # guided by the prediction (as now), and as before
+        run = bench.run_sweep(land, 0, guided)
+        assert run.gpu_hours is not None and run.restarts is not None
+        assert run.gpu_hours <= run.total_gpu_hours < full
+        assert run.restarts <= run.launched <= len(land.truth)
+        assert not run.wrong_winner
+        assert run.search_seconds > 0  # the search's own time is measured
 
 
 def test_curves_levels_carry_the_engines_per_position_counters(bench: ModuleType) -> None:

@@ -23,6 +23,7 @@ from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
 from servesweep.sweep.commands.run import open_sweep
 from servesweep.sweep.core.driver import Driver
+from servesweep.sweep.core.memory_gate import MemoryGate
 from servesweep.sweep.core.run_state import RunSettings
 from servesweep.sweep.core.search_source import SearchSource
 from servesweep.sweep.events import (
@@ -254,3 +255,22 @@ def test_what_the_gpu_saw_the_server_hold_calibrates_the_sweep(tmp_path: Path) -
     second = memory[max(memory)]["predicted"]
     assert abs(second["per_gpu_bytes"] - held({"ctx-size": BIG})) < 2 * MiB
     store.close()
+
+
+def test_the_gate_tells_a_guided_search_how_far_over_its_capacity_a_config_is(
+    tmp_path: Path,
+) -> None:
+    """What the guide of a sampling search reads (``MemoryGate.over_by``): the gate's
+    prediction against the capacity, negative where there is room; None with the gate
+    off."""
+    raw = _raw(tmp_path)
+    big = raw.predict({"ctx-size": BIG})
+    capacity = big.per_gpu_bytes - GiB
+    spec = load_sweep_text(_text(tmp_path, capacity)).spec
+    gate = MemoryGate(spec)
+    assert gate.model is not None
+    expected = gate.model.predict({"ctx-size": BIG})
+    assert gate.over_by({"ctx-size": BIG}) == expected.per_gpu_bytes - expected.capacity > 0
+    small = gate.over_by({"ctx-size": SMALL})
+    assert small is not None and small < 0
+    assert MemoryGate(spec, enabled=False).over_by({"ctx-size": BIG}) is None

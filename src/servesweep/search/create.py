@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from servesweep.decide.perf import Setting
 from servesweep.search.base import History, Search
 from servesweep.search.grid import GridSearch
 from servesweep.spec.schema import SweepSpec
@@ -17,16 +18,22 @@ __all__ = ["create_search"]
 
 
 def create_search(
-    spec: SweepSpec, history: History = (), only: Collection[str] | None = None
+    spec: SweepSpec,
+    history: History = (),
+    only: Collection[str] | None = None,
+    guide: Setting | None = None,
 ) -> Search:
     """The search of this sweep, continued from its stored trials.
 
     A grid continues in its order (``only``: exactly the configurations of these
     fingerprints, see :mod:`servesweep.search.grid`); a sampler replays the stored
     trials so that the same seed gives the same sequence of proposals, and nothing
-    measured is proposed again."""
+    measured is proposed again. ``guide``: what the performance predictor is told, when
+    the driver's performance gate skips what cannot win (a sampler then launches first
+    what the prediction says can, :mod:`servesweep.decide.perf.design`; None: the
+    sampler alone, as with ``run --no-predict``)."""
     if spec.search.samples:
         from servesweep.search.sampled import SampledSearch
 
-        return SampledSearch(spec, history)
+        return SampledSearch(spec, history, guide)
     return GridSearch(spec, history, only)

@@ -6,7 +6,15 @@ How a proposal is made (:meth:`SampledSearch.ask`):
    crash left unfinished): its sampler trial is still open and is reused;
 2. then ``params.points``, in order (told to the sampler when they are points of the
    space);
-3. then the sampler. A proposal that ``exclude``/``when`` forbids is told to the
+3. with a performance guide (``search.predict`` on, one objective, a finite space: the
+   driver's performance gate skips what cannot win), the configuration
+   :mod:`servesweep.decide.perf.design` picks: the design's first launches, then the
+   predicted best or the one whose interval reaches farthest, each told to the
+   sampler as a fixed trial (``enqueue_trial``), only among the configurations that
+   the memory prediction (``memory``, given by the driver) leaves room for and that
+   raise no knob of a trial that crashed out of memory (``design.memory_safe``); when
+   the predictor knows nothing that can still win, the sampler's proposal;
+4. then the sampler. A proposal that ``exclude``/``when`` forbids is told to the
    sampler as infeasible without launching; one already measured is told the same
    result again; one running in another slot is dropped. After
    :data:`MAX_REJECTED` such proposals in a row, a finite space falls back to an
@@ -40,7 +48,7 @@ import math
 import random
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -53,7 +61,10 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
+from servesweep.decide.perf import Setting, predict
+from servesweep.decide.perf.design import design_point, memory_safe, next_launch
 from servesweep.decide.perf.gate import PREDICTED_WORSE
+from servesweep.decide.perf.inputs import measured_of
 from servesweep.decide.verdict import Verdict, VerdictKind
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
@@ -74,6 +85,18 @@ knows when every allowed one is measured."""
 ENV_ATTEMPTS = 3
 """Attempts of one configuration that fail because of the environment before the search
 stops proposing it."""
+
+DESIGN_TRIES = 6
+"""Configurations of the performance guide's design handed out at most (a design launch
+that crashes gives way to the next one, at most this many times)."""
+
+OOM_REASON = "oom"
+"""The evidence reason of a trial whose engine ran out of memory (the engines' fatal
+log patterns)."""
+
+MemoryOver = Callable[[Mapping[str, Any]], int | None]
+"""A configuration's predicted memory beyond its capacity (bytes, negative: room left;
+None: unknown): the memory gate's prediction."""
 
 
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -109,8 +132,18 @@ def _quiet_optuna() -> None:
 
 
 class SampledSearch(Search):
-    def __init__(self, spec: SweepSpec, history: History = ()) -> None:
+    def __init__(
+        self, spec: SweepSpec, history: History = (), guide: Setting | None = None
+    ) -> None:
         super().__init__(spec)
+        self.guide = guide if len(self.goal.objectives) == 1 else None
+        """What the performance predictor is told (None: the sampler alone proposes)."""
+        self._measured: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
+        self._design_tries = 0
+        self.memory: MemoryOver | None = None
+        """The memory gate's prediction, for the guide (set by the driver)."""
+        self._crashed: list[Mapping[str, Any]] = []
+        """Configurations that ran out of memory."""
         _quiet_optuna()
         self.space: SearchSpace = build_space(spec.params)
         self.distributions = {d.name: _distribution(d) for d in self.space.dimensions}
@@ -156,6 +189,9 @@ class SampledSearch(Search):
             return self._hand_out(point, self._fixed_trial(point))
         if self._finished_space():
             return None
+        guided = self._guided()
+        if guided is not None:
+            return self._hand_out(guided, self._fixed_trial(guided))
         for _ in range(MAX_REJECTED):
             trial = self.study.ask(self.distributions)
             config = self.space.config(trial.params)
@@ -169,6 +205,59 @@ class SampledSearch(Search):
             else:
                 return self._hand_out(config, trial)
         return self._fallback()
+
+    def _guided(self) -> ServerConfig | None:
+        """The performance guide's pick (see the module doc), or None."""
+        if self.guide is None or self._allowed_set() is None:
+            return None
+        left = [c for c in self._allowed_configs if not self._known(c.fingerprint)]
+        left = self._memory_safe(left)
+        if not left:
+            return None
+        measured = measured_of(self._measured)
+        draft = self.guide.draft_param
+        if self._design_tries < DESIGN_TRIES:
+            space = [c.params for c in self._allowed_configs]
+            lefts = [c.params for c in left]
+            done = [m.params for m in measured]
+            pick = design_point(space, draft, self.spec.search.seed, lefts, done)
+            if pick is not None:
+                self._design_tries += 1
+                return left[lefts.index(pick)]
+        if not measured:
+            return None
+        predictions = predict(self.guide, [c.params for c in left], measured)
+        ref, direction = self.goal.objectives[0]
+        index = next_launch(
+            predictions,
+            ref.key,
+            direction,
+            self.goal.constraints,
+            self._leader(),
+            self.spec.decision.threshold,
+            self.guide.noise,
+        )
+        return None if index is None else left[index]
+
+    def _memory_safe(self, configs: Sequence[ServerConfig]) -> list[ServerConfig]:
+        """Those of ``configs`` the guide may launch (``design.memory_safe``)."""
+        if self.memory is None and not self._crashed:
+            return list(configs)
+        over = self.memory or (lambda _: None)
+        crashed = [(p, over(p)) for p in self._crashed]
+        params = [c.params for c in configs]
+        safe = memory_safe(params, [over(p) for p in params], crashed)
+        return [c for c, ok in zip(configs, safe, strict=True) if ok]
+
+    def _leader(self) -> float | None:
+        """The best feasible measured value of the one objective so far."""
+        sign = 1.0 if self.goal.directions[0] == "max" else -1.0
+        values = [
+            v
+            for t in self.told.values()
+            if t.verdict.feasible and (v := t.verdict.values[0]) is not None
+        ]
+        return max(values, key=lambda v: sign * v) if values else None
 
     def _known(self, fp: str) -> bool:
         return fp in self.told or fp in self._open or fp in self._given_up
@@ -234,6 +323,10 @@ class SampledSearch(Search):
             return
         self._close(fp, verdict)
         self.record(trial, verdict)
+        if trial.evidence is not None and trial.evidence.reason == OOM_REASON:
+            self._crashed.append(trial.params)
+        if self.guide is not None and results:
+            self._measured.append((trial, results))
 
     def _close(self, fp: str, verdict: Verdict | None) -> None:
         optuna_trial = self._open.pop(fp, None)

@@ -30,6 +30,7 @@ from servesweep.decide.memory import PREDICTED_OOM
 from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.errors import ConfigError, StoreError
 from servesweep.models import Outcome
+from servesweep.search.sampled import SampledSearch
 from servesweep.servers.engines import engine_version
 from servesweep.servers.ownership import lock_path_for
 from servesweep.spec.expand import expand_configs
@@ -405,7 +406,9 @@ def _run(
     source: TrialSource
     capped = spec.search.trials is not None or spec.search.budget is not None
     if spec.search.samples or (capped and not options.only):
-        search = SearchSource(store, sweep, spec)
+        search = SearchSource(store, sweep, spec, predict=options.predict)
+        if isinstance(search.search, SampledSearch):
+            search.search.memory = driver.memory.over_by  # the guide keeps clear of OOM
         for note in search.notes:
             observer.event(SweepWarning(message=note))
         source = search

@@ -79,6 +79,15 @@ class MemoryGate:
             trial=trial.id, outcome=Outcome.SKIPPED, evidence=evidence, at=time.time()
         )
 
+    def over_by(self, params: Mapping[str, Any]) -> int | None:
+        """The predicted memory of ``params`` beyond its capacity with the calibration
+        so far (bytes, negative: room left; None: no prediction or an unknown one): what
+        a guided search reads to keep clear of the memory margin."""
+        if self.model is None:
+            return None
+        predicted = self.model.predict(params)
+        return None if predicted.verdict == "unknown" else predicted.over_by
+
     def started(self, trial: int, at: float) -> None:
         """Trial ``trial``'s server was started at ``at`` (wall clock): GPU samples
         from then on are its own (before it, the slot stopped the previous instance)."""

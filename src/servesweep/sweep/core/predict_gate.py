@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from servesweep.decide.memory import gate_of
-from servesweep.decide.perf import Prediction, Trust, predict, verify
+from servesweep.decide.perf import Prediction, Setting, Trust, predict, verify
 from servesweep.decide.perf.gate import (
     PREDICTED_WORSE,
     Leader,
@@ -51,7 +51,14 @@ from servesweep.spec.space import build_space
 from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.events import Fact, TrialFinished
 
-__all__ = ["PerformanceChecked", "PredictGate", "Reopened", "decide_launch", "leader_of"]
+__all__ = [
+    "PerformanceChecked",
+    "PredictGate",
+    "Reopened",
+    "decide_launch",
+    "guide_of",
+    "leader_of",
+]
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,19 @@ class Reopened(Fact):
             started_at=None,
             finished_at=self.skipped_at,
         )
+
+
+def guide_of(spec: SweepSpec, enabled: bool) -> Setting | None:
+    """What a sampling search is told of the performance predictor, so that it launches
+    first what the prediction says can win (``search.create_search``'s ``guide``):
+    the gate's setting when the gate skips (``search.predict`` not ``off``, a sampling
+    search, one objective, not ``run --no-predict``: ``enabled``); else None."""
+    gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
+    if not gate.skips or not spec.search.samples or len(goal_of(spec).objectives) != 1:
+        return None
+    preset = get_preset(spec.server.engine)
+    setting = perf_setting(spec, preset.draft_length_param, preset.spec_params)
+    return setting if setting.metrics else None
 
 
 def leader_of(goal: Goal, history: History) -> Leader | None:

@@ -23,7 +23,7 @@ from servesweep.models import LevelResult, Outcome
 from servesweep.search import History, create_search
 from servesweep.spec.schema import SweepSpec
 from servesweep.store import Store, SweepRecord, TrialRecord
-from servesweep.sweep.core.predict_gate import Reopened
+from servesweep.sweep.core.predict_gate import Reopened, guide_of
 
 __all__ = ["SearchSource", "measuring_time", "search_history"]
 
@@ -84,10 +84,13 @@ class SearchSource:
         sweep: SweepRecord,
         spec: SweepSpec,
         only: Collection[str] | None = None,
+        predict: bool = True,
     ) -> None:
         self.store = store
         self.sweep = sweep
-        self.search = create_search(spec, search_history(store, sweep.id), only)
+        self.search = create_search(
+            spec, search_history(store, sweep.id), only, guide_of(spec, predict)
+        )
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(self.search.notes)
