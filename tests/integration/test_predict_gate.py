@@ -180,3 +180,47 @@ def test_a_sweep_continued_in_a_second_run_predicts_from_the_first(tmp_path: Pat
     assert trials[16]["failure"]["reason"] == "predicted_worse"
     assert trials[16]["failure"]["details"]["leader"]["trial"] == trials[1]["id"]
     assert _best(report) == {"budget": 1}
+
+
+def test_a_sampling_search_is_guided_by_the_prediction_end_to_end(tmp_path: Path) -> None:
+    """``servesweep run`` of a TPE search with the prediction on: the first two launches
+    are the guide's design (the longest draft length at the middle of ``topk``, then the
+    same without speculation: decide/perf/design.py), everything else is launched or
+    skipped with its prediction, ``best`` names a measured configuration, and a second
+    run adds nothing and does not warn that the history is not the sampler's."""
+    directory = tmp_path / "guided"
+    directory.mkdir()
+    sweep = write_sweep(
+        directory,
+        name="guided",
+        args={"load-time": 0.05, "release-delay": 0.0, "step-ms": 20},
+        workloads=[_WORKLOAD],
+        extra={
+            "params": {"grid": {"budget": [0, 4, 16], "topk": [1, 2, 4]}},
+            "search": {"strategy": "tpe", "trials": 9, "seed": 3, "predict": "skip"},
+            "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 1},
+            "confirm": False,
+        },
+        server_extra={"gpus": [0]},
+    )
+    done = run_cli("run", str(sweep), "--quiet", timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = report_json(sweep)
+    trials = sorted(report["trials"], key=lambda t: t["id"])
+    launched = [t for t in trials if t["outcome"] != "skipped"]
+    assert [t["params"] for t in launched[:2]] == [
+        {"budget": 16, "topk": 2},
+        {"budget": 0, "topk": 2},
+    ], [t["params"] for t in launched]
+    for t in trials:
+        assert t["outcome"] in ("ok", "skipped"), t
+        if t["outcome"] == "skipped":
+            assert t["failure"]["reason"] == "predicted_worse", t["failure"]
+    best = _best(report)
+    assert any(t["params"] == best and t["outcome"] == "ok" for t in trials), best
+    again = run_cli("run", str(sweep), timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "not what the sampler proposes" not in again.stdout + again.stderr
+    after = report_json(sweep)["trials"]
+    assert sorted(t["id"] for t in after) == [t["id"] for t in trials]
+    assert sum(t["attempts"] for t in after) == sum(t["attempts"] for t in trials)
