@@ -4,9 +4,8 @@ least the measured levels' own intervals."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
+from tests.unit.test_perf_prediction import DESIGN, _landscape
 
 from servesweep.decide.perf import Measured, Prediction, Setting, predict
 from servesweep.decide.perf.inputs import measured_of
@@ -20,19 +19,6 @@ OBJ = Setting(metrics=(METRIC,))
 SEQS = (32, 64, 128, 256)
 TOKENS = (2048, 4096, 8192, 16384)
 GRID = [{"seqs": s, "tokens": t} for s in SEQS for t in TOKENS]
-DESIGN = [
-    {"seqs": 32, "tokens": 2048},
-    {"seqs": 128, "tokens": 2048},
-    {"seqs": 256, "tokens": 4096},
-    {"seqs": 64, "tokens": 8192},
-    {"seqs": 32, "tokens": 16384},
-    {"seqs": 256, "tokens": 16384},
-]
-
-
-def _landscape(seqs: int, tokens: int) -> float:
-    i, j = math.log2(seqs / 32), math.log2(tokens / 2048)
-    return 900 * (1 + 0.24 * i - 0.05 * i * i) * (1 + 0.16 * j - 0.035 * j * j)
 
 
 def _trial(number: int, params: dict[str, int]) -> TrialRecord:
