@@ -54,11 +54,15 @@ acceptance depends on the draft length only):
 
 ``--warm``: the policy started from an earlier sweep's trials (the policy on the
 landscape as an earlier engine version measured it, another seed): only the new sweep's
-GPU-hours count. ``--h100``: issue 34's H100 draft lengths predicted from a few.
+GPU-hours count. ``--warm --sweep-only``: ``servesweep run`` started warm from the same
+earlier sweep (:func:`warm_sweeps`: the gate and the guide given its trials, against
+the gate alone, the guide cold, as before). ``--h100``: issue 34's H100 draft lengths
+predicted from a few.
 
 Run:  .venv/bin/python bench/predict_search.py [--seeds 100] [--landscapes L,..] [--order ucb]
                                               [--sweep-only]
       .venv/bin/python bench/predict_search.py --warm | --h100
+      .venv/bin/python bench/predict_search.py --warm --sweep-only [--seeds N --first-seed F]
 """
 
 from __future__ import annotations
@@ -347,7 +351,13 @@ def run_policy(
     )
 
 
-def run_sweep(land: Landscape, seed: int, guided: bool = True) -> Run:
+def run_sweep(
+    land: Landscape,
+    seed: int,
+    guided: bool = True,
+    earlier: Sequence[Measured] = (),
+    warm_guide: bool = True,
+) -> Run:
     """``servesweep run`` with ``search.strategy: tpe`` on ``land``: each proposal
     through the memory gate and then the performance gate (``sweep/core/predict_gate``'s
     :func:`decide_launch`, on the predictions of every configuration not finished yet,
@@ -355,11 +365,16 @@ def run_sweep(land: Landscape, seed: int, guided: bool = True) -> Run:
     search ends, the skipped configurations still open (``decide.perf.gate.still_open``)
     are launched, as the driver's last step does. ``guided``: the search is given the
     predictor's setting, as the driver gives it (``guide_of``: the design's first
-    launches, then the predicted best); False: as before it was (TPE alone proposes)."""
+    launches, then the predicted best); False: as before it was (TPE alone proposes).
+    ``earlier``: an earlier sweep's trials, which the performance gate starts from (a
+    warm start) and, with ``warm_guide``, the guide too, as ``run`` gives them
+    (``PredictGate.earlier``); without ``warm_guide`` the guide starts cold, as it did
+    before it was given them."""
     spec = se.sweep_spec("tpe", seed)
     setting = guide_of(spec, True)
     assert setting is not None
-    search = create_search(spec, [], guide=setting if guided else None)
+    warm = earlier if guided and warm_guide else ()
+    search = create_search(spec, [], guide=setting if guided else None, earlier=warm)
     memory = se.Predictor(spec)
     if guided and isinstance(search, SampledSearch):  # as the driver does (run.py)
         search.memory = lambda params: memory.model.predict(params).over_by
@@ -404,7 +419,7 @@ def run_sweep(land: Landscape, seed: int, guided: bool = True) -> Run:
 
     def predictions(first: Mapping[str, Any]) -> list[dict[str, Prediction]]:
         others = [_params(k) for k in land.truth if k not in finished and _params(k) != first]
-        return predict(setting, [dict(first), *others], measured_of(history), (), trust)
+        return predict(setting, [dict(first), *others], measured_of(history), earlier, trust)
 
     for seq in itertools.count(1):
         started = time.perf_counter()
@@ -506,6 +521,35 @@ def warm(name: str, seeds: int) -> dict[str, Any]:
         "wrong_winners": sum(r.wrong_winner for r in runs) / len(runs),
         "never": sum(r.gpu_hours is None for r in runs),
         "misses_per_run": statistics.mean(r.misses for r in runs),
+    }
+
+
+def warm_sweeps(name: str, seeds: int, first: int = 0) -> dict[str, Any]:
+    """``servesweep run`` started warm, on the seeds ``first`` .. ``first + seeds - 1``:
+    before each seed's sweep, the same earlier sweep as :func:`warm` (the ``predict``
+    policy on the :func:`drifted` landscape, seed ``1000 + seed``) gives its trials as
+    the earlier sweep's; rows ``before``: the gate warm and the guide cold (as ``run``
+    was before the guide was given them), ``sweep``: both warm (as it runs now). Only
+    the new sweep's GPU-hours count."""
+    land = landscape(name)
+    full = se.grid_cost()
+    before, sweeps = [], []
+    for seed in range(first, first + seeds):
+        earlier: list[Measured] = []
+        run_policy(drifted(land), 1000 + seed, out=earlier)
+        before.append(run_sweep(land, seed, earlier=earlier, warm_guide=False))
+        sweeps.append(run_sweep(land, seed, earlier=earlier))
+    return {
+        "landscape": name,
+        "configs": len(land.truth),
+        "grid_to_best": (
+            se.run_search("grid", 0, predict=True, predict_mode="skip").gpu_hours or math.inf
+        )
+        / full,
+        **_sweep_rows("before", before, full),
+        **_sweep_rows("sweep", sweeps, full),
+        "before_runs": [asdict(r) for r in before],
+        "sweep_runs": [asdict(r) for r in sweeps],
     }
 
 
@@ -658,9 +702,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--h100", action="store_true", help="only the H100 draft-length figures, predicted"
     )
     args = parser.parse_args(argv)
-    global COUNTERS
+    global COUNTERS, ORDER
     COUNTERS = not args.no_counters
-    if args.warm:
+    ORDER = args.order
+    if args.warm and args.sweep_only:
+        rows = [
+            warm_sweeps(name, args.seeds, args.first_seed)
+            for name in args.landscapes.split(",")
+            if name
+        ]
+    elif args.warm:
         print(
             f"{'landscape':<14} {'warm p50':>8} {'p90':>6} {'to its end p50':>14} "
             f"{'launches p50':>12} {'wrong winners':>13} {'never':>5} {'misses/run':>10}"
@@ -673,19 +724,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{w['wrong_winners']:>13.0%} {w['never']:>5} {w['misses_per_run']:>10.2f}"
             )
         return 0
-    if args.h100:
+    elif args.h100:
         print("| measured | level | draft | measured tok/s | predicted | error | interval | in |")
         print("|---|---|---|---|---|---|---|---|")
         for measured in ((0, 1, 2, 4), (0, 2, 4), (0, 4, 8)):
             print("\n".join(h100(measured)))
         return 0
-    global ORDER
-    ORDER = args.order
-    rows = [
-        compare(name, args.seeds, args.sweep_only, args.first_seed)
-        for name in args.landscapes.split(",")
-        if name
-    ]
+    else:
+        rows = [
+            compare(name, args.seeds, args.sweep_only, args.first_seed)
+            for name in args.landscapes.split(",")
+            if name
+        ]
     if args.json:
         json.dump(rows, sys.stdout, indent=2, default=str)
         print()

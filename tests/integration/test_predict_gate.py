@@ -224,3 +224,53 @@ def test_a_sampling_search_is_guided_by_the_prediction_end_to_end(tmp_path: Path
     after = report_json(sweep)["trials"]
     assert sorted(t["id"] for t in after) == [t["id"] for t in trials]
     assert sum(t["attempts"] for t in after) == sum(t["attempts"] for t in trials)
+
+
+def test_a_second_sweep_starts_where_the_first_left_off(tmp_path: Path) -> None:
+    """A sweep started ``--fresh`` over the same results database (the same name,
+    engine, model, GPUs and workloads: ``sweep/core/earlier.py``) is guided from the
+    first one's trials at once: no design (the longest draft length, then none), its
+    first launch the earlier sweep's predicted best; the run and ``plan`` say which
+    earlier sweep they use."""
+    directory = tmp_path / "warm"
+    directory.mkdir()
+
+    def sweep_file(trials: int) -> Path:
+        return write_sweep(
+            directory,
+            name="warm",
+            args={"load-time": 0.05, "release-delay": 0.0, "step-ms": 20},
+            workloads=[_WORKLOAD],
+            extra={
+                "params": {"grid": {"budget": [0, 1, 16]}},
+                "search": {"strategy": "tpe", "trials": trials, "seed": 3, "predict": "skip"},
+                "objective": {
+                    "maximize": "output_throughput",
+                    "workload": "chat",
+                    "concurrency": 1,
+                },
+                "confirm": False,
+            },
+            server_extra={"gpus": [0]},
+        )
+
+    sweep = sweep_file(3)
+    first = run_cli("run", str(sweep), "--quiet", timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    cold = sorted(report_json(sweep)["trials"], key=lambda t: t["id"])
+    assert [t["params"] for t in cold[:2]] == [{"budget": 16}, {"budget": 0}]  # the design
+    measured = {t["params"]["budget"]: t for t in cold if t["outcome"] == "ok"}
+    assert sorted(measured) == [0, 1, 16], cold
+    leader = _best(report_json(sweep))
+    assert leader != {"budget": 16}  # the design's first is not the answer
+    sweep = sweep_file(1)
+    second = run_cli("run", str(sweep), "--fresh", timeout=300)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert "starts warm from 3 measured trial(s) of earlier sweep(s) #1" in " ".join(out.split())
+    warm = sorted(report_json(sweep)["trials"], key=lambda t: t["id"])
+    assert warm[0]["params"] == leader and warm[0]["outcome"] == "ok", warm
+    assert len(warm) == 1
+    plan = run_cli("plan", str(sweep))
+    assert plan.returncode == 0, plan.stderr
+    assert "1 measured trial(s) of this sweep and 3 of earlier sweeps" in plan.stdout

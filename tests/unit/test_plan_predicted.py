@@ -81,6 +81,13 @@ def test_the_plan_predicts_from_the_trials_in_the_database(
     code, out = _run(capsys, "plan", str(sweep), "--store", str(db))
     assert "from 0 measured trial(s) of this sweep and 1 of earlier sweeps" in out
     assert "1000 (measured)" in out
+    assert "starts warm from 1 measured trial(s) of earlier sweep(s) #1 (same name" in out
+    sweep.write_text(SWEEP.replace("[1, 4]", "[1, 2, 4]"))  # another workload: not its past
+    code, out = _run(capsys, "plan", str(sweep), "--store", str(db))
+    assert "from 0 measured trial(s) of this sweep and 0 of earlier sweeps" in out
+    said = " ".join(out.split())
+    assert "earlier sweep #1 of the same name does not start the performance prediction: it" in said
+    assert "measured under other settings: workload 'chat' (concurrency)" in said
 
 
 def test_the_setting_names_the_engines_draft_length_when_swept() -> None:

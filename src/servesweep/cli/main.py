@@ -256,6 +256,7 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     from servesweep.store import open_store
     from servesweep.sweep.commands.run import store_path_for
     from servesweep.sweep.commands.status import known_trials
+    from servesweep.sweep.core.earlier import earlier_sweeps
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
@@ -268,11 +269,16 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     preset = get_preset(loaded.spec.server.engine)
     draft, speculative = preset.draft_length_param, preset.spec_params
     configs = [p.config for p in planned]
+    notes: list[str] = []
     if path.exists():
         with open_store(path, readonly=True) as db:
             history = db.phase_history(loaded.spec.name)
             known, next_number = known_trials(db, loaded.spec.name)
-            perf = predict_configs(loaded.spec, configs, db, draft, speculative)
+            current = db.latest_sweep(loaded.spec.name)
+            past = earlier_sweeps(db, loaded.spec, current)
+            this = current.id if current is not None else None
+            perf = predict_configs(loaded.spec, configs, db, draft, speculative, this, past.ids)
+            notes = past.notes(perf[3])
     else:
         perf = predict_configs(loaded.spec, configs, None, draft, speculative)
     setting, predictions, measured, earlier = perf
@@ -289,7 +295,7 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     click.echo(format_memory(planned, memory))
     click.echo("")
     ids = [p.id for p in planned]
-    click.echo(format_predicted(ids, setting, predictions, measured, earlier))
+    click.echo(format_predicted(ids, setting, predictions, measured, earlier, notes))
 
 
 def _resolve_store(target: str | None) -> tuple[Path, str | None]:

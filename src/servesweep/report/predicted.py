@@ -2,9 +2,10 @@
 constraint metrics predicted (``servesweep.decide.perf``) from the trials already
 measured in the results database, as text and as JSON.
 
-The latest sweep of the same name gives this sweep's trials; its earlier sweeps of the
-same name (the same engine, model and GPUs, as the name stands for) are the warm start.
-With nothing measured every prediction is ``unknown``.
+The latest sweep of the same name gives this sweep's trials; the earlier sweeps that
+count (``sweep.core.earlier``: the same name, engine, model, GPUs and workloads, chosen
+by the caller) are the warm start. With nothing measured every prediction is
+``unknown``.
 """
 
 from __future__ import annotations
@@ -43,19 +44,19 @@ def predict_configs(
     store: Store | None,
     draft: str | None,
     speculative: Sequence[str] = (),
+    sweep_id: int | None = None,
+    earlier_ids: Sequence[int] = (),
 ) -> tuple[Setting, list[dict[str, Prediction]], int, int]:
     """(setting, a prediction per configuration, trials of this sweep, of earlier ones);
     ``draft``: the engine's draft-length param (``EnginePreset.draft_length_param``),
-    ``speculative``: its speculative params (``EnginePreset.spec_params``)."""
+    ``speculative``: its speculative params (``EnginePreset.spec_params``); the trials
+    of sweep ``sweep_id`` and of the earlier sweeps ``earlier_ids`` in ``store``."""
     setting = perf_setting(spec, draft, speculative)
     trials: list[Measured] = []
     earlier: list[Measured] = []
     if store is not None:
-        same = [s for s in store.sweeps() if s.name == spec.name]
-        if same:
-            latest = max(same, key=lambda s: s.id)
-            trials = measured_trials(store, [latest.id])
-            earlier = measured_trials(store, [s.id for s in same if s.id != latest.id])
+        trials = measured_trials(store, [sweep_id] if sweep_id is not None else [])
+        earlier = measured_trials(store, earlier_ids)
     got = predict(setting, [c.params for c in configs], trials, earlier)
     return setting, got, len(trials), len(earlier)
 
@@ -78,13 +79,16 @@ def format_predicted(
     predictions: Sequence[Mapping[str, Prediction]],
     trials: int,
     earlier: int,
+    earlier_notes: Sequence[str] = (),
 ) -> str:
     """The performance table: per configuration each metric's prediction and interval
-    (or unknown), with the model that gave it."""
+    (or unknown), with the model that gave it; ``earlier_notes``: which earlier sweeps
+    start it warm and which do not (``sweep.core.earlier``)."""
     lines = [
         f"performance (predicted from {trials} measured trial(s) of this sweep and "
-        f"{earlier} of earlier sweeps of the same name):"
+        f"{earlier} of earlier sweeps of the same name, engine, model, GPUs and workloads):"
     ]
+    lines.extend(f"  {note}" for note in earlier_notes)
     if not predictions:
         lines.append("  (the search's space is too large to list: nothing predicted)")
         return "\n".join(lines)

@@ -7,9 +7,9 @@ sweep that samples.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
-from servesweep.decide.perf import Setting
+from servesweep.decide.perf import Measured, Setting
 from servesweep.search.base import History, Search
 from servesweep.search.grid import GridSearch
 from servesweep.spec.schema import SweepSpec
@@ -22,6 +22,7 @@ def create_search(
     history: History = (),
     only: Collection[str] | None = None,
     guide: Setting | None = None,
+    earlier: Sequence[Measured] = (),
 ) -> Search:
     """The search of this sweep, continued from its stored trials.
 
@@ -31,9 +32,10 @@ def create_search(
     measured is proposed again. ``guide``: what the performance predictor is told, when
     the driver's performance gate skips what cannot win (a sampler then launches first
     what the prediction says can, :mod:`servesweep.decide.perf.design`; None: the
-    sampler alone, as with ``run --no-predict``)."""
+    sampler alone, as with ``run --no-predict``); ``earlier``: the earlier sweeps'
+    measurements the performance gate starts from, which start the guide warm too."""
     if spec.search.samples:
         from servesweep.search.sampled import SampledSearch
 
-        return SampledSearch(spec, history, guide)
+        return SampledSearch(spec, history, guide, earlier)
     return GridSearch(spec, history, only)

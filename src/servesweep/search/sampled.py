@@ -10,7 +10,10 @@ How a proposal is made (:meth:`SampledSearch.ask`):
    driver's performance gate skips what cannot win), the configuration
    :mod:`servesweep.decide.perf.design` picks: the design's first launches, then the
    predicted best or the one whose interval reaches farthest, each told to the
-   sampler as a fixed trial (``enqueue_trial``), only among the configurations that
+   sampler as a fixed trial (``enqueue_trial``); started warm (``earlier``: the
+   earlier sweeps' measurements the performance gate starts from, given by the
+   driver), no design: the predicted best first, predicted from them and this sweep's
+   trials, the leader still this sweep's own; only among the configurations that
    the memory prediction (``memory``, given by the driver) leaves room for and that
    raise no knob of a trial that crashed out of memory (``design.memory_safe``); when
    the predictor knows nothing that can still win, the sampler's proposal;
@@ -61,7 +64,7 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
-from servesweep.decide.perf import Setting, predict
+from servesweep.decide.perf import Measured, Setting, predict
 from servesweep.decide.perf.design import design_point, memory_safe, next_launch
 from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.decide.perf.inputs import measured_of
@@ -133,11 +136,18 @@ def _quiet_optuna() -> None:
 
 class SampledSearch(Search):
     def __init__(
-        self, spec: SweepSpec, history: History = (), guide: Setting | None = None
+        self,
+        spec: SweepSpec,
+        history: History = (),
+        guide: Setting | None = None,
+        earlier: Sequence[Measured] = (),
     ) -> None:
         super().__init__(spec)
         self.guide = guide if len(self.goal.objectives) == 1 else None
         """What the performance predictor is told (None: the sampler alone proposes)."""
+        self.earlier: Sequence[Measured] = earlier if self.guide is not None else ()
+        """The earlier sweeps' measurements the performance gate starts from (a warm
+        start: the guide skips the design and predicts from them at once)."""
         self._measured: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
         self._design_tries = 0
         self.memory: MemoryOver | None = None
@@ -216,7 +226,7 @@ class SampledSearch(Search):
             return None
         measured = measured_of(self._measured)
         draft = self.guide.draft_param
-        if self._design_tries < DESIGN_TRIES:
+        if self._design_tries < DESIGN_TRIES and not self.earlier:
             space = [c.params for c in self._allowed_configs]
             lefts = [c.params for c in left]
             done = [m.params for m in measured]
@@ -224,9 +234,9 @@ class SampledSearch(Search):
             if pick is not None:
                 self._design_tries += 1
                 return left[lefts.index(pick)]
-        if not measured:
+        if not measured and not self.earlier:
             return None
-        predictions = predict(self.guide, [c.params for c in left], measured)
+        predictions = predict(self.guide, [c.params for c in left], measured, self.earlier)
         ref, direction = self.goal.objectives[0]
         index = next_launch(
             predictions,

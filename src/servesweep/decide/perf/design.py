@@ -17,7 +17,9 @@ design, not at random (:func:`design_point`):
 
 Ties (two values equally near the middle) are broken by the sweep's seed. A design
 configuration already measured, skipped or forbidden is passed over; a space without
-a draft-length knob has only the first.
+a draft-length knob has only the first. A search started warm (earlier sweeps'
+measurements, ``search/sampled.py``) has no design: the predictor already knows the
+space, and :func:`next_launch` picks from the first launch.
 
 Then :func:`next_launch` on the predictions of every configuration not measured yet:
 the predicted best when its value beats the leader (of the configurations predicted

@@ -406,7 +406,10 @@ def _run(
     source: TrialSource
     capped = spec.search.trials is not None or spec.search.budget is not None
     if spec.search.samples or (capped and not options.only):
-        search = SearchSource(store, sweep, spec, predict=options.predict)
+        # the guide starts from the earlier sweeps the performance gate starts from
+        search = SearchSource(
+            store, sweep, spec, predict=options.predict, earlier=driver.perf.earlier
+        )
         if isinstance(search.search, SampledSearch):
             search.search.memory = driver.memory.over_by  # the guide keeps clear of OOM
         for note in search.notes:

@@ -144,7 +144,8 @@ class Driver:
                 at_most=not source.planned,
             )
         )
-        for line in self.executor.warnings():  # slots that share CPU cores
+        # slots that share CPU cores; which earlier sweeps start the prediction warm
+        for line in [*self.executor.warnings(), *self.perf.notes]:
             self.writer.note(SweepWarning(message=line))
         try:
             if todo_count or not source.exhausted():

@@ -2,16 +2,18 @@
 launched, and every launched one verifies its prediction.
 
 The decision is :mod:`servesweep.decide.perf.gate`'s (launch or skip, and what the user
-is told), on :func:`servesweep.decide.perf.predict`'s prediction; this module carries
-it out and stores it, the way :mod:`.memory_gate` does for memory. When the driver
-places a trial on a slot, :meth:`PredictGate.check` predicts every configuration of
-the sweep's space from the trials measured so far in this sweep and the earlier sweeps
-of the same name (a warm start), with the :class:`~servesweep.decide.perf.Trust` the
-sweep has earned; a configuration not worth a launch is finished ``skipped`` with
-reason ``predicted_worse`` and its prediction as evidence (the search is told it as
-stopped early at its predicted value, ``decide.verdict``). It applies when the memory
-gate would skip (a sampling search; a grid with ``search.predict: skip``) and the
-sweep has one objective; ``search.predict: off`` or ``run --no-predict`` turn it off.
+is told), on :func:`servesweep.decide.perf.predict`'s prediction; this module carries it
+out and stores it, the way :mod:`.memory_gate` does for memory. When the driver places a
+trial on a slot, :meth:`PredictGate.check` predicts every configuration of the sweep's
+space from the trials measured so far in this sweep and the earlier sweeps that count
+(``sweep.core.earlier``: the same name, engine, model, GPUs and workloads; a warm start,
+which the sampling search's guide is given too), with the
+:class:`~servesweep.decide.perf.Trust` the sweep has earned; a configuration not worth a
+launch is finished ``skipped`` with reason ``predicted_worse`` and its prediction as
+evidence (the search is told it as stopped early at its predicted value,
+``decide.verdict``). It applies when the memory gate would skip (a sampling search; a
+grid with ``search.predict: skip``) and the sweep has one objective; ``search.predict:
+off`` or ``run --no-predict`` turn it off.
 
 After each launched trial, :meth:`PredictGate.learn` stores the prediction made at its
 placement beside what it measured (a ``performance`` event) and widens the trust of a
@@ -49,6 +51,7 @@ from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import params_label
 from servesweep.spec.space import build_space
 from servesweep.store import Store, SweepRecord, TrialRecord
+from servesweep.sweep.core.earlier import earlier_sweeps
 from servesweep.sweep.events import Fact, TrialFinished
 
 __all__ = [
@@ -179,17 +182,18 @@ class PredictGate:
         self.threshold = spec.decision.threshold
         space = build_space(spec.params)
         self.space = [c.params for c in space.allowed()] if space.enumerable else []
-        self.earlier = measured_of(self._history(*self._earlier_ids(store, sweep)))
+        past = earlier_sweeps(store, spec, store.sweep(sweep.id))
+        self.earlier = measured_of(self._history(*past.ids)) if self.active else []
+        """The earlier sweeps' measurements (``sweep.core.earlier``): the gate's warm
+        start, and the sampling search's (``run`` gives them to its guide)."""
+        self.notes = past.notes(len(self.earlier)) if self.active else []
+        """Which earlier sweeps start the prediction, and which do not (for the user)."""
         self.trust = Trust()
         for stored in store.events(sweep.id, "performance"):
             self.trust = self._verified(self.trust, stored["predicted"], stored["measured"])
         self.forced: set[int] = set()
         """Trials launched before the end as still open: never skipped again."""
         self._made: dict[int, dict[str, Prediction]] = {}
-
-    @staticmethod
-    def _earlier_ids(store: Store, sweep: SweepRecord) -> list[int]:
-        return [s.id for s in store.sweeps() if s.name == sweep.name and s.id != sweep.id]
 
     def _history(self, *sweep_ids: int) -> History:
         return [

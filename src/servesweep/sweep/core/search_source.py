@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 
+from servesweep.decide.perf import Measured
 from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult, Outcome
 from servesweep.search import History, create_search
@@ -85,12 +86,12 @@ class SearchSource:
         spec: SweepSpec,
         only: Collection[str] | None = None,
         predict: bool = True,
+        earlier: Sequence[Measured] = (),
     ) -> None:
         self.store = store
         self.sweep = sweep
-        self.search = create_search(
-            spec, search_history(store, sweep.id), only, guide_of(spec, predict)
-        )
+        history = search_history(store, sweep.id)
+        self.search = create_search(spec, history, only, guide_of(spec, predict), earlier)
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(self.search.notes)
