@@ -15,6 +15,7 @@ from helpers.gguf_model import TinyLlamaShape, write_tiny_gguf
 from servesweep.cli.main import main
 from servesweep.servers.memory import Capacity, MemoryModel, read_model_facts
 from servesweep.servers.memory.gguf import read_gguf
+from servesweep.servers.memory.prediction import MemoryPrediction
 from servesweep.spec.load import load_sweep_text
 
 GiB = 2**30
@@ -159,6 +160,31 @@ def test_vllm_llama_8b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tight = model.predict({"gpu-memory-utilization": 0.3, "max-model-len": 131072})
     assert tight.verdict == "oom" and tight.certain_oom
     assert "max-model-len 131072" in tight.reason
+
+
+def test_vllm_room_is_what_is_left_beyond_the_kv_cache_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM gives its KV cache all that is left of its share, so a fit fills the
+    capacity exactly; the room is what is left beyond one request of max-model-len,
+    and ``over_by`` says it (negative)."""
+    monkeypatch.chdir(tmp_path)
+    model = _vllm(tmp_path, LLAMA_8B, {"max-model-len": 8192})
+    per_token = 32 * 8 * 128 * 2 * 2
+    fits = model.predict({})
+    assert fits.per_gpu_bytes == fits.capacity and fits.kv_needed == 8192 * per_token
+    assert fits.over_by == 8192 * per_token - fits.kv_cache < 0
+    # the KV cache for one request barely fits: within the margin, on the safe side
+    room = fits.kv_cache // per_token
+    edge = model.predict({"max-model-len": room - 100})
+    assert edge.verdict == "fits" and -fits.margin < edge.over_by < 0
+    # past it: over_by is what the engine would miss, as before
+    tight = model.predict({"gpu-memory-utilization": 0.3, "max-model-len": 131072})
+    assert tight.verdict == "oom" and tight.over_by == tight.per_gpu_bytes - tight.capacity > 0
+    # a KV cache given in bytes is sized by the setting, not what is left
+    given = model.predict({"kv-cache-memory-bytes": 4 * GiB})
+    assert given.kv_needed == 0 and given.over_by == given.per_gpu_bytes - given.capacity
+    assert MemoryPrediction.from_json(fits.to_json()).over_by == fits.over_by
 
 
 def test_vllm_mla_cache_and_expert_parallel(

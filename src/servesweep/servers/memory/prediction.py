@@ -85,6 +85,10 @@ class MemoryPrediction:
     """Measured trials whose figures corrected this prediction."""
     exact: bool = False
     """The device counts exactly what the engine asks for (the fake GPUs): margin 0."""
+    kv_needed: int = 0
+    """Bytes of KV cache the engine needs to start, where its KV cache takes all that is
+    left of its share (vLLM: one request of ``max-model-len``); 0: the KV cache is what
+    the engine's settings size."""
     details: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -93,7 +97,11 @@ class MemoryPrediction:
 
     @property
     def over_by(self) -> int:
-        """Bytes beyond the capacity (negative: room left)."""
+        """Bytes beyond the capacity (negative: room left). Where the KV cache takes all
+        that is left (``kv_needed``), the room is what is left beyond the KV cache the
+        engine needs to start, not the 0 its full share would give."""
+        if self.kv_needed:
+            return self.weights + self.draft + self.workspace + self.kv_needed - self.capacity
         return self.per_gpu_bytes - self.capacity
 
     @property
@@ -114,6 +122,7 @@ class MemoryPrediction:
             "device": self.device,
             "device_bytes": self.device_bytes,
             "kv_tokens": self.kv_tokens,
+            "kv_needed": self.kv_needed,
             "calibrated": self.calibrated,
             "reason": self.reason,
         }
@@ -134,6 +143,7 @@ class MemoryPrediction:
             reason=str(data.get("reason", "")),
             kv_tokens=int(data.get("kv_tokens", 0)),
             calibrated=int(data.get("calibrated", 0)),
+            kv_needed=int(data.get("kv_needed", 0)),
         )
 
     def with_verdict(self) -> MemoryPrediction:

@@ -320,6 +320,7 @@ def _vllm(shape: TrialShape) -> MemoryPrediction:
         capacity=budget,
         device_bytes=total,
         kv_tokens=int(kv / per_token) if per_token else 0,
+        kv_needed=need if given is None else 0,
         reason=f"{facts.weights_how}; gpu-memory-utilization {util:g} of the GPU",
     )
     if kv < need:
