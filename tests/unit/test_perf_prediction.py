@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
-from servesweep.decide.perf.speculative import accepted_length, alphas_from_rates
+from servesweep.decide.perf.speculative import (
+    StepTime,
+    accepted_length,
+    alphas_from_rates,
+    fit_step_cost,
+)
 
 DRAFT = "spec_draft_n_max"
 ACCEPTANCE = {0: 1.0, 1: 1.80, 2: 2.42, 4: 3.29, 8: 4.23, 16: 4.79}
@@ -78,6 +83,23 @@ def test_the_best_draft_length_per_concurrency_is_not_skipped() -> None:
                 assert THROUGHPUT[c][config[DRAFT]] < best
     # the best at concurrency 1 (8: 898 tok/s against 877 for 4) is launched
     assert got[0]["chat.c1.output_throughput"].reaches(877 * 1.01, maximize=True)
+
+
+def test_from_no_draft_and_one_draft_length_the_cost_may_be_per_token_or_flat() -> None:
+    # step times measured on a CPU (llama-server, Qwen2.5-Coder 1.5B + 0.5B draft): 57.6
+    # ms without a draft, 212.6 ms drafting one token. Two draft lengths cannot tell
+    # whether the 155 ms are the switching on of the draft (flat in the draft length)
+    # or the drafted token's (155 ms more per token): the interval holds both
+    cost = fit_step_cost([StepTime(1, 0, 0.0576), StepTime(1, 1, 0.2126)])
+    assert cost is not None
+    value, low, high = cost.seconds(1, 4)
+    assert low == pytest.approx(0.2126, rel=1e-6)  # all of it switching on
+    assert high == pytest.approx(0.0576 + 4 * 0.155, rel=1e-6)  # all of it per token
+    assert low <= value <= high
+    # measured points keep their own value
+    for k, seconds in ((0, 0.0576), (1, 0.2126)):
+        assert cost.seconds(1, k)[1] == pytest.approx(seconds, rel=0.05)
+        assert cost.seconds(1, k)[2] == pytest.approx(seconds, rel=0.05)
 
 
 def test_per_position_counters_give_the_acceptance_without_fitting() -> None:
