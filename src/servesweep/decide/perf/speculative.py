@@ -161,7 +161,7 @@ Shape = Callable[[float, int], tuple[float, ...]]
 
 
 def _shape(grow: Callable[[int], float]) -> Shape:
-    return lambda c, k: (1.0, c, float(k > 0), grow(k), c * grow(k))
+    return lambda c, k: (1.0, c, grow(k), c * grow(k), float(k > 0))
 
 
 SHAPES: dict[str, Shape] = {
@@ -211,7 +211,10 @@ Fit = tuple[str, tuple[float, ...]]
 @dataclass(frozen=True)
 class StepCostFit:
     coefficients: Mapping[str, tuple[float, ...]]
-    """Per shape, the best fit's coefficients (the fewest columns with the least error)."""
+    """Per shape, its best fit's coefficients (the fewest columns with the least error;
+    where two subsets fit alike, the cost per drafted token before that of switching
+    speculation on: every drafted token is a forward pass of the draft and a position
+    verified, and two draft lengths cannot tell the two apart)."""
     residual: float
     """Relative residual (root mean square over the shapes and points, at least the noise)."""
     growth: float
@@ -243,9 +246,11 @@ class StepCostFit:
 
 
 def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray], list[Fit]]:
-    """Per shape its best fit, and every fit of every shape that agrees with the points
-    within their noise (or the best fit's own residual, where that is larger)."""
-    best: dict[str, np.ndarray] = {}
+    """The best fit of each shape (the value is their median: on an H100 the step time
+    grew unlike any one shape, and the median of the three predicted it best), and
+    every fit of every shape that agrees with the points within their noise (or the
+    best fit's own residual, where that is larger)."""
+    best: dict[str, tuple[float, np.ndarray]] = {}
     agreeing: list[Fit] = []
     for name, shape in SHAPES.items():
         # relative error: each row over its time
@@ -254,7 +259,8 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray
         )
         y = np.ones(len(points))
         fits = _subset_fits(a, y)
-        best[name] = _nnls(a, y)
+        coef = _nnls(a, y)
+        best[name] = (float(((a @ coef - y) ** 2).sum()), coef)
         if not fits:
             continue
         least = min(sse for sse, _, _ in fits)
@@ -264,7 +270,7 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray
             for sse, _, coef in fits
             if sse <= least + CHI2 * sigma2
         ]
-    return best, agreeing
+    return {n: c for n, (_, c) in best.items()}, agreeing
 
 
 def _value(best: Mapping[str, np.ndarray], concurrency: float, draft: int) -> float:
@@ -310,16 +316,39 @@ def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostF
 
 
 def predict_throughput(
-    acceptance: AcceptanceFit, cost: StepCostFit, concurrency: float, draft: int
+    acceptance: AcceptanceFit,
+    cost: StepCostFit,
+    concurrency: float,
+    draft: int,
+    first: StepCostFit | None = None,
+    tokens: float | None = None,
 ) -> tuple[float, float, float]:
     """(value, low, high) of the output throughput at ``concurrency`` with ``draft``
-    tokens drafted per step: ``c * E[L](k) / T(c, k)``."""
+    tokens drafted per step: ``c * E[L](k) / T(c, k)``; with the time to the first
+    token fitted apart (``first``, the same shapes) and the tokens of an answer
+    (``tokens``, ``n``), a request of ``c`` in flight takes the first token's time and
+    ``n - 1`` tokens at ``T / E[L]`` each: ``c * n / (TTFT + (n - 1) * T / E[L])``."""
     length, length_low, length_high = acceptance.length(draft)
     step, step_low, step_high = cost.seconds(concurrency, draft)
     if step <= 0 or step_low <= 0:
         return math.inf, 0.0, math.inf
     spread = cost.spread(draft)
-    value = concurrency * length / step
-    low = concurrency * length_low / step_high * (1 - spread)
-    high = concurrency * length_high / step_low * (1 + spread)
-    return value, max(0.0, low), high
+    if first is None or tokens is None or tokens <= 1:
+        value = concurrency * length / step
+        low = concurrency * length_low / step_high * (1 - spread)
+        high = concurrency * length_high / step_low * (1 + spread)
+        return value, max(0.0, low), high
+    ttft, ttft_low, ttft_high = first.seconds(concurrency, draft)
+    ttft_spread = first.spread(draft)
+    n = tokens
+
+    def throughput(ttft: float, step: float, length: float) -> float:
+        seconds = ttft + (n - 1) * step / length
+        return concurrency * n / seconds if seconds > 0 else math.inf
+
+    value = throughput(ttft, step, length)
+    low = throughput(ttft_high * (1 + ttft_spread), step_high * (1 + spread), length_low)
+    high = throughput(
+        ttft_low * max(0.0, 1 - ttft_spread), step_low * max(0.0, 1 - spread), length_high
+    )
+    return value, low, high
