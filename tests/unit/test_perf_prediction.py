@@ -8,6 +8,7 @@ and 4 (no draft: draft length 0)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
@@ -113,11 +114,17 @@ def test_a_request_is_its_first_tokens_time_and_then_its_steps() -> None:
     firsts = fit_step_cost([StepTime(1, 0, 0.978), StepTime(1, 1, 1.574)])
     acceptance = fit_acceptance({1: 1.8667}, (0.8667,))
     assert steps is not None and firsts is not None and acceptance is not None
-    value, low, high = predict_throughput(acceptance, steps, 1, 1, firsts, 48)
+    got = predict_throughput(acceptance, steps, 1, 1, firsts, 48)
+    assert got is not None
+    value, low, high = got
     assert value == pytest.approx(48 / (1.574 + 47 * 0.2126 / 1.8667), rel=0.01)
     assert value == pytest.approx(6.93, rel=0.01) and low < value < high
     # without the first token's time: the steps alone, 8.78 tok/s
-    assert predict_throughput(acceptance, steps, 1, 1)[0] == pytest.approx(8.78, rel=0.01)
+    alone = predict_throughput(acceptance, steps, 1, 1)
+    assert alone is not None and alone[0] == pytest.approx(8.78, rel=0.01)
+    # a fit that agrees with the measurements and gives a step no time: not bounded
+    free = dataclasses.replace(steps, agreeing=(*steps.agreeing, ("linear", (0.0,) * 5)))
+    assert predict_throughput(acceptance, free, 1, 4, firsts, 48) is None
 
 
 def test_per_position_counters_give_the_acceptance_without_fitting() -> None:

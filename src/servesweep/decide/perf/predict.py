@@ -214,7 +214,7 @@ def _speculative(
     if cost is None:
         return None
     first = fit_step_cost(firsts, noise(metric)) if split else None
-    value, low, high = predict_throughput(
+    got = predict_throughput(
         acceptance,
         cost,
         setting.concurrency[level],
@@ -222,6 +222,9 @@ def _speculative(
         first,
         statistics.fmean(tokens) if split else None,
     )
+    if got is None:
+        return None
+    value, low, high = got
     return _floored(Prediction(metric, value, low, high, "speculative"), noise(metric))
 
 

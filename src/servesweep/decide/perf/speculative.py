@@ -322,16 +322,17 @@ def predict_throughput(
     draft: int,
     first: StepCostFit | None = None,
     tokens: float | None = None,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float] | None:
     """(value, low, high) of the output throughput at ``concurrency`` with ``draft``
-    tokens drafted per step: ``c * E[L](k) / T(c, k)``; with the time to the first
-    token fitted apart (``first``, the same shapes) and the tokens of an answer
+    tokens drafted per step: ``c * E[L](k) / T(c, k)`` (None where a fit that agrees
+    with the measurements gives a step no time: they do not bound it); with the time to
+    the first token fitted apart (``first``, the same shapes) and the tokens of an answer
     (``tokens``, ``n``), a request of ``c`` in flight takes the first token's time and
     ``n - 1`` tokens at ``T / E[L]`` each: ``c * n / (TTFT + (n - 1) * T / E[L])``."""
     length, length_low, length_high = acceptance.length(draft)
     step, step_low, step_high = cost.seconds(concurrency, draft)
     if step <= 0 or step_low <= 0:
-        return math.inf, 0.0, math.inf
+        return None  # a fit that agrees with the measurements gives no time: unknown
     spread = cost.spread(draft)
     if first is None or tokens is None or tokens <= 1:
         value = concurrency * length / step
