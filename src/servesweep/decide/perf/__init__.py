@@ -27,9 +27,9 @@ Three kinds of knowledge, tried in this order for each configuration and metric:
    same shapes) and then its steps, the step time TPOT x acceptance length:
    ``c * n / (TTFT + (n - 1) * T / E[L])``; a step time read from throughput would
    count the prefill as decoding. The step cost's interval holds every non-negative
-   fit that agrees with the measurements within their noise: from no draft and one
-   draft length a draft's cost may all be switching speculation on or all per
-   drafted token (the value takes the latter), and the interval holds both.
+   fit (with a cost of a step without a draft) that agrees with the measurements
+   within their noise: from no draft and one draft length a draft's cost may all be
+   switching speculation on or all per drafted token, and the interval holds both.
 3. *An empirical model over every knob* (:mod:`.empirical`): additive in the log of the
    metric, a Bayesian linear regression whose prior keeps each knob's effect within a
    factor of ``e**(+-1)`` over its range; two standard deviations are the interval, and

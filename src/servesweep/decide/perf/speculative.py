@@ -21,10 +21,11 @@ switching speculation on, and differ in how drafting grows with ``k`` (linearly,
 ``log2(1 + k)``, as ``sqrt(k)``; each also per sequence). Throughput is
 ``c * E[L](k) / T(c, k)``. The value is the median of the shapes' best fits; the
 interval is the envelope of every non-negative fit, of every shape and subset of its
-terms, that agrees with the measurements within their noise (chi-square, as for the
-acceptance curves: from no draft and one draft length alone, a draft's cost may all be
-the switching on of speculation or all per drafted token, and the interval holds both)
-and of the acceptance curves, widened by the residuals and by a term that grows with the distance
+terms that keeps a cost for a step without a draft (the target's pass), that agrees
+with the measurements within their noise (chi-square, as for the acceptance curves:
+from no draft and one draft length alone, a draft's cost may all be the switching on
+of speculation or all per drafted token, and the interval holds both), and of the
+acceptance curves, widened by the residuals and by a term that grows with the distance
 (in doublings of ``k``) to the nearest measured draft length, at the rate the
 measurements themselves show when each measured draft length is predicted from the
 others (leave one out).
@@ -161,7 +162,7 @@ Shape = Callable[[float, int], tuple[float, ...]]
 
 
 def _shape(grow: Callable[[int], float]) -> Shape:
-    return lambda c, k: (1.0, c, grow(k), c * grow(k), float(k > 0))
+    return lambda c, k: (1.0, c, float(k > 0), grow(k), c * grow(k))
 
 
 SHAPES: dict[str, Shape] = {
@@ -212,9 +213,8 @@ Fit = tuple[str, tuple[float, ...]]
 class StepCostFit:
     coefficients: Mapping[str, tuple[float, ...]]
     """Per shape, its best fit's coefficients (the fewest columns with the least error;
-    where two subsets fit alike, the cost per drafted token before that of switching
-    speculation on: every drafted token is a forward pass of the draft and a position
-    verified, and two draft lengths cannot tell the two apart)."""
+    where two subsets fit alike, the first in the columns' order: the cost of switching
+    speculation on before that per drafted token)."""
     residual: float
     """Relative residual (root mean square over the shapes and points, at least the noise)."""
     growth: float
@@ -248,29 +248,28 @@ class StepCostFit:
 def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray], list[Fit]]:
     """The best fit of each shape (the value is their median: on an H100 the step time
     grew unlike any one shape, and the median of the three predicted it best), and
-    every fit of every shape that agrees with the points within their noise (or the
-    best fit's own residual, where that is larger)."""
-    best: dict[str, tuple[float, np.ndarray]] = {}
-    agreeing: list[Fit] = []
+    every fit of every shape whose squared error is within chi-square of the least of
+    all (in units of the noise, or of the best fit's own residual where that is
+    larger): the fits that agree with the points as well as the best does."""
+    best: dict[str, np.ndarray] = {}
+    every: list[tuple[float, Fit]] = []
     for name, shape in SHAPES.items():
         # relative error: each row over its time
         a = np.array([shape(p.concurrency, p.draft) for p in points]) / np.array(
             [[p.seconds] for p in points]
         )
         y = np.ones(len(points))
-        fits = _subset_fits(a, y)
-        coef = _nnls(a, y)
-        best[name] = (float(((a @ coef - y) ** 2).sum()), coef)
-        if not fits:
-            continue
-        least = min(sse for sse, _, _ in fits)
-        sigma2 = max(noise * noise, least / len(points))
-        agreeing += [
-            (name, tuple(float(x) for x in coef))
-            for sse, _, coef in fits
-            if sse <= least + CHI2 * sigma2
+        best[name] = _nnls(a, y)
+        every += [
+            (sse, (name, tuple(float(x) for x in coef)))
+            for sse, _, coef in _subset_fits(a, y)
+            if coef[0] > 0 or coef[1] > 0  # a step without a draft still runs the target
         ]
-    return {n: c for n, (_, c) in best.items()}, agreeing
+    if not every:
+        return best, []
+    least = min(sse for sse, _ in every)
+    sigma2 = max(noise * noise, least / len(points))
+    return best, [fit for sse, fit in every if sse <= least + CHI2 * sigma2]
 
 
 def _value(best: Mapping[str, np.ndarray], concurrency: float, draft: int) -> float:
