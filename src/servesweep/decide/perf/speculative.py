@@ -339,7 +339,7 @@ def predict_throughput(
         high = concurrency * length_high / step_low * (1 + spread)
         return value, max(0.0, low), high
     ttft, ttft_low, ttft_high = first.seconds(concurrency, draft)
-    ttft_spread = first.spread(draft)
+    spread = max(spread, first.spread(draft))
     n = tokens
 
     def throughput(ttft: float, step: float, length: float) -> float:
@@ -347,8 +347,8 @@ def predict_throughput(
         return concurrency * n / seconds if seconds > 0 else math.inf
 
     value = throughput(ttft, step, length)
-    low = throughput(ttft_high * (1 + ttft_spread), step_high * (1 + spread), length_low)
-    high = throughput(
-        ttft_low * max(0.0, 1 - ttft_spread), step_low * max(0.0, 1 - spread), length_high
-    )
+    # widened as the throughput of the steps alone is: by the spread of the time that
+    # is less known (the step's or the first token's), either side of the envelope
+    low = max(0.0, throughput(ttft_high, step_high, length_low) * (1 - spread))
+    high = throughput(ttft_low, step_low, length_high) * (1 + spread)
     return value, low, high
