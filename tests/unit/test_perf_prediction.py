@@ -8,13 +8,21 @@ and 4 (no draft: draft length 0)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 
 from servesweep.decide.perf import Measured, Prediction, Setting, Trust, predict, verify
-from servesweep.decide.perf.speculative import accepted_length, alphas_from_rates
+from servesweep.decide.perf.speculative import (
+    StepTime,
+    accepted_length,
+    alphas_from_rates,
+    fit_acceptance,
+    fit_step_cost,
+    predict_throughput,
+)
 
 DRAFT = "spec_draft_n_max"
 ACCEPTANCE = {0: 1.0, 1: 1.80, 2: 2.42, 4: 3.29, 8: 4.23, 16: 4.79}
@@ -80,6 +88,45 @@ def test_the_best_draft_length_per_concurrency_is_not_skipped() -> None:
     assert got[0]["chat.c1.output_throughput"].reaches(877 * 1.01, maximize=True)
 
 
+def test_from_no_draft_and_one_draft_length_the_cost_may_be_per_token_or_flat() -> None:
+    # step times measured on a CPU (llama-server, Qwen2.5-Coder 1.5B + 0.5B draft): 57.6
+    # ms without a draft, 212.6 ms drafting one token. Two draft lengths cannot tell
+    # whether the 155 ms are the switching on of the draft (flat in the draft length)
+    # or the drafted token's (155 ms more per token): the interval holds both
+    cost = fit_step_cost([StepTime(1, 0, 0.0576), StepTime(1, 1, 0.2126)])
+    assert cost is not None
+    value, low, high = cost.seconds(1, 4)
+    assert low == pytest.approx(0.2126, rel=1e-6)  # all of it switching on
+    assert high == pytest.approx(0.0576 + 4 * 0.155, rel=1e-6)  # all of it per token
+    assert low <= value <= high
+    # measured points keep their own value
+    for k, seconds in ((0, 0.0576), (1, 0.2126)):
+        assert cost.seconds(1, k)[1] == pytest.approx(seconds, rel=0.05)
+        assert cost.seconds(1, k)[2] == pytest.approx(seconds, rel=0.05)
+
+
+def test_a_request_is_its_first_tokens_time_and_then_its_steps() -> None:
+    # llama-server on a CPU, one token drafted (Qwen2.5-Coder 1.5B + 0.5B): TTFT 1.574 s
+    # (the draft's prefill too), TPOT 113.9 ms at 1.867 tokens a step (212.6 ms), 48
+    # tokens an answer: 6.93 tok/s measured. A step time read from throughput would
+    # hold the first token's time; apart, the request is TTFT and 47 tokens of steps
+    steps = fit_step_cost([StepTime(1, 0, 0.0576), StepTime(1, 1, 0.2126)])
+    firsts = fit_step_cost([StepTime(1, 0, 0.978), StepTime(1, 1, 1.574)])
+    acceptance = fit_acceptance({1: 1.8667}, (0.8667,))
+    assert steps is not None and firsts is not None and acceptance is not None
+    got = predict_throughput(acceptance, steps, 1, 1, firsts, 48)
+    assert got is not None
+    value, low, high = got
+    assert value == pytest.approx(48 / (1.574 + 47 * 0.2126 / 1.8667), rel=0.01)
+    assert value == pytest.approx(6.93, rel=0.01) and low < value < high
+    # without the first token's time: the steps alone, 8.78 tok/s
+    alone = predict_throughput(acceptance, steps, 1, 1)
+    assert alone is not None and alone[0] == pytest.approx(8.78, rel=0.01)
+    # a fit that agrees with the measurements and gives a step no time: not bounded
+    free = dataclasses.replace(steps, agreeing=(*steps.agreeing, ("linear", (0.0,) * 5)))
+    assert predict_throughput(acceptance, free, 1, 4, firsts, 48) is None
+
+
 def test_per_position_counters_give_the_acceptance_without_fitting() -> None:
     rates = tuple(0.8**i for i in range(1, 17))
     trials = [_h100_trial(0), _h100_trial(2), _h100_trial(4)]
@@ -133,6 +180,39 @@ DRAFTER = Setting(
 def _drafted(p_min: float, k: int, length: float, throughput: float) -> Measured:
     metrics = {"coding.c1.acceptance_length": length, "coding.c1.output_throughput": throughput}
     return Measured({"spec_type": "draft-simple", PMIN: p_min, DRAFT: k}, metrics)
+
+
+def _cpu_level(
+    throughput: float, tpot: float, ttft: float, length: float = 0.0
+) -> dict[str, float]:
+    level = {"output_throughput": throughput, "tpot_mean_ms": tpot, "ttft_mean_ms": ttft}
+    level |= {"completion_tokens_mean": 48.0} | ({"acceptance_length": length} if length else {})
+    return {f"coding.c1.{k}": v for k, v in level.items()}
+
+
+def test_longer_drafts_on_a_cpu_from_no_draft_and_one_draft_length() -> None:
+    # measured 2026-12-07 on a quiet CPU (docs/benchmarks.md, "On real engines"): no
+    # draft and draft length 1 (p-min 0) launched; 2, 4, 8 measured 5.25 (on a busier
+    # machine), 6.61 and 3.23 tok/s. Before the first token's time was set apart and
+    # the draft's cost could be per token, 2 and 8 lay outside their intervals
+    trials = [
+        Measured({}, _cpu_level(13.0148, 57.6469, 978.0938)),
+        Measured(
+            {"spec_type": "draft-simple", PMIN: 0.0, DRAFT: 1},
+            _cpu_level(6.9301, 113.8555, 1574.4428, 1.8667),
+            {"coding.c1": (0.8667,)},
+        ),
+    ]
+    configs = [{"spec_type": "draft-simple", PMIN: 0.0, DRAFT: k} for k in (2, 4, 8)]
+    got = [g["coding.c1.output_throughput"] for g in predict(DRAFTER, configs, trials)]
+    for p, truth in zip(got, (5.253, 6.610, 3.233), strict=True):
+        assert p.basis == "speculative" and p.low is not None and p.high is not None
+        assert p.low <= truth <= p.high, (p, truth)
+    # the first token's time apart: 4 at 11.5 tok/s (+74 %) instead of 14.2 (+115 %)
+    assert got[1].value is not None and got[1].value < 12.0
+    # farther from the measured draft lengths, wider
+    widths = [p.high / p.low for p in got if p.high is not None and p.low is not None]
+    assert widths == sorted(widths)
 
 
 def test_a_drafter_of_other_settings_has_an_acceptance_curve_of_its_own() -> None:

@@ -21,7 +21,15 @@ Three kinds of knowledge, tried in this order for each configuration and metric:
    against drafted and verified tokens and the batch is fitted from the levels of the
    configurations that share every other knob (a trial without speculation shares
    them whatever drafter params it lacks: they do nothing there); throughput is
-   accepted tokens per step over the step time.
+   accepted tokens per step over the step time. Where the levels give their time to
+   the first token, time per output token and tokens per answer, a request is its
+   first token's time (the prompt's prefill, the draft's too: fitted apart, by the
+   same shapes) and then its steps, the step time TPOT x acceptance length:
+   ``c * n / (TTFT + (n - 1) * T / E[L])``; a step time read from throughput would
+   count the prefill as decoding. The step cost's interval holds every non-negative
+   fit (with a cost of a step without a draft) that agrees with the measurements
+   within their noise: from no draft and one draft length a draft's cost may all be
+   switching speculation on or all per drafted token, and the interval holds both.
 3. *An empirical model over every knob* (:mod:`.empirical`): additive in the log of the
    metric, a Bayesian linear regression whose prior keeps each knob's effect within a
    factor of ``e**(+-1)`` over its range; two standard deviations are the interval, and

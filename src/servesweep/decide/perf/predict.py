@@ -178,7 +178,10 @@ def _speculative(
         return Prediction(metric, value, low, high, "speculative")
     if level not in setting.concurrency:
         return None
-    points: list[StepTime] = []
+    plain: list[StepTime] = []  # step times read from throughput
+    points: list[StepTime] = []  # from TPOT, the first token's time apart
+    firsts: list[StepTime] = []
+    tokens: list[float] = []
     for t in trials:
         k = _draft(setting, t.params)
         # no speculation: the drafter's params do nothing, so it is every drafter's k = 0
@@ -188,14 +191,40 @@ def _speculative(
             lv, n = _split(m)
             if n != setting.throughput or lv not in setting.concurrency or v <= 0:
                 continue
+            c = setting.concurrency[lv]
             length = t.metrics.get(f"{lv}.{setting.acceptance}", acceptance.length(k)[0])
-            points.append(
-                StepTime(setting.concurrency[lv], k, setting.concurrency[lv] * length / v)
+            plain.append(StepTime(c, k, c * length / v))
+            tpot, ttft, answer = (
+                t.metrics.get(f"{lv}.{name}", 0.0)
+                for name in (setting.tpot, setting.ttft, setting.tokens)
             )
+            if tpot > 0 and ttft > 0 and answer > 1:
+                # a step emits E[L] tokens, one per TPOT; the first token's time (the
+                # prompt's prefill, the draft's too) is a cost of its own
+                points.append(StepTime(c, k, tpot / 1000 * length))
+                firsts.append(StepTime(c, k, ttft / 1000))
+                if lv == level:
+                    tokens.append(answer)
+    # the request model only where every level gave its times: a step time read from
+    # throughput holds the first token's time as well, so the two do not mix
+    split = bool(plain) and len(points) == len(plain) and bool(tokens)
+    if not split:
+        points = plain
     cost = fit_step_cost(points, noise(metric))
     if cost is None:
         return None
-    value, low, high = predict_throughput(acceptance, cost, setting.concurrency[level], draft)
+    first = fit_step_cost(firsts, noise(metric)) if split else None
+    got = predict_throughput(
+        acceptance,
+        cost,
+        setting.concurrency[level],
+        draft,
+        first,
+        statistics.fmean(tokens) if split else None,
+    )
+    if got is None:
+        return None
+    value, low, high = got
     return _floored(Prediction(metric, value, low, high, "speculative"), noise(metric))
 
 

@@ -51,6 +51,13 @@ class Setting:
     configuration that agrees with it on the other parameters."""
     throughput: str = "output_throughput"
     acceptance: str = "acceptance_length"
+    tpot: str = "tpot_mean_ms"
+    """A level's time per output token after the first (ms): with :attr:`ttft` and
+    :attr:`tokens`, the decode step apart from the first token's time."""
+    ttft: str = "ttft_mean_ms"
+    """A level's time to the first token (ms): the prompt's prefill (the draft's too)."""
+    tokens: str = "completion_tokens_mean"
+    """A level's tokens per answer."""
     noise: float = 0.02
     """The stated relative standard deviation between launches of one configuration
     (``decision.launch_sd``): the noise of one launch's figure until the sweep's own

@@ -19,7 +19,12 @@ drafted and verified, never on the text: each measured level gives a step time
 cost shapes that all start from a fixed part, a part per sequence and the cost of
 switching speculation on, and differ in how drafting grows with ``k`` (linearly, as
 ``log2(1 + k)``, as ``sqrt(k)``; each also per sequence). Throughput is
-``c * E[L](k) / T(c, k)``. The interval is the envelope of the shapes and the
+``c * E[L](k) / T(c, k)``. The value is the median of the shapes' best fits; the
+interval is the envelope of every non-negative fit, of every shape and subset of its
+terms that keeps a cost for a step without a draft (the target's pass), that agrees
+with the measurements within their noise (chi-square, as for the acceptance curves:
+from no draft and one draft length alone, a draft's cost may all be the switching on
+of speculation or all per drafted token, and the interval holds both), and of the
 acceptance curves, widened by the residuals and by a term that grows with the distance
 (in doublings of ``k``) to the nearest measured draft length, at the rate the
 measurements themselves show when each measured draft length is predicted from the
@@ -168,10 +173,11 @@ SHAPES: dict[str, Shape] = {
 """How drafting and verifying grow with the draft length (features of the step time)."""
 
 
-def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients, over the subsets of the columns
-    (the cost shapes have five: 32 subsets)."""
-    best: tuple[float, np.ndarray] | None = None
+def _subset_fits(a: np.ndarray, y: np.ndarray) -> list[tuple[float, int, np.ndarray]]:
+    """Every least-squares fit over a subset of the columns whose coefficients are all
+    non-negative, as ``(sse, columns kept, coefficients)`` (the cost shapes have five
+    columns: 31 subsets)."""
+    out = []
     columns = a.shape[1]
     for size in range(1, columns + 1):
         for keep in itertools.combinations(range(columns), size):
@@ -179,32 +185,58 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
             coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
             if (coef < 0).any():
                 continue
-            sse = float(((sub @ coef - y) ** 2).sum())
-            if best is None or sse < best[0] - 1e-15:
-                full = np.zeros(columns)
-                full[list(keep)] = coef
-                best = (sse, full)
-    return best[1] if best is not None else np.zeros(columns)
+            full = np.zeros(columns)
+            full[list(keep)] = coef
+            out.append((float(((sub @ coef - y) ** 2).sum()), size, full))
+    return out
+
+
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients: the smallest subset of the columns
+    with the least squared error."""
+    best: tuple[float, np.ndarray] | None = None
+    for sse, _, coef in _subset_fits(a, y):
+        if best is None or sse < best[0] - 1e-15:
+            best = (sse, coef)
+    return best[1] if best is not None else np.zeros(a.shape[1])
+
+
+CHI2 = 3.84
+"""Chi-square of one degree of freedom at 95 %: a fit whose squared error (in units of
+the noise) is within this of the best agrees with the measurements."""
+
+Fit = tuple[str, tuple[float, ...]]
+"""A cost shape's name and its coefficients."""
 
 
 @dataclass(frozen=True)
 class StepCostFit:
     coefficients: Mapping[str, tuple[float, ...]]
-    """Per shape, the fitted coefficients."""
+    """Per shape, its best fit's coefficients (the fewest columns with the least error;
+    where two subsets fit alike, the first in the columns' order: the cost of switching
+    speculation on before that per drafted token)."""
     residual: float
     """Relative residual (root mean square over the shapes and points, at least the noise)."""
     growth: float
     """Relative error added per doubling of the draft length away from a measured one."""
     drafts: tuple[int, ...]
     """The draft lengths measured."""
+    agreeing: tuple[Fit, ...] = ()
+    """Every non-negative fit, of every shape and subset of its columns, that agrees
+    with the measurements within their noise: the interval. From draft lengths 0 and 1
+    alone, all of a draft's cost may be the switching on of speculation (flat in the
+    draft length) or all per drafted token, and both are kept."""
 
     def seconds(self, concurrency: float, draft: int) -> tuple[float, float, float]:
-        """(median, low, high) of the step time over the shapes, before widening."""
-        values = sorted(
+        """(value, low, high) of the step time before widening: the median of the shapes'
+        best fits, and the ends of what every agreeing fit gives."""
+        best = sorted(
             float(np.dot(SHAPES[name](concurrency, draft), coef))
             for name, coef in self.coefficients.items()
         )
-        return values[len(values) // 2], values[0], values[-1]
+        fits = (*self.agreeing, *self.coefficients.items())
+        values = [float(np.dot(SHAPES[name](concurrency, draft), coef)) for name, coef in fits]
+        return best[len(best) // 2], min(values), max(values)
 
     def spread(self, draft: int) -> float:
         """Relative half-width to add: the residual, and the growth per doubling of the
@@ -213,14 +245,36 @@ class StepCostFit:
         return 2 * self.residual + self.growth * distance
 
 
-def _fit(points: Sequence[StepTime]) -> dict[str, np.ndarray]:
-    out = {}
+def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray], list[Fit]]:
+    """The best fit of each shape (the value is their median: on an H100 the step time
+    grew unlike any one shape, and the median of the three predicted it best), and
+    every fit of every shape whose squared error is within chi-square of the least of
+    all (in units of the noise, or of the best fit's own residual where that is
+    larger): the fits that agree with the points as well as the best does."""
+    best: dict[str, np.ndarray] = {}
+    every: list[tuple[float, Fit]] = []
     for name, shape in SHAPES.items():
+        # relative error: each row over its time
         a = np.array([shape(p.concurrency, p.draft) for p in points]) / np.array(
             [[p.seconds] for p in points]
         )
-        out[name] = _nnls(a, np.ones(len(points)))  # relative error: each row over its time
-    return out
+        y = np.ones(len(points))
+        best[name] = _nnls(a, y)
+        every += [
+            (sse, (name, tuple(float(x) for x in coef)))
+            for sse, _, coef in _subset_fits(a, y)
+            if coef[0] > 0 or coef[1] > 0  # a step without a draft still runs the target
+        ]
+    if not every:
+        return best, []
+    least = min(sse for sse, _ in every)
+    sigma2 = max(noise * noise, least / len(points))
+    return best, [fit for sse, fit in every if sse <= least + CHI2 * sigma2]
+
+
+def _value(best: Mapping[str, np.ndarray], concurrency: float, draft: int) -> float:
+    values = sorted(float(np.dot(SHAPES[n](concurrency, draft), c)) for n, c in best.items())
+    return values[len(values) // 2]
 
 
 def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostFit | None:
@@ -230,7 +284,7 @@ def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostF
     drafts = tuple(sorted({p.draft for p in pts}))
     if len(drafts) < 2:
         return None
-    coefs = _fit(pts)
+    coefs, agreeing = _fit(pts, noise)
     errors = [
         float(np.dot(SHAPES[name](p.concurrency, p.draft), coef)) / p.seconds - 1
         for name, coef in coefs.items()
@@ -244,35 +298,57 @@ def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostF
         if len({p.draft for p in rest if p.draft > 0}) < 2:
             continue  # the cost of switching speculation on and of a draft token: two
         tried = True
-        if True:
-            sub = _fit(rest)
-            distance = min(
-                abs(math.log2(1 + left) - math.log2(1 + m)) for m in {p.draft for p in rest}
-            )
-            for p in (p for p in pts if p.draft == left):
-                for name, coef in sub.items():
-                    miss = abs(
-                        float(np.dot(SHAPES[name](p.concurrency, p.draft), coef)) / p.seconds - 1
-                    )
-                    growth = max(growth, max(0.0, miss - 2 * residual) / max(distance, 1e-9))
+        sub, _ = _fit(rest, noise)
+        distance = min(abs(math.log2(1 + left) - math.log2(1 + m)) for m in {p.draft for p in rest})
+        for p in (p for p in pts if p.draft == left):
+            miss = abs(_value(sub, p.concurrency, p.draft) / p.seconds - 1)
+            growth = max(growth, max(0.0, miss - 2 * residual) / max(distance, 1e-9))
     if not tried:
         growth = GROWTH  # too few draft lengths to tell: the prior rate
     return StepCostFit(
-        {n: tuple(float(x) for x in c) for n, c in coefs.items()}, residual, growth, drafts
+        {n: tuple(float(x) for x in c) for n, c in coefs.items()},
+        residual,
+        growth,
+        drafts,
+        tuple(agreeing),
     )
 
 
 def predict_throughput(
-    acceptance: AcceptanceFit, cost: StepCostFit, concurrency: float, draft: int
-) -> tuple[float, float, float]:
+    acceptance: AcceptanceFit,
+    cost: StepCostFit,
+    concurrency: float,
+    draft: int,
+    first: StepCostFit | None = None,
+    tokens: float | None = None,
+) -> tuple[float, float, float] | None:
     """(value, low, high) of the output throughput at ``concurrency`` with ``draft``
-    tokens drafted per step: ``c * E[L](k) / T(c, k)``."""
+    tokens drafted per step: ``c * E[L](k) / T(c, k)`` (None where a fit that agrees
+    with the measurements gives a step no time: they do not bound it); with the time to
+    the first token fitted apart (``first``, the same shapes) and the tokens of an answer
+    (``tokens``, ``n``), a request of ``c`` in flight takes the first token's time and
+    ``n - 1`` tokens at ``T / E[L]`` each: ``c * n / (TTFT + (n - 1) * T / E[L])``."""
     length, length_low, length_high = acceptance.length(draft)
     step, step_low, step_high = cost.seconds(concurrency, draft)
     if step <= 0 or step_low <= 0:
-        return math.inf, 0.0, math.inf
+        return None  # a fit that agrees with the measurements gives no time: unknown
     spread = cost.spread(draft)
-    value = concurrency * length / step
-    low = concurrency * length_low / step_high * (1 - spread)
-    high = concurrency * length_high / step_low * (1 + spread)
-    return value, max(0.0, low), high
+    if first is None or tokens is None or tokens <= 1:
+        value = concurrency * length / step
+        low = concurrency * length_low / step_high * (1 - spread)
+        high = concurrency * length_high / step_low * (1 + spread)
+        return value, max(0.0, low), high
+    ttft, ttft_low, ttft_high = first.seconds(concurrency, draft)
+    spread = max(spread, first.spread(draft))
+    n = tokens
+
+    def throughput(ttft: float, step: float, length: float) -> float:
+        seconds = ttft + (n - 1) * step / length
+        return concurrency * n / seconds if seconds > 0 else math.inf
+
+    value = throughput(ttft, step, length)
+    # widened as the throughput of the steps alone is: by the spread of the time that
+    # is less known (the step's or the first token's), either side of the envelope
+    low = max(0.0, throughput(ttft_high, step_high, length_low) * (1 - spread))
+    high = throughput(ttft_low, step_low, length_high) * (1 + spread)
+    return value, low, high
