@@ -32,10 +32,21 @@ from typing import Any, Protocol
 
 from servesweep.models import Evidence
 
-__all__ = ["PREDICTED_OOM", "Gate", "Predicted", "certain_oom", "gate_of", "skip_evidence"]
+__all__ = [
+    "OOM_CRASH",
+    "PREDICTED_OOM",
+    "Gate",
+    "Predicted",
+    "certain_oom",
+    "gate_of",
+    "skip_evidence",
+]
 
 PREDICTED_OOM = "predicted_oom"
 """The reason of a trial skipped because it was predicted not to fit."""
+OOM_CRASH = "oom"
+"""The reason of a trial whose engine ran out of memory (the engines' fatal log
+patterns, ``servers.engine_patterns``)."""
 GiB = 2**30
 
 

@@ -64,6 +64,7 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
+from servesweep.decide.memory import OOM_CRASH
 from servesweep.decide.perf import Measured, Setting, predict
 from servesweep.decide.perf.design import design_point, memory_safe, next_launch
 from servesweep.decide.perf.gate import PREDICTED_WORSE
@@ -92,10 +93,6 @@ stops proposing it."""
 DESIGN_TRIES = 6
 """Configurations of the performance guide's design handed out at most (a design launch
 that crashes gives way to the next one, at most this many times)."""
-
-OOM_REASON = "oom"
-"""The evidence reason of a trial whose engine ran out of memory (the engines' fatal
-log patterns)."""
 
 MemoryOver = Callable[[Mapping[str, Any]], int | None]
 """A configuration's predicted memory beyond its capacity (bytes, negative: room left;
@@ -333,7 +330,7 @@ class SampledSearch(Search):
             return
         self._close(fp, verdict)
         self.record(trial, verdict)
-        if trial.evidence is not None and trial.evidence.reason == OOM_REASON:
+        if trial.evidence is not None and trial.evidence.reason == OOM_CRASH:
             self._crashed.append(trial.params)
         if self.guide is not None and results:
             self._measured.append((trial, results))

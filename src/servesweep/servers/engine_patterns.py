@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from servesweep.decide.memory import OOM_CRASH
 from servesweep.models import FailureClass
 
 __all__ = [
@@ -87,7 +88,7 @@ OOM = FatalPattern.of(
     r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError"
     r"|CUDA error: out of memory|cudaErrorMemoryAllocation|cudaMalloc failed: out of memory",
     _CRASH,
-    "oom",
+    OOM_CRASH,
 )
 PORT_IN_USE = FatalPattern.of(
     r"[Aa]ddress already in use|EADDRINUSE", FailureClass.PORT_IN_USE, "port_in_use"
@@ -134,7 +135,7 @@ VLLM_FATAL: tuple[FatalPattern, ...] = (
         r"No available memory for the cache blocks|larger than the available KV cache memory"
         r"|Insufficient memory|not enough KV cache space",
         _CRASH,
-        "oom",
+        OOM_CRASH,
     ),
     PORT_IN_USE,
     ARGPARSE,
@@ -163,7 +164,7 @@ SGLANG_FATAL: tuple[FatalPattern, ...] = (
         r"Not enough memory\. Please try to increase --mem-fraction-static"
         r"|max_total_num_tokens=\S+ is too small|KV cache pool is too small",
         _CRASH,
-        "oom",
+        OOM_CRASH,
     ),
     PORT_IN_USE,
     ARGPARSE,
@@ -184,7 +185,7 @@ TRTLLM_FATAL: tuple[FatalPattern, ...] = (
     FatalPattern.of(
         r"\[TensorRT-LLM\]\[ERROR\].*out of memory|Impossible to fit in any sequence in kvCache",
         _CRASH,
-        "oom",
+        OOM_CRASH,
     ),
     PORT_IN_USE,
     FatalPattern.of(
@@ -209,7 +210,7 @@ LLAMACPP_PY_FATAL: tuple[FatalPattern, ...] = (
     FatalPattern.of(
         r"failed to allocate buffer|ggml_backend_\w*alloc\w*: failed|cudaMalloc failed",
         _CRASH,
-        "oom",
+        OOM_CRASH,
     ),
     OOM,
     PORT_IN_USE,
@@ -239,7 +240,7 @@ LLAMA_SERVER_FATAL: tuple[FatalPattern, ...] = (
         r"failed to allocate buffer|ggml_backend_\w*alloc\w*: failed|cudaMalloc failed"
         r"|CUDA error: out of memory",
         _CRASH,
-        "oom",
+        OOM_CRASH,
     ),
     FatalPattern.of(r"couldn't bind HTTP server socket", FailureClass.PORT_IN_USE, "port_in_use"),
     FatalPattern.of(
