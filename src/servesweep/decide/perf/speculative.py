@@ -173,10 +173,10 @@ SHAPES: dict[str, Shape] = {
 """How drafting and verifying grow with the draft length (features of the step time)."""
 
 
-def _subset_fits(a: np.ndarray, y: np.ndarray) -> list[tuple[float, int, np.ndarray]]:
+def _subset_fits(a: np.ndarray, y: np.ndarray) -> list[tuple[float, np.ndarray]]:
     """Every least-squares fit over a subset of the columns whose coefficients are all
-    non-negative, as ``(sse, columns kept, coefficients)`` (the cost shapes have five
-    columns: 31 subsets)."""
+    non-negative, as ``(sse, coefficients)``, the smaller subsets first (the cost shapes
+    have five columns: 31 subsets)."""
     out = []
     columns = a.shape[1]
     for size in range(1, columns + 1):
@@ -187,18 +187,31 @@ def _subset_fits(a: np.ndarray, y: np.ndarray) -> list[tuple[float, int, np.ndar
                 continue
             full = np.zeros(columns)
             full[list(keep)] = coef
-            out.append((float(((sub @ coef - y) ** 2).sum()), size, full))
+            out.append((float(((sub @ coef - y) ** 2).sum()), full))
     return out
 
 
-def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients: the smallest subset of the columns
-    with the least squared error."""
+def _nnls(fits: Sequence[tuple[float, np.ndarray]], columns: int) -> np.ndarray:
+    """Least squares with non-negative coefficients, from :func:`_subset_fits`' fits:
+    the smallest subset of the columns with the least squared error."""
     best: tuple[float, np.ndarray] | None = None
-    for sse, _, coef in _subset_fits(a, y):
+    for sse, coef in fits:
         if best is None or sse < best[0] - 1e-15:
             best = (sse, coef)
-    return best[1] if best is not None else np.zeros(a.shape[1])
+    return best[1] if best is not None else np.zeros(columns)
+
+
+def _time(name: str, coef: Sequence[float] | np.ndarray, concurrency: float, draft: int) -> float:
+    """The step time shape ``name`` with ``coef`` gives."""
+    return float(np.dot(SHAPES[name](concurrency, draft), coef))
+
+
+def _value(
+    best: Mapping[str, Sequence[float] | np.ndarray], concurrency: float, draft: int
+) -> float:
+    """The value of the step time: the median of the shapes' best fits."""
+    values = sorted(_time(n, c, concurrency, draft) for n, c in best.items())
+    return values[len(values) // 2]
 
 
 CHI2 = 3.84
@@ -230,13 +243,9 @@ class StepCostFit:
     def seconds(self, concurrency: float, draft: int) -> tuple[float, float, float]:
         """(value, low, high) of the step time before widening: the median of the shapes'
         best fits, and the ends of what every agreeing fit gives."""
-        best = sorted(
-            float(np.dot(SHAPES[name](concurrency, draft), coef))
-            for name, coef in self.coefficients.items()
-        )
         fits = (*self.agreeing, *self.coefficients.items())
-        values = [float(np.dot(SHAPES[name](concurrency, draft), coef)) for name, coef in fits]
-        return best[len(best) // 2], min(values), max(values)
+        values = [_time(name, coef, concurrency, draft) for name, coef in fits]
+        return _value(self.coefficients, concurrency, draft), min(values), max(values)
 
     def spread(self, draft: int) -> float:
         """Relative half-width to add: the residual, and the growth per doubling of the
@@ -258,11 +267,11 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray
         a = np.array([shape(p.concurrency, p.draft) for p in points]) / np.array(
             [[p.seconds] for p in points]
         )
-        y = np.ones(len(points))
-        best[name] = _nnls(a, y)
+        fits = _subset_fits(a, np.ones(len(points)))
+        best[name] = _nnls(fits, a.shape[1])
         every += [
             (sse, (name, tuple(float(x) for x in coef)))
-            for sse, _, coef in _subset_fits(a, y)
+            for sse, coef in fits
             if coef[0] > 0 or coef[1] > 0  # a step without a draft still runs the target
         ]
     if not every:
@@ -270,11 +279,6 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray
     least = min(sse for sse, _ in every)
     sigma2 = max(noise * noise, least / len(points))
     return best, [fit for sse, fit in every if sse <= least + CHI2 * sigma2]
-
-
-def _value(best: Mapping[str, np.ndarray], concurrency: float, draft: int) -> float:
-    values = sorted(float(np.dot(SHAPES[n](concurrency, draft), c)) for n, c in best.items())
-    return values[len(values) // 2]
 
 
 def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostFit | None:
@@ -286,7 +290,7 @@ def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostF
         return None
     coefs, agreeing = _fit(pts, noise)
     errors = [
-        float(np.dot(SHAPES[name](p.concurrency, p.draft), coef)) / p.seconds - 1
+        _time(name, coef, p.concurrency, p.draft) / p.seconds - 1
         for name, coef in coefs.items()
         for p in pts
     ]
