@@ -72,7 +72,7 @@ def _draft_value(params: Mapping[str, Any], draft: str | None) -> float:
     if draft is None:
         return 0.0
     value = params.get(draft, 0)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+    return float(value) if _numeric(value) else 0.0
 
 
 def _off_centre(features: Features, params: Mapping[str, Any]) -> float:
