@@ -532,20 +532,29 @@ def warm_sweeps(name: str, seeds: int, first: int = 0) -> dict[str, Any]:
     was before the guide was given them), ``sweep``: both warm (as it runs now). Only
     the new sweep's GPU-hours count."""
     land = landscape(name)
-    full = se.grid_cost()
     before, sweeps = [], []
     for seed in range(first, first + seeds):
         earlier: list[Measured] = []
         run_policy(drifted(land), 1000 + seed, out=earlier)
         before.append(run_sweep(land, seed, earlier=earlier, warm_guide=False))
         sweeps.append(run_sweep(land, seed, earlier=earlier))
+    return _sweep_table(name, land, before, sweeps)
+
+
+def _sweep_table(
+    name: str, land: Landscape, before: Sequence[Run], sweeps: Sequence[Run]
+) -> dict[str, Any]:
+    """The landscape ``name`` and its grid, and the ``servesweep run`` rows ``before``
+    and ``sweep`` (now) over the same seeds."""
+    full = se.grid_cost()
+    grid = se.run_search("grid", 0, predict=True, predict_mode="skip")
     return {
         "landscape": name,
         "configs": len(land.truth),
-        "grid_to_best": (
-            se.run_search("grid", 0, predict=True, predict_mode="skip").gpu_hours or math.inf
-        )
-        / full,
+        "oom": sum(t.oom for t in land.truth.values()),
+        "near_best": sorted(se.NEAR_BEST),
+        "grid_gpu_hours": full,
+        "grid_to_best": (grid.gpu_hours or math.inf) / full,
         **_sweep_rows("before", before, full),
         **_sweep_rows("sweep", sweeps, full),
         "before_runs": [asdict(r) for r in before],
@@ -590,21 +599,9 @@ def compare(name: str, seeds: int, sweep_only: bool = False, first: int = 0) -> 
     ``servesweep run`` rows alone)."""
     land = landscape(name)
     full = se.grid_cost()
-    grid = se.run_search("grid", 0, predict=True, predict_mode="skip")
     before = [run_sweep(land, seed, guided=False) for seed in range(first, first + seeds)]
     sweeps = [run_sweep(land, seed) for seed in range(first, first + seeds)]
-    out: dict[str, Any] = {
-        "landscape": name,
-        "configs": len(land.truth),
-        "oom": sum(t.oom for t in land.truth.values()),
-        "near_best": sorted(se.NEAR_BEST),
-        "grid_gpu_hours": full,
-        "grid_to_best": (grid.gpu_hours or math.inf) / full,
-        **_sweep_rows("before", before, full),
-        **_sweep_rows("sweep", sweeps, full),
-        "before_runs": [asdict(r) for r in before],
-        "sweep_runs": [asdict(r) for r in sweeps],
-    }
+    out = _sweep_table(name, land, before, sweeps)
     if sweep_only:
         return out
     tpe = [se.run_search("tpe", seed, predict=True) for seed in range(seeds)]
