@@ -638,12 +638,16 @@ H100_THROUGHPUT = {
 by ``--spec-synth-rates`` to 0.8^i; output tok/s per draft length (0: no draft)."""
 
 
-def h100(measured: Sequence[int]) -> list[str]:
-    """The H100 landscape predicted from the draft lengths ``measured``."""
+def h100(measured: Sequence[int], model: bool) -> list[str]:
+    """The H100 landscape predicted from the draft lengths ``measured`` as servesweep
+    reads it (on a GPU); ``model``: read as if it had run on CPUs, where a draft model's
+    step costs per drafted token (``Setting.cpu``): what that reading costs on a GPU."""
     setting = Setting(
         metrics=("chat.c1.output_throughput", "chat.c4.output_throughput"),
         draft_param="spec_draft_n_max",
         concurrency={"chat.c1": 1, "chat.c4": 4},
+        model_drafts=True,  # the server's args named the draft model
+        cpu=model,
     )
     trials = []
     for k in measured:
@@ -662,7 +666,8 @@ def h100(measured: Sequence[int]) -> list[str]:
             assert p.value is not None and p.low is not None and p.high is not None
             inside = "yes" if p.low <= truth <= p.high else "no"
             lines.append(
-                f"| {','.join(map(str, measured))} | c{c} | {k} | {truth:.0f} | {p.value:.0f} "
+                f"| {'CPU' if model else 'GPU'} | {','.join(map(str, measured))} | c{c} | {k} "
+                f"| {truth:.0f} | {p.value:.0f} "
                 f"| {p.value / truth - 1:+.1%} | {p.low:.0f}-{p.high:.0f} | {inside} |"
             )
     return lines
@@ -722,10 +727,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return 0
     elif args.h100:
-        print("| measured | level | draft | measured tok/s | predicted | error | interval | in |")
-        print("|---|---|---|---|---|---|---|---|")
-        for measured in ((0, 1, 2, 4), (0, 2, 4), (0, 4, 8)):
-            print("\n".join(h100(measured)))
+        print(
+            "| read as | measured | level | draft | measured tok/s | predicted | error "
+            "| interval | in |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for model in (False, True):
+            for measured in ((0, 1, 2, 4), (0, 2, 4), (0, 4, 8), (0, 1)):
+                print("\n".join(h100(measured, model)))
         return 0
     else:
         rows = [

@@ -105,6 +105,28 @@ def test_from_no_draft_and_one_draft_length_the_cost_may_be_per_token_or_flat() 
         assert cost.seconds(1, k)[2] == pytest.approx(seconds, rel=0.05)
 
 
+def test_a_draft_model_costs_per_drafted_token_and_for_switching_on() -> None:
+    # a draft model on CPUs costs per drafted token: from draft lengths 0 and 1 the
+    # value is halfway between all of the 155 ms switching on and all of it per token
+    points = [StepTime(1, 0, 0.0576), StepTime(1, 1, 0.2126)]
+    flat, sequential = fit_step_cost(points), fit_step_cost(points, sequential=True)
+    assert flat is not None and sequential is not None
+    for k in (2, 4, 8):
+        value, low, high = sequential.seconds(1, k)
+        assert (low, high) == flat.seconds(1, k)[1:]  # the same fits agree
+        assert low == pytest.approx(0.2126, rel=1e-6)
+        assert high == pytest.approx(0.0576 + k * 0.155, rel=1e-6)
+        assert value == pytest.approx((low + high) / 2, rel=1e-6)
+        assert flat.seconds(1, k)[0] < value  # a drafter without a model: switching on
+    for k, seconds in ((0, 0.0576), (1, 0.2126)):
+        assert sequential.seconds(1, k)[0] == pytest.approx(seconds, rel=1e-6)
+    # with a third draft length the tie is gone: the linear fit through all three
+    three = fit_step_cost([*points, StepTime(1, 4, 0.4326)], sequential=True)
+    assert three is not None
+    per_token = (0.4326 - 0.2126) / 3  # 1 to 4: 73.3 ms a token, 81.7 ms switching on
+    assert three.seconds(1, 8)[0] == pytest.approx(0.2126 + 7 * per_token, rel=1e-6)
+
+
 def test_a_request_is_its_first_tokens_time_and_then_its_steps() -> None:
     # llama-server on a CPU, one token drafted (Qwen2.5-Coder 1.5B + 0.5B): TTFT 1.574 s
     # (the draft's prefill too), TPOT 113.9 ms at 1.867 tokens a step (212.6 ms), 48
@@ -213,6 +235,44 @@ def test_longer_drafts_on_a_cpu_from_no_draft_and_one_draft_length() -> None:
     # farther from the measured draft lengths, wider
     widths = [p.high / p.low for p in got if p.high is not None and p.low is not None]
     assert widths == sorted(widths)
+
+
+def test_longer_drafts_of_a_draft_model_on_a_quiet_cpu() -> None:
+    # measured 2026-12-07 on a quiet CPU (llama-server, Qwen2.5-Coder 1.5B + 0.5B
+    # draft, docs/benchmarks.md "On real engines"): no draft 14.53 tok/s, draft length 1
+    # 8.24; 2, 4, 8 then measured 8.30, 7.57 and 5.57. Read as a drafter without a
+    # model (all of a draft's cost switching speculation on), 4 was +80 %
+    trials = [
+        Measured({}, _cpu_level(14.5275, 51.0, 909.0)),
+        Measured(
+            {"spec_type": "draft-simple", PMIN: 0.0, DRAFT: 1, "spec_draft_model": "d.gguf"},
+            _cpu_level(8.2449, 94.9, 1362.0, 1.8684),
+            {"coding.c1": (0.8684,)},
+        ),
+    ]
+    model = dataclasses.replace(
+        DRAFTER,
+        drafter=DRAFTER.drafter | {"spec_draft_model"},
+        draft_models=frozenset({"spec_draft_model"}),
+        cpu=True,
+    )
+    configs = [
+        {"spec_type": "draft-simple", PMIN: 0.0, DRAFT: k, "spec_draft_model": "d.gguf"}
+        for k in (2, 4, 8)
+    ]
+    got = [g["coding.c1.output_throughput"] for g in predict(model, configs, trials)]
+    for p, truth in zip(got, (8.299, 7.575, 5.571), strict=True):
+        assert p.value is not None and p.low is not None and p.high is not None
+        assert p.low <= truth <= p.high, (p, truth)
+    assert [p.value for p in got[:2]] == pytest.approx([8.299, 7.575], rel=0.10)
+    # without a draft model named, or on a GPU (where an H100's step grew as log2(1 + k):
+    # bench/predict_search.py --h100), the same measurements read as switching on
+    for other in (
+        dataclasses.replace(model, draft_models=frozenset()),
+        dataclasses.replace(model, cpu=False),
+    ):
+        flat = [g["coding.c1.output_throughput"] for g in predict(other, configs, trials)]
+        assert flat[1].value is not None and flat[1].value > 1.5 * 7.575
 
 
 def test_a_drafter_of_other_settings_has_an_acceptance_curve_of_its_own() -> None:

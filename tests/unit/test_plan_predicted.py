@@ -120,6 +120,39 @@ def test_the_drafters_params_give_acceptance_curves_of_their_own() -> None:
     assert perf_setting(spec, None, speculative).drafter == frozenset()
 
 
+def test_a_draft_model_is_named_by_a_swept_param_or_by_the_servers_args() -> None:
+    engine = "engine: vllm\n  model: m"
+    grid = (
+        "speculative_config.method: [ngram]\n    speculative_config.num_speculative_tokens: [2, 4]"
+    )
+    ngram = SWEEP.replace("engine: sim", engine).replace(
+        "max-num-seqs: [8, 16, 32, 64, 128, 256]", grid
+    )
+    draft, speculative = "speculative_config.num_speculative_tokens", ("speculative_config.method",)
+    models = ("speculative_config.model",)
+    setting = perf_setting(load_sweep_text(ngram).spec, draft, speculative, models)
+    assert setting.draft_models == frozenset() and not setting.model_drafts
+    # the server's args, nested as the sweep file writes them
+    fixed = ngram.replace(engine, engine + "\n  args: {speculative_config: {model: small}}")
+    setting = perf_setting(load_sweep_text(fixed).spec, draft, speculative, models)
+    assert setting.model_drafts and setting.draft_models == frozenset()
+    # swept: the param as the sweep file spells it
+    swept = ngram.replace(grid, grid + "\n    speculative_config.model: [small, tiny]")
+    setting = perf_setting(load_sweep_text(swept).spec, draft, speculative, models)
+    assert setting.draft_models == frozenset({"speculative_config.model"})
+    assert not setting.model_drafts
+    # llama-server's flags, with dashes
+    llama = SWEEP.replace("engine: sim", "engine: llama-server\n  model: m.gguf").replace(
+        "max-num-seqs: [8, 16, 32, 64, 128, 256]",
+        "spec-draft-n-max: [1, 2]\n    spec-draft-model: [d.gguf]\n    spec-type: [draft-simple]",
+    )
+    models = ("spec_draft_model",)
+    setting = perf_setting(load_sweep_text(llama).spec, "spec_draft_n_max", (), models)
+    assert setting.draft_models == frozenset({"spec-draft-model"}) and not setting.cpu
+    on_cpus = llama.replace("gpu_backend: fake", "gpu_backend: none")
+    assert perf_setting(load_sweep_text(on_cpus).spec, "spec_draft_n_max", (), models).cpu
+
+
 def test_the_predictions_noise_is_what_the_sweep_says_launches_vary() -> None:
     spec = load_sweep_text(SWEEP).spec
     assert perf_setting(spec).noise == 0.02  # decision.launch_sd's default

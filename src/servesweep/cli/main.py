@@ -248,7 +248,6 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     predicted memory per GPU, and its predicted performance (from the trials already
     in the results database)."""
     from servesweep.report.predicted import format_predicted, predict_configs, predicted_json
-    from servesweep.servers.engines import get_preset
     from servesweep.servers.memory import MemoryModel
     from servesweep.servers.memory.plan import format_memory, memory_json, predict_plan
     from servesweep.spec.load import load_sweep
@@ -257,6 +256,7 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     from servesweep.sweep.commands.run import store_path_for
     from servesweep.sweep.commands.status import known_trials
     from servesweep.sweep.core.earlier import earlier_sweeps
+    from servesweep.sweep.core.predict_gate import setting_of
 
     loaded = load_sweep(sweep_file)
     the_plan = build_plan(loaded.spec)
@@ -266,8 +266,7 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
     history: dict[str, float] = {}
     known: dict[str, Any] = {}
     next_number = 1
-    preset = get_preset(loaded.spec.server.engine)
-    draft, speculative = preset.draft_length_param, preset.spec_params
+    setting = setting_of(loaded.spec)
     configs = [p.config for p in planned]
     notes: list[str] = []
     if path.exists():
@@ -277,10 +276,10 @@ def plan(sweep_file: Path, store: Path | None, as_json: bool) -> None:
             current = db.latest_sweep(loaded.spec.name)
             past = earlier_sweeps(db, loaded.spec, current)
             this = current.id if current is not None else None
-            perf = predict_configs(loaded.spec, configs, db, draft, speculative, this, past.ids)
+            perf = predict_configs(setting, configs, db, this, past.ids)
             notes = past.notes(perf[3])
     else:
-        perf = predict_configs(loaded.spec, configs, None, draft, speculative)
+        perf = predict_configs(setting, configs, None)
     setting, predictions, measured, earlier = perf
     if as_json:
         out = memory_json(planned)

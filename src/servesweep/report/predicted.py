@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.decide.perf import Measured, Prediction, Setting, predict
-from servesweep.decide.perf.inputs import measured_of, perf_setting
+from servesweep.decide.perf.inputs import measured_of
 from servesweep.models import ServerConfig
-from servesweep.spec.schema import SweepSpec
 from servesweep.store import Store
 
 __all__ = [
@@ -39,19 +38,16 @@ def measured_trials(store: Store, sweep_ids: Sequence[int]) -> list[Measured]:
 
 
 def predict_configs(
-    spec: SweepSpec,
+    setting: Setting,
     configs: Sequence[ServerConfig],
     store: Store | None,
-    draft: str | None,
-    speculative: Sequence[str] = (),
     sweep_id: int | None = None,
     earlier_ids: Sequence[int] = (),
 ) -> tuple[Setting, list[dict[str, Prediction]], int, int]:
     """(setting, a prediction per configuration, trials of this sweep, of earlier ones);
-    ``draft``: the engine's draft-length param (``EnginePreset.draft_length_param``),
-    ``speculative``: its speculative params (``EnginePreset.spec_params``); the trials
-    of sweep ``sweep_id`` and of the earlier sweeps ``earlier_ids`` in ``store``."""
-    setting = perf_setting(spec, draft, speculative)
+    ``setting``: what the predictor is told of the sweep (``sweep.core.predict_gate.
+    setting_of``); the trials of sweep ``sweep_id`` and of the earlier sweeps
+    ``earlier_ids`` in ``store``."""
     trials: list[Measured] = []
     earlier: list[Measured] = []
     if store is not None:

@@ -114,6 +114,11 @@ class EnginePreset:
     """Environment the engine needs from the spec (under ``server.env`` and ``env.*``)."""
     spec_params: tuple[str, ...] = ()
     """The speculative-decoding params of this engine (documentation and hints)."""
+    draft_model_params: tuple[str, ...] = ()
+    """The params that name a draft model (or head): a drafter that runs once per
+    drafted token, which the performance prediction costs per drafted token as well as
+    for switching speculation on (``decide.perf``'s ``Setting.draft_models``); a
+    drafter without one (ngram lookup) costs next to nothing to draft."""
     draft_length_param: str | None = None
     """The param that sets how many tokens are drafted per step (the performance
     prediction's draft length), when the engine has one."""
@@ -363,6 +368,7 @@ PRESETS: dict[str, EnginePreset] = {
             "speculative_config.prompt_lookup_max",
             "speculative_config.prompt_lookup_min",
         ),
+        draft_model_params=("speculative_config.model",),
         description="vllm serve MODEL (OpenAI server, Prometheus /metrics)",
         program=_VLLM_PROGRAM,
         dist="vllm",
@@ -397,6 +403,7 @@ PRESETS: dict[str, EnginePreset] = {
             "speculative_token_map",
             "speculative_ddtree_budget",
         ),
+        draft_model_params=("speculative_draft_model_path",),
         description="python -m sglang.launch_server --model-path MODEL (/health_generate)",
         program=_SGLANG_PROGRAM,
         dist="sglang",
@@ -416,6 +423,7 @@ PRESETS: dict[str, EnginePreset] = {
             "extra_llm_api_options.speculative_config.max_draft_len",
             "extra_llm_api_options.speculative_config.speculative_model_dir",
         ),
+        draft_model_params=("extra_llm_api_options.speculative_config.speculative_model_dir",),
         description="trtllm-serve MODEL (extra LLM API options as a YAML file)",
         program=_TRTLLM_PROGRAM,
         dist="tensorrt_llm",
@@ -465,6 +473,14 @@ PRESETS: dict[str, EnginePreset] = {
             "spec_draft_p_min",
             "spec_draft_ngl",
             "spec_type",
+        ),
+        # --spec-draft-model (-md, --model-draft), --spec-draft-hf (--hf-repo-draft)
+        draft_model_params=(
+            "spec_draft_model",
+            "model_draft",
+            "md",
+            "spec_draft_hf",
+            "hf_repo_draft",
         ),
         description="llama-server -m MODEL (upstream llama.cpp; /health, /metrics)",
         program=_LLAMA_SERVER_PROGRAM,

@@ -40,14 +40,32 @@ def _swept(spec: SweepSpec) -> set[str]:
     return {k for c in space.allowed() for k in c.params}
 
 
+def _flat(args: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested arguments as dotted names (``speculative_config.model``), as params name them."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        name = f"{prefix}{_norm(str(key))}"
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
 def perf_setting(
-    spec: SweepSpec, draft: str | None = None, speculative: Sequence[str] = ()
+    spec: SweepSpec,
+    draft: str | None = None,
+    speculative: Sequence[str] = (),
+    draft_models: Sequence[str] = (),
 ) -> Setting:
     """What the predictor is told: the objectives' and the constraints' metrics, the
     engine's draft-length param ``draft`` when the sweep varies it, the concurrency of each
     closed-loop level, and that acceptance depends on nothing but the draft length and
     the engine's other ``speculative`` params (``EnginePreset.spec_params``: the draft
-    model, its minimum probability, ngram lookup sizes), which change nothing else; the
+    model, its minimum probability, ngram lookup sizes), which change nothing else;
+    which of the swept params or the server's own args name a draft model
+    (``draft_models``, ``EnginePreset.draft_model_params``), and whether the server runs
+    on CPUs; the
     stated noise of one launch's figure is the sweep's ``decision.launch_sd``, the prior
     of what :func:`~servesweep.decide.perf.predict` learns from the sweep's relaunches
     (where launches vary more, a machine shared with other work, the predictions widen
@@ -66,12 +84,17 @@ def perf_setting(
     drafting = {_norm(s) for s in speculative}
     drafter = frozenset(v for k, v in swept.items() if k in drafting and v != draft_param)
     others = frozenset(k for k in swept.values() if k != draft_param and k not in drafter)
+    models = {_norm(m) for m in draft_models}
+    fixed = _flat(spec.server.args)
     return Setting(
         metrics=tuple(metrics),
         draft_param=draft_param,
         concurrency=concurrency,
         invariant={"acceptance_length": others} if draft_param else {},
         drafter=drafter if draft_param else frozenset(),
+        draft_models=frozenset(v for k, v in swept.items() if k in models),
+        model_drafts=any(bool(v) for k, v in fixed.items() if k in models),
+        cpu=spec.server.gpu_backend == "none",
         # what launches of one configuration vary, until relaunches measure it: the
         # prior decisions also start from
         noise=float(spec.decision.launch_sd) or Setting.noise,

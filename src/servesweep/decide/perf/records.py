@@ -49,6 +49,21 @@ class Setting:
     probability, the ngram lookup sizes): without speculation (draft length 0) they do
     nothing, so a trial without speculation gives the step cost of no drafting to every
     configuration that agrees with it on the other parameters."""
+    draft_models: frozenset[str] = frozenset()
+    """The swept parameters that name a draft model (``EnginePreset.draft_model_params``):
+    a configuration that sets one drafts with a model."""
+    model_drafts: bool = False
+    """Whether the server's own arguments name a draft model: every configuration that
+    speculates drafts with it, unless a swept :attr:`draft_models` parameter says
+    otherwise."""
+    cpu: bool = False
+    """Whether the server runs on CPUs (``server.gpu_backend: none``). There a draft
+    model's tokens are drafted one forward pass each and verified at a cost per token
+    (the passes are bound by compute), so a step costs per drafted token as well as for
+    switching speculation on; on a GPU at a small batch both are bound by memory and
+    the step grows slowly with the draft length (on an H100, as ``log2(1 + k)``), and a
+    drafter without a model (ngram lookup) costs next to nothing to draft anywhere
+    (:func:`~servesweep.decide.perf.speculative.fit_step_cost`'s ``sequential``)."""
     throughput: str = "output_throughput"
     acceptance: str = "acceptance_length"
     tpot: str = "tpot_mean_ms"

@@ -19,7 +19,10 @@ drafted and verified, never on the text: each measured level gives a step time
 cost shapes that all start from a fixed part, a part per sequence and the cost of
 switching speculation on, and differ in how drafting grows with ``k`` (linearly, as
 ``log2(1 + k)``, as ``sqrt(k)``; each also per sequence). Throughput is
-``c * E[L](k) / T(c, k)``. The value is the median of the shapes' best fits; the
+``c * E[L](k) / T(c, k)``. The value is the median of the shapes' best fits (a draft
+model on CPUs, whose every drafted token costs a pass of the draft and a share of the
+target's, takes the linear shape, and where its fits tie, halfway between switching
+on and per token: from draft lengths 0 and 1 alone, both fit); the
 interval is the envelope of every non-negative fit, of every shape and subset of its
 terms that keeps a cost for a step without a draft (the target's pass), that agrees
 with the measurements within their noise (chi-square, as for the acceptance curves:
@@ -53,6 +56,8 @@ __all__ = [
 
 NOISE = 0.02
 """Relative noise of one measured acceptance length or step time (a level's figure)."""
+TIE = 1e-12
+"""Squared error (relative, summed over the points) within which two fits fit alike."""
 GROWTH = 0.25
 """Relative error per doubling of the draft length away from the measured ones, until
 three draft lengths let the measurements say (leave one out)."""
@@ -191,14 +196,25 @@ def _subset_fits(a: np.ndarray, y: np.ndarray) -> list[tuple[float, np.ndarray]]
     return out
 
 
-def _nnls(fits: Sequence[tuple[float, np.ndarray]], columns: int) -> np.ndarray:
+def _best(fits: Sequence[tuple[float, np.ndarray]], columns: int) -> list[np.ndarray]:
     """Least squares with non-negative coefficients, from :func:`_subset_fits`' fits:
-    the smallest subset of the columns with the least squared error."""
+    the smallest subset of the columns with the least squared error (the first such in
+    the columns' order: the cost of switching speculation on before that per drafted
+    token), then every other subset of its size that fits exactly as well (from draft
+    lengths 0 and 1 alone, the switching on and the drafted token fit alike)."""
     best: tuple[float, np.ndarray] | None = None
     for sse, coef in fits:
         if best is None or sse < best[0] - 1e-15:
             best = (sse, coef)
-    return best[1] if best is not None else np.zeros(columns)
+    if best is None:
+        return [np.zeros(columns)]
+    size = int((best[1] != 0).sum())
+    tied = [
+        coef
+        for sse, coef in fits
+        if coef is not best[1] and sse <= best[0] + TIE and int((coef != 0).sum()) == size
+    ]
+    return [best[1], *tied]
 
 
 def _time(name: str, coef: Sequence[float] | np.ndarray, concurrency: float, draft: int) -> float:
@@ -207,10 +223,23 @@ def _time(name: str, coef: Sequence[float] | np.ndarray, concurrency: float, dra
 
 
 def _value(
-    best: Mapping[str, Sequence[float] | np.ndarray], concurrency: float, draft: int
+    best: Mapping[str, Sequence[Sequence[float] | np.ndarray]],
+    concurrency: float,
+    draft: int,
+    sequential: bool = False,
 ) -> float:
-    """The value of the step time: the median of the shapes' best fits."""
-    values = sorted(_time(n, c, concurrency, draft) for n, c in best.items())
+    """The value of the step time. A drafter without a model (ngram lookup) costs next
+    to nothing, and the step grows with the draft length only as the target verifies
+    it, in one pass: the median of the shapes' best fits (on an H100 the step time grew
+    unlike any one shape, and the median of the three predicted it best), each the
+    first of its ties (the switching on of speculation). A draft model on CPUs drafts
+    each token in a pass of its own, and the target verifies each at a cost of its own
+    (``sequential``, ``Setting.cpu``): the linear shape, the middle of what its tied
+    best fits give (the switching on and the drafted token, halfway)."""
+    if sequential:
+        times = [_time("linear", c, concurrency, draft) for c in best["linear"]]
+        return (min(times) + max(times)) / 2
+    values = sorted(_time(n, fits[0], concurrency, draft) for n, fits in best.items())
     return values[len(values) // 2]
 
 
@@ -224,10 +253,11 @@ Fit = tuple[str, tuple[float, ...]]
 
 @dataclass(frozen=True)
 class StepCostFit:
-    coefficients: Mapping[str, tuple[float, ...]]
-    """Per shape, its best fit's coefficients (the fewest columns with the least error;
-    where two subsets fit alike, the first in the columns' order: the cost of switching
-    speculation on before that per drafted token)."""
+    coefficients: Mapping[str, tuple[tuple[float, ...], ...]]
+    """Per shape, its best fits' coefficients (the fewest columns with the least error:
+    the first in the columns' order, then every other that fits exactly as well; from
+    draft lengths 0 and 1 alone, the cost of switching speculation on and the cost per
+    drafted token fit alike)."""
     residual: float
     """Relative residual (root mean square over the shapes and points, at least the noise)."""
     growth: float
@@ -239,13 +269,17 @@ class StepCostFit:
     with the measurements within their noise: the interval. From draft lengths 0 and 1
     alone, all of a draft's cost may be the switching on of speculation (flat in the
     draft length) or all per drafted token, and both are kept."""
+    sequential: bool = False
+    """Whether a draft model drafts on CPUs, at a cost per drafted token: the value's
+    rule (:func:`_value`)."""
 
     def seconds(self, concurrency: float, draft: int) -> tuple[float, float, float]:
-        """(value, low, high) of the step time before widening: the median of the shapes'
-        best fits, and the ends of what every agreeing fit gives."""
-        fits = (*self.agreeing, *self.coefficients.items())
+        """(value, low, high) of the step time before widening: the value
+        (:func:`_value`), and the ends of what every agreeing fit gives."""
+        fits = (*self.agreeing, *((n, c) for n, cs in self.coefficients.items() for c in cs))
         values = [_time(name, coef, concurrency, draft) for name, coef in fits]
-        return _value(self.coefficients, concurrency, draft), min(values), max(values)
+        value = _value(self.coefficients, concurrency, draft, self.sequential)
+        return value, min(values), max(values)
 
     def spread(self, draft: int) -> float:
         """Relative half-width to add: the residual, and the growth per doubling of the
@@ -254,13 +288,13 @@ class StepCostFit:
         return 2 * self.residual + self.growth * distance
 
 
-def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray], list[Fit]]:
-    """The best fit of each shape (the value is their median: on an H100 the step time
+def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, list[np.ndarray]], list[Fit]]:
+    """The best fits of each shape (the value is their median: on an H100 the step time
     grew unlike any one shape, and the median of the three predicted it best), and
     every fit of every shape whose squared error is within chi-square of the least of
     all (in units of the noise, or of the best fit's own residual where that is
     larger): the fits that agree with the points as well as the best does."""
-    best: dict[str, np.ndarray] = {}
+    best: dict[str, list[np.ndarray]] = {}
     every: list[tuple[float, Fit]] = []
     for name, shape in SHAPES.items():
         # relative error: each row over its time
@@ -268,7 +302,7 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray
             [[p.seconds] for p in points]
         )
         fits = _subset_fits(a, np.ones(len(points)))
-        best[name] = _nnls(fits, a.shape[1])
+        best[name] = _best(fits, a.shape[1])
         every += [
             (sse, (name, tuple(float(x) for x in coef)))
             for sse, coef in fits
@@ -281,17 +315,21 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, np.ndarray
     return best, [fit for sse, fit in every if sse <= least + CHI2 * sigma2]
 
 
-def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostFit | None:
+def fit_step_cost(
+    points: Iterable[StepTime], noise: float = NOISE, sequential: bool = False
+) -> StepCostFit | None:
     """The step cost fitted from the measured levels (None from fewer than two draft
-    lengths, counting no speculation as one)."""
+    lengths, counting no speculation as one); ``sequential``: a draft model drafts on
+    CPUs, at a cost per drafted token (:func:`_value`)."""
     pts = list(points)
     drafts = tuple(sorted({p.draft for p in pts}))
     if len(drafts) < 2:
         return None
     coefs, agreeing = _fit(pts, noise)
+    shapes = ("linear",) if sequential else tuple(coefs)
     errors = [
-        _time(name, coef, p.concurrency, p.draft) / p.seconds - 1
-        for name, coef in coefs.items()
+        _time(name, coefs[name][0], p.concurrency, p.draft) / p.seconds - 1
+        for name in shapes
         for p in pts
     ]
     residual = max(noise, math.sqrt(sum(e * e for e in errors) / len(errors)))
@@ -305,16 +343,17 @@ def fit_step_cost(points: Iterable[StepTime], noise: float = NOISE) -> StepCostF
         sub, _ = _fit(rest, noise)
         distance = min(abs(math.log2(1 + left) - math.log2(1 + m)) for m in {p.draft for p in rest})
         for p in (p for p in pts if p.draft == left):
-            miss = abs(_value(sub, p.concurrency, p.draft) / p.seconds - 1)
+            miss = abs(_value(sub, p.concurrency, p.draft, sequential) / p.seconds - 1)
             growth = max(growth, max(0.0, miss - 2 * residual) / max(distance, 1e-9))
     if not tried:
         growth = GROWTH  # too few draft lengths to tell: the prior rate
     return StepCostFit(
-        {n: tuple(float(x) for x in c) for n, c in coefs.items()},
+        {n: tuple(tuple(float(x) for x in c) for c in cs) for n, cs in coefs.items()},
         residual,
         growth,
         drafts,
         tuple(agreeing),
+        sequential,
     )
 
 

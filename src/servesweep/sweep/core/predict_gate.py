@@ -61,6 +61,7 @@ __all__ = [
     "decide_launch",
     "guide_of",
     "leader_of",
+    "setting_of",
 ]
 
 
@@ -111,6 +112,15 @@ class Reopened(Fact):
         )
 
 
+def setting_of(spec: SweepSpec) -> Setting:
+    """What the predictor is told of ``spec``, with its engine's speculative params
+    (the draft length, the drafter's, those naming a draft model)."""
+    preset = get_preset(spec.server.engine)
+    return perf_setting(
+        spec, preset.draft_length_param, preset.spec_params, preset.draft_model_params
+    )
+
+
 def guide_of(spec: SweepSpec, enabled: bool) -> Setting | None:
     """What a sampling search is told of the performance predictor, so that it launches
     first what the prediction says can win (``search.create_search``'s ``guide``):
@@ -119,8 +129,7 @@ def guide_of(spec: SweepSpec, enabled: bool) -> Setting | None:
     gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
     if not gate.skips or not spec.search.samples or len(goal_of(spec).objectives) != 1:
         return None
-    preset = get_preset(spec.server.engine)
-    setting = perf_setting(spec, preset.draft_length_param, preset.spec_params)
+    setting = setting_of(spec)
     return setting if setting.metrics else None
 
 
@@ -177,8 +186,7 @@ class PredictGate:
         """Predictions are made and verified."""
         self.skips = gate.skips and len(self.goal.objectives) == 1
         """A configuration predicted worse is skipped (not only predicted)."""
-        preset = get_preset(spec.server.engine)
-        self.setting = perf_setting(spec, preset.draft_length_param, preset.spec_params)
+        self.setting = setting_of(spec)
         self.threshold = spec.decision.threshold
         space = build_space(spec.params)
         self.space = [c.params for c in space.allowed()] if space.enumerable else []
