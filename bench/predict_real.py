@@ -434,7 +434,7 @@ def _table(title: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         f"summary: {s['configurations']} configurations, median |error| "
         f"{_fmt(s['median_abs_error'], '.1%')}, max {_fmt(s['max_abs_error'], '.1%')}, "
         f"{s['within_10pct']}/{s['with_error']} within 10 %, inside the interval "
-        f"{s['inside']}/{s['configurations']}"
+        f"{s['inside']}/{s['with_error']} (of those predicted)"
     )
     return lines
 
