@@ -168,8 +168,11 @@ class PredictGate:
         self.trust = Trust()
         for stored in store.events(sweep.id, "performance"):
             self.trust = self._verified(self.trust, stored["predicted"], stored["measured"])
-        self.forced: set[int] = set()
-        """Trials launched before the end as still open: never skipped again."""
+        self.forced: set[int] = set(
+            ReopenedSkip.by_trial(store.events(sweep.id, ReopenedSkip.kind))
+        )
+        """Trials launched before the end as still open (reopened, in this run or an
+        earlier one that ended before their launch): never skipped again."""
         self._made: dict[int, dict[str, Prediction]] = {}
 
     def _history(self, *sweep_ids: int) -> History:

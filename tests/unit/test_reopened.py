@@ -1,7 +1,7 @@
-"""``servesweep status`` of a sweep whose trial was skipped as predicted worse and
-then launched before the end (``PredictGate.reopen``): it counts and names the reopened
-trials, and gives each one's skip (when, the prediction, the leader) on its line and in
-``--json`` (issue 34)."""
+"""A trial skipped as predicted worse and then launched before the end
+(``PredictGate.reopen``): ``servesweep status`` counts and names the reopened trials and
+gives each one's skip (when, the prediction, the leader) on its line and in ``--json``;
+a later run launches a reopened trial its run did not launch (issue 34)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
 from servesweep.sweep.commands.run import open_sweep
 from servesweep.sweep.commands.status import format_status, sweep_status
+from servesweep.sweep.core import predict_gate
 from servesweep.sweep.core.predict_gate import PredictGate
 
 pytestmark = pytest.mark.unit
@@ -109,3 +110,34 @@ def test_status_of_a_sweep_without_a_reopened_trial_says_nothing_of_it(tmp_path:
     status = sweep_status(path, None)
     assert status["reopened"] == []
     assert "reopened" not in format_status(status)
+
+
+def test_a_reopened_trial_is_never_skipped_again_in_a_later_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that ends (Ctrl-C, a crash) after reopening a skipped trial and before its
+    late launch: the next run's gate launches it (docs/sweep-file.md, "Resume"), whatever
+    the prediction says then, while another configuration predicted worse is skipped."""
+    loaded = load_sweep_text(_SWEEP)
+    store = open_store(tmp_path / "servesweep.db")
+    try:
+        sweep = open_sweep(loaded, store)
+        first, second, third = store.trials(sweep.id)
+        _measure(store, first.id, 1000.0, 120.0)
+        evidence = skip_evidence(
+            "budget=16",
+            {M: Prediction(M, 40.0, 30.0, 50.0, "speculative")},
+            Leader(M, "max", 120.0, first.id),
+            0.01,
+        )
+        assert evidence is not None
+        store.finish_trial(third.id, Outcome.SKIPPED, 1020.0, evidence=evidence)
+        PredictGate(loaded.spec, store, sweep, enabled=True).reopen(store.trial(third.id))
+        # the next run: every configuration is now predicted worse than the leader
+        monkeypatch.setattr(predict_gate, "decide_launch", lambda *_: evidence)
+        again = PredictGate(loaded.spec, store, sweep, enabled=True)
+        assert again.check(store.trial(third.id)) is None
+        skipped = again.check(store.trial(second.id))
+        assert skipped is not None and skipped.outcome is Outcome.SKIPPED
+    finally:
+        store.close()
