@@ -6,13 +6,13 @@ any store, finished or still running, and tests can craft them directly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from servesweep.models import Evidence, FailureClass, InstanceRecord, LevelResult, Outcome, Phase
 
-__all__ = ["SweepData", "SweepRecord", "TelemetryPoint", "TrialRecord"]
+__all__ = ["ReopenedSkip", "SweepData", "SweepRecord", "TelemetryPoint", "TrialRecord"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,60 @@ class TelemetryPoint:
 
 
 @dataclass(frozen=True)
+class ReopenedSkip:
+    """A trial skipped as predicted worse and then made pending again, to be launched
+    before its sweep ends because its predicted interval still reached the leader's
+    value (a ``reopened`` event, written by ``sweep/core/predict_gate``): when it was
+    skipped and the evidence of that skip (its prediction, the leader then), which the
+    trial's record, holding its launch, no longer shows."""
+
+    kind: ClassVar[str] = "reopened"
+    """The kind of the store's events that hold it."""
+    trial: int
+    skipped_at: float
+    evidence: Evidence
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> ReopenedSkip | None:
+        """The record back from a stored event (``Store.events``); None when it names
+        no trial."""
+        trial = data.get("trial")
+        if not isinstance(trial, int):
+            return None
+        evidence = data.get("evidence")
+        return cls(
+            trial=trial,
+            skipped_at=float(data.get("skipped_at") or 0.0),
+            evidence=Evidence.from_dict(evidence if isinstance(evidence, Mapping) else {}),
+        )
+
+    @classmethod
+    def by_trial(cls, events: Iterable[Mapping[str, Any]]) -> dict[int, tuple[ReopenedSkip, ...]]:
+        """The stored ``reopened`` events of a sweep, per trial id, in order."""
+        out: dict[int, list[ReopenedSkip]] = {}
+        for event in events:
+            fact = cls.of(event)
+            if fact is not None:
+                out.setdefault(fact.trial, []).append(fact)
+        return {trial: tuple(facts) for trial, facts in out.items()}
+
+    def skip(self, trial: TrialRecord) -> TrialRecord:
+        """``trial`` as it was when skipped: what the search was told then."""
+        return replace(
+            trial,
+            outcome=Outcome.SKIPPED,
+            failure_class=None,
+            evidence=self.evidence,
+            phase=None,
+            phase_started={},
+            phase_seconds={},
+            instance=None,
+            started_at=None,
+            finished_at=self.skipped_at,
+        )
+
+
+@dataclass(frozen=True)
 class SweepData:
     """Everything a report needs about one sweep."""
 
@@ -138,3 +192,6 @@ class SweepData:
     """Swept parameters a trial's server did not run as asked, as the engine said
     (``config_mismatch`` events: ``trial``, ``t``, ``param``, ``asked``, ``engine``,
     ``source``), in order."""
+    reopened: Mapping[int, tuple[ReopenedSkip, ...]] = field(default_factory=dict)
+    """Per trial id: its skips as predicted worse that were reopened (launched before
+    the end after all), in order; ``reopened`` events."""

@@ -6,11 +6,13 @@ a draft length predicted not to beat the best is recorded ``skipped``
 run of every configuration (``--no-predict``) names. Every launched trial stores its
 prediction beside its measurement; a run after a model that missed (its ``performance``
 event widening the trust, rebuilt from the store) launches the skipped configurations
-whose widened interval still reaches the leader before the sweep ends; a sweep
+whose widened interval still reaches the leader before the sweep ends, and the report
+and ``status`` show each one's skip beside its late launch; a sweep
 continued in a second run predicts from what the first measured (issue 34)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +159,50 @@ def test_a_rerun_after_a_missed_prediction_launches_what_could_still_win(
     trials = {t["id"]: t for t in report["trials"]}
     for t in skipped:
         assert trials[t["id"]]["outcome"] == "ok", trials[t["id"]]
-    checked = {e["trial"] for e in _events(tmp_path / "resume", "performance")}
-    assert {t["id"] for t in skipped} <= checked
+    performance = {e["trial"]: e for e in _events(tmp_path / "resume", "performance")}
+    assert {t["id"] for t in skipped} <= set(performance)
     assert not report["predicted"]["skipped"]
     assert _best(report) == {"budget": 1}
+    # the report shows each one's skip (when, the prediction it was skipped on) beside
+    # what its late launch measured, and counts no saving for it
+    section = report["predicted"]
+    reopened = {row["trial"]: row for row in section["reopened"]}
+    assert set(reopened) == {t["id"] for t in skipped}, section["reopened"]
+    assert section["saved_gpu_hours"] == 0.0
+    for t in skipped:
+        row = reopened[t["id"]]
+        first = t["failure"]["details"]["predicted_performance"][_OBJECTIVE]
+        cell = row["predicted"][_OBJECTIVE]
+        assert (cell["value"], cell["low"], cell["high"]) == (
+            first["value"],
+            first["low"],
+            first["high"],
+        )
+        assert row["skipped_at"] == t["finished_at"] and row["outcome"] == "ok"
+        assert row["leader"] == t["failure"]["details"]["leader"]
+        assert cell["measured"] == performance[t["id"]]["measured"][_OBJECTIVE]
+        assert row["launched_at"] == trials[t["id"]]["started_at"] > row["skipped_at"]
+    text = run_cli("report", str(sweep))
+    assert text.returncode == 0, text.stderr
+    late = [x for x in text.stdout.splitlines() if "reopened (its interval still" in x]
+    assert len(late) == len(skipped), text.stdout
+    assert "saved: nothing, every trial skipped as predicted worse was launched" in text.stdout
+    html = tmp_path / "report.html"
+    done = run_cli("report", str(sweep), "--format", "html", "--out", str(html))
+    assert done.returncode == 0, done.stderr
+    assert 'id="reopened-table"' in html.read_text()
+    # status counts and names them, each with its skip on its line
+    numbers = sorted(t["number"] for t in skipped)
+    status = run_cli("status", str(sweep), "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["reopened"] == numbers
+    status = run_cli("status", str(sweep))
+    assert status.returncode == 0, status.stderr
+    assert f"{len(numbers)} reopened: skipped as predicted worse, then launched" in status.stdout
+    for t in skipped:
+        label = f"budget={t['params']['budget']}"
+        line = next(x for x in status.stdout.splitlines() if label in x)
+        assert " ok " in line and "reopened: skipped" in line and "then launched" in line, line
 
 
 def test_a_sweep_continued_in_a_second_run_predicts_from_the_first(tmp_path: Path) -> None:

@@ -110,6 +110,10 @@ def test_a_skipped_trial_launched_at_the_end_is_replayed_where_it_was_skipped(
     _measure(store, source, gate.reopen(skipped), clock + 100.0)
     expected = source.search.ask()
     assert store.trial(skipped.id).outcome is Outcome.OK
+    # the skip is kept, and read back for the reports as the record they render
+    (kept,) = store.load_sweep_data(sweep.id, with_samples=False).reopened[skipped.id]
+    assert kept.trial == skipped.id and kept.skipped_at == skipped.finished_at
+    assert kept.evidence == skipped.evidence
     rebuilt = SearchSource(store, sweep, loaded.spec)
     assert rebuilt.notes == []
     assert rebuilt.search.ask() == expected

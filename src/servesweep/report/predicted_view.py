@@ -1,20 +1,25 @@
 """The performance prediction in the report: for every launched trial its prediction
 (made when it was placed) against what it measured, the error per metric; the trials
-skipped as predicted worse with their predictions; and the GPU-hours the skipping
-saved: the skipped trials times the mean GPU-hours of a measured trial (its launch
-and its benchmarks). Read from the ``performance`` events and the skipped trials'
-evidence (``sweep/core/predict_gate.py``).
+skipped as predicted worse with their predictions; the trials skipped as predicted
+worse and then launched before the end because their interval still reached the
+leader (reopened: when they were skipped, on which prediction, against what they then
+measured); and the GPU-hours the skipping saved: the trials still skipped times the
+mean GPU-hours of a measured trial (its launch and its benchmarks). A reopened trial
+was launched, so it saved nothing and is not counted. Read from the ``performance``
+events, the skipped trials' evidence and the ``reopened`` events
+(``SweepData.reopened``; written by ``sweep/core/predict_gate.py``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from servesweep.decide.perf.gate import PREDICTED_WORSE, prediction_of
 from servesweep.models import Outcome
-from servesweep.records import SweepData, TrialRecord
+from servesweep.records import ReopenedSkip, SweepData, TrialRecord
 from servesweep.spec.slots import params_label
 
 __all__ = ["predicted_json", "predicted_lines", "predicted_table"]
@@ -46,11 +51,35 @@ def _metric_rows(predicted: Mapping[str, Any], measured: Mapping[str, Any]) -> d
     return out
 
 
+def _reopened_row(
+    trial: TrialRecord, skip: ReopenedSkip, measured: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A skip that was reopened: its prediction against what the late launch measured."""
+    details = skip.evidence.details
+    return {
+        "trial": trial.id,
+        "params": dict(trial.params),
+        "skipped_at": skip.skipped_at,
+        "reason": skip.evidence.reason,
+        "leader": details.get("leader"),
+        "constraint": details.get("constraint"),
+        "threshold": details.get("threshold"),
+        "launched_at": trial.started_at,
+        "outcome": trial.outcome.value,
+        "predicted": _metric_rows(details.get("predicted_performance", {}), measured),
+    }
+
+
 def predicted_json(data: SweepData) -> dict[str, Any] | None:
     """The report's ``predicted`` section (None: nothing was predicted)."""
     trials = {t.id: t for t in data.trials}
     skipped = [t for t in sorted(data.trials, key=lambda t: (t.seq, t.id)) if _worse(t)]
-    if not data.performance and not skipped:
+    reopened = [
+        _reopened_row(t, skip, data.performance.get(t.id, {}).get("measured", {}))
+        for t in sorted(data.trials, key=lambda t: (t.seq, t.id))
+        for skip in data.reopened.get(t.id, ())
+    ]
+    if not data.performance and not skipped and not reopened:
         return None
     launched = []
     for trial_id, event in sorted(data.performance.items()):
@@ -85,7 +114,9 @@ def predicted_json(data: SweepData) -> dict[str, Any] | None:
             }
             for t in skipped
         ],
+        "reopened": reopened,
         "mean_launch_gpu_hours": mean_cost,
+        # only what is still skipped: a reopened trial was launched after all
         "saved_gpu_hours": len(skipped) * mean_cost if mean_cost is not None else None,
         "trust": dict(widen),
     }
@@ -103,9 +134,70 @@ def _cell(row: Mapping[str, Any]) -> str:
     return f"{text}; measured {row['measured']:.4g} ({err}{miss})"
 
 
+def _utc(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _skipped_as(row: Mapping[str, Any]) -> str:
+    """How a reopened trial was skipped: ``skipped 2026-... as predicted worse than
+    #1 (metric 63.2)``."""
+    text = f"skipped {_utc(row['skipped_at'])} as predicted "
+    leader = row.get("leader")
+    if isinstance(leader, Mapping):
+        return text + f"worse than #{leader['trial']} ({leader['metric']} {leader['value']:.4g})"
+    if row.get("constraint"):
+        return text + f"to violate {row['constraint']}"
+    return text + "worse"
+
+
+def _then(row: Mapping[str, Any]) -> str:
+    """What came of a reopened trial: its late launch."""
+    if row["outcome"] == "pending":
+        return "not launched yet"
+    if row["outcome"] == "skipped":
+        return "skipped again"
+    return f"launched {_utc(row['launched_at'])}, {row['outcome']}"
+
+
+def _reopened_lines(doc: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for row in doc["reopened"]:
+        label = params_label(row["params"])
+        cells = "; ".join(f"{m} {_cell(c)}" for m, c in row["predicted"].items())
+        lines.append(
+            f"#{row['trial']} {label}: {_skipped_as(row)}: {cells or 'no prediction'}; "
+            f"reopened (its interval still reached the leader) and {_then(row)}"
+        )
+    return lines
+
+
+def _saved_line(doc: Mapping[str, Any]) -> list[str]:
+    saved = doc["saved_gpu_hours"]
+    late = sum(1 for row in doc["reopened"] if row["outcome"] != "skipped")
+    not_counted = (
+        f"; {late} reopened (skipped, then launched) saved nothing and are not counted"
+        if late
+        else ""
+    )
+    if doc["skipped"]:
+        return [
+            f"saved: {len(doc['skipped'])} launch(es) not made, about "
+            + (f"{saved:.3g} GPU-hours" if saved is not None else "unknown GPU-hours")
+            + f" (the mean GPU-hours of a measured trial each){not_counted}"
+        ]
+    if late:
+        return [
+            f"saved: nothing, every trial skipped as predicted worse was launched before "
+            f"the end ({late} reopened)"
+        ]
+    return []
+
+
 def predicted_lines(data: SweepData) -> list[str]:
     """The same as text: one line per launched trial and metric, one per skipped trial,
-    and what the skipping saved."""
+    one per reopened skip, and what the skipping saved."""
     doc = predicted_json(data)
     if doc is None:
         return []
@@ -118,22 +210,28 @@ def predicted_lines(data: SweepData) -> list[str]:
         label = params_label(row["params"])
         cells = "; ".join(f"{m} {_cell(c)}" for m, c in row["predicted"].items())
         lines.append(f"#{row['trial']} {label}: skipped (predicted_worse): {cells}")
-    saved = doc["saved_gpu_hours"]
-    if doc["skipped"]:
-        lines.append(
-            f"saved: {len(doc['skipped'])} launch(es) not made, about "
-            + (f"{saved:.3g} GPU-hours" if saved is not None else "unknown GPU-hours")
-            + " (the mean GPU-hours of a measured trial each)"
-        )
+    lines += _reopened_lines(doc)
+    lines += _saved_line(doc)
     if doc["trust"]:
         widened = ", ".join(f"{m} x{f:.3g}" for m, f in doc["trust"].items())
         lines.append(f"intervals widened after missed predictions: {widened}")
     return lines
 
 
+def _against(c: Mapping[str, Any]) -> tuple[str, str]:
+    """A prediction's measured value and error, as the table's two cells."""
+    got = f"{c['measured']:.4g}" if c.get("measured") is not None else "-"
+    err = f"{c['error']:+.1%}" if c.get("error") is not None else "-"
+    if c.get("inside") is False:
+        err += " (outside)"
+    return got, err
+
+
 def predicted_table(data: SweepData) -> dict[str, Any] | None:
     """For the HTML report: one row per launched trial and metric (trial, configuration,
-    metric, predicted, measured, error) and per skipped trial, and the summary lines."""
+    metric, predicted, measured, error) and per skipped trial; one row per reopened
+    skip and metric (trial, configuration, how it was skipped, metric, the prediction
+    it was skipped on, what came of it, measured, error); and the summary lines."""
     doc = predicted_json(data)
     if doc is None:
         return None
@@ -141,14 +239,26 @@ def predicted_table(data: SweepData) -> dict[str, Any] | None:
     for row in doc["launched"]:
         for metric, c in row["metrics"].items():
             pred = _cell({**c, "measured": None})
-            got = f"{c['measured']:.4g}" if c.get("measured") is not None else "-"
-            err = f"{c['error']:+.1%}" if c.get("error") is not None else "-"
-            if c.get("inside") is False:
-                err += " (outside)"
-            rows.append((row["trial"], params_label(row["params"]), metric, pred, got, err))
+            rows.append((row["trial"], params_label(row["params"]), metric, pred, *_against(c)))
     for row in doc["skipped"]:
         for metric, c in row["predicted"].items():
             pred = _cell(c)
             rows.append((row["trial"], params_label(row["params"]), metric, pred, "skipped", "-"))
+    reopened: list[tuple[int, str, str, str, str, str, str, str]] = []
+    for row in doc["reopened"]:
+        for metric, c in row["predicted"].items():
+            got, err = _against(c)
+            reopened.append(
+                (
+                    row["trial"],
+                    params_label(row["params"]),
+                    _skipped_as(row),
+                    metric,
+                    _cell({**c, "measured": None}),
+                    _then(row),
+                    got,
+                    err,
+                )
+            )
     lines = [line for line in predicted_lines(data) if line.startswith(("saved", "intervals"))]
-    return {"rows": rows, "lines": lines}
+    return {"rows": rows, "reopened": reopened, "lines": lines}

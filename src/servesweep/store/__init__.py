@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.records import ReopenedSkip, SweepData, SweepRecord, TelemetryPoint, TrialRecord
 from servesweep.store.sqlite import Store, open_store
 
-__all__ = ["Store", "SweepData", "SweepRecord", "TelemetryPoint", "TrialRecord", "open_store"]
+__all__ = [
+    "ReopenedSkip",
+    "Store",
+    "SweepData",
+    "SweepRecord",
+    "TelemetryPoint",
+    "TrialRecord",
+    "open_store",
+]

@@ -31,7 +31,7 @@ from servesweep.models import (
     RequestSample,
     ServerConfig,
 )
-from servesweep.records import SweepData, SweepRecord, TelemetryPoint, TrialRecord
+from servesweep.records import ReopenedSkip, SweepData, SweepRecord, TelemetryPoint, TrialRecord
 from servesweep.samples import SampleColumns, columns_of
 from servesweep.store.schema import CREATE_V1, MIGRATIONS, SCHEMA_VERSION
 
@@ -716,6 +716,7 @@ class Store:
             screening=screening,
             screened=tuple(self.events(sweep.id, "screening")),
             mismatches=tuple(self.events(sweep.id, "config_mismatch")),
+            reopened=ReopenedSkip.by_trial(self.events(sweep.id, ReopenedSkip.kind)),
         )
 
 

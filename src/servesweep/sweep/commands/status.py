@@ -1,7 +1,9 @@
 """``servesweep status``: where a sweep stands, also while another process runs it.
 
 Read-only: the results database is opened read-only and nothing is signalled. Besides
-the trials (outcome, phase and time in it, where each ran), it lists the instances
+the trials (outcome, phase and time in it, where each ran; those skipped as predicted
+worse and then launched before the end, reopened, with the skip and its prediction:
+``reopened`` events, :class:`~servesweep.records.ReopenedSkip`), it lists the instances
 the database records as running — those of a sweep in progress, or one that
 ``servesweep apply`` left running — and whether each still runs (checked on this
 machine; an instance on another machine is shown as recorded).
@@ -9,9 +11,11 @@ machine; an instance on another machine is shown as recorded).
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,7 @@ from servesweep.servers.launchers import make_launcher
 from servesweep.servers.ownership import lock_holder
 from servesweep.spec.load import load_sweep_text
 from servesweep.spec.plan import KnownTrial
-from servesweep.store import Store, SweepRecord, TrialRecord, open_store
+from servesweep.store import ReopenedSkip, Store, SweepRecord, TrialRecord, open_store
 from servesweep.sweep.slots.data import this_node
 
 __all__ = ["format_status", "known_trials", "sweep_status"]
@@ -54,6 +58,7 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
         removed = len(store.trials(sweep.id)) - len(trials)
         lost = {e["trial"]: e for e in store.events(sweep.id, "node_lost") if e.get("trial")}
         mismatched = tuple(store.events(sweep.id, "config_mismatch"))
+        reopened = ReopenedSkip.by_trial(store.events(sweep.id, ReopenedSkip.kind))
         live = store.live_instances(sweep.id)
         others = []
         if name is None:
@@ -67,6 +72,7 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
     rows = [_row(t, now, lost.get(t.id), holder is not None) for t in trials]
     for row, trial in zip(rows, trials, strict=True):
         row["config_mismatch"] = [describe(m) for m in trial_mismatches(mismatched, trial)]
+        row["reopened"] = [_reopened(skip) for skip in reopened.get(trial.id, ())]
     return {
         "sweep": sweep.name,
         "id": sweep.id,
@@ -75,6 +81,7 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
         "run_pid": holder,
         "trials": rows,
         "not_in_plan": removed,
+        "reopened": [t.number for t in trials if t.id in reopened],
         "instances": [_instance(sweep, t) for t in live],
         "sweeps": others if len(others) > 1 else [],
     }
@@ -106,6 +113,43 @@ def _row(
         "slot": t.slot,
         "gpus": list(t.gpus),
     }
+
+
+def _reopened(skip: ReopenedSkip) -> dict[str, Any]:
+    """A skip as predicted worse that was reopened (launched before the end after all):
+    when, on which prediction, against which leader."""
+    details = skip.evidence.details
+    predicted = details.get("predicted_performance")
+    return {
+        "skipped_at": skip.skipped_at,
+        "reason": skip.evidence.reason,
+        "predicted": dict(predicted) if isinstance(predicted, Mapping) else {},
+        "leader": details.get("leader"),
+        "constraint": details.get("constraint"),
+    }
+
+
+def _skip_text(skip: Mapping[str, Any]) -> str:
+    """``skipped 2026-12-07 07:50:03 UTC as predicted worse than #1 (metric 120):
+    metric 40 [30-50] (speculative)``."""
+    when = dt.datetime.fromtimestamp(skip["skipped_at"], tz=dt.timezone.utc)
+    text = f"skipped {when:%Y-%m-%d %H:%M:%S} UTC as predicted "
+    leader = skip.get("leader")
+    if isinstance(leader, Mapping):
+        text += f"worse than #{leader['trial']} ({leader['metric']} {leader['value']:.4g})"
+    elif skip.get("constraint"):
+        text += f"to violate {skip['constraint']}"
+    else:
+        text += "worse"
+    cells = []
+    for metric, p in skip["predicted"].items():
+        if isinstance(p, Mapping) and p.get("value") is not None:
+            cells.append(
+                f"{metric} {p['value']:.4g} [{p['low']:.4g}-{p['high']:.4g}] ({p['basis']})"
+            )
+        else:
+            cells.append(f"{metric} unknown")
+    return text + (": " + "; ".join(cells) if cells else "")
 
 
 def _instance(sweep: SweepRecord, trial: TrialRecord) -> dict[str, Any]:
@@ -179,6 +223,12 @@ def format_status(status: dict[str, Any]) -> str:
             else ""
         )
     ]
+    reopened = status.get("reopened") or []
+    if reopened:
+        lines.append(
+            f"{len(reopened)} reopened: skipped as predicted worse, then launched before the "
+            "end (their interval still reached the leader): " + ", ".join(f"#{n}" for n in reopened)
+        )
     # where each trial ran: on a cluster always, on one machine when it had several slots
     several = len({(r["node"], r["slot"]) for r in rows if r["slot"] is not None}) > 1
     several = several or any(r.get("node_id") for r in rows)
@@ -203,6 +253,9 @@ def format_status(status: dict[str, Any]) -> str:
             line += f"  {row['message']}"  # why not launched: the prediction
         if row.get("config_mismatch"):
             line += "  config_mismatch: " + "; ".join(row["config_mismatch"])
+        then = "to launch before the end" if row["outcome"] == "pending" else "then launched"
+        for skip in row.get("reopened") or ():
+            line += f"  reopened: {_skip_text(skip)}; {then}"
         lines.append(line)
     instances = status["instances"]
     if instances:

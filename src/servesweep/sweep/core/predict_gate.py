@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from servesweep.decide.memory import gate_of
@@ -45,6 +45,7 @@ from servesweep.decide.perf.gate import (
 from servesweep.decide.perf.inputs import History, measured_of, perf_setting
 from servesweep.decide.verdict import Goal, VerdictKind, judge
 from servesweep.models import Evidence, Outcome
+from servesweep.records import ReopenedSkip
 from servesweep.search.base import goal_of
 from servesweep.servers.engines import get_preset
 from servesweep.spec.schema import SweepSpec
@@ -80,36 +81,12 @@ class PerformanceChecked(Fact):
 class Reopened(Fact):
     """A trial skipped as predicted worse, made pending again to launch before the end
     (:meth:`PredictGate.reopen`): when it was skipped and why, which its record then
-    no longer holds."""
+    no longer holds. Read back as a :class:`~servesweep.records.ReopenedSkip` (the
+    search's replay, the report, ``status``)."""
 
-    kind: ClassVar[str] = "reopened"
+    kind: ClassVar[str] = ReopenedSkip.kind
     skipped_at: float = 0.0
     evidence: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, data: Mapping[str, Any]) -> Reopened:
-        """The fact back from the store's events (``Store.events``)."""
-        evidence = data.get("evidence")
-        return cls(
-            trial=data.get("trial"),
-            skipped_at=float(data.get("skipped_at") or 0.0),
-            evidence=dict(evidence) if isinstance(evidence, Mapping) else {},
-        )
-
-    def skip(self, trial: TrialRecord) -> TrialRecord:
-        """``trial`` as it was when skipped: what the search was told then."""
-        return replace(
-            trial,
-            outcome=Outcome.SKIPPED,
-            failure_class=None,
-            evidence=Evidence.from_dict(self.evidence),
-            phase=None,
-            phase_started={},
-            phase_seconds={},
-            instance=None,
-            started_at=None,
-            finished_at=self.skipped_at,
-        )
 
 
 def setting_of(spec: SweepSpec) -> Setting:
@@ -199,8 +176,11 @@ class PredictGate:
         self.trust = Trust()
         for stored in store.events(sweep.id, "performance"):
             self.trust = self._verified(self.trust, stored["predicted"], stored["measured"])
-        self.forced: set[int] = set()
-        """Trials launched before the end as still open: never skipped again."""
+        self.forced: set[int] = set(
+            ReopenedSkip.by_trial(store.events(sweep.id, ReopenedSkip.kind))
+        )
+        """Trials launched before the end as still open (reopened, in this run or an
+        earlier one that ended before their launch): never skipped again."""
         self._made: dict[int, dict[str, Prediction]] = {}
 
     def _history(self, *sweep_ids: int) -> History:

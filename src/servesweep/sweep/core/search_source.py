@@ -23,23 +23,19 @@ from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult, Outcome
 from servesweep.search import History, create_search
 from servesweep.spec.schema import SweepSpec
-from servesweep.store import Store, SweepRecord, TrialRecord
-from servesweep.sweep.core.predict_gate import Reopened, guide_of
+from servesweep.store import ReopenedSkip, Store, SweepRecord, TrialRecord
+from servesweep.sweep.core.predict_gate import guide_of
 
 __all__ = ["SearchSource", "measuring_time", "search_history"]
 
 
 def search_history(store: Store, sweep_id: int) -> History:
     """The sweep's stored trials with their results, as a search is rebuilt from them.
-    A trial skipped as predicted worse and then launched before the end
-    (:class:`~servesweep.sweep.core.predict_gate.Reopened`) comes twice: first as the
-    skip the sampler was told, when it was told (its record holds only the late
+    A trial skipped as predicted worse and then launched before the end (a
+    ``reopened`` event, :class:`~servesweep.records.ReopenedSkip`) comes twice: first
+    as the skip the sampler was told, when it was told (its record holds only the late
     launch now), then as it is."""
-    skips: dict[int, list[Reopened]] = {}
-    for event in store.events(sweep_id, Reopened.kind):
-        fact = Reopened.of(event)
-        if fact.trial is not None:
-            skips.setdefault(fact.trial, []).append(fact)
+    skips = ReopenedSkip.by_trial(store.events(sweep_id, ReopenedSkip.kind))
     history: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
     for trial in store.trials(sweep_id):
         history.extend((fact.skip(trial), ()) for fact in skips.get(trial.id, ()))
