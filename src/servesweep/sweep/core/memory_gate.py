@@ -65,6 +65,8 @@ class MemoryGate:
         self._told_verbosity = False
         self._started: dict[int, float] = {}
         self._held: dict[int, int] = {}
+        self._learned: list[tuple[float, Calibration]] = []
+        """The calibration after each trial that changed it, with the trial's end."""
 
     def check(self, trial: TrialRecord) -> TrialFinished | None:
         """The trial's end when it must not be launched (None: launch it)."""
@@ -79,14 +81,23 @@ class MemoryGate:
             trial=trial.id, outcome=Outcome.SKIPPED, evidence=evidence, at=time.time()
         )
 
-    def over_by(self, params: Mapping[str, Any]) -> int | None:
-        """The predicted memory of ``params`` beyond its capacity with the calibration
-        so far (bytes, negative: room left; None: no prediction or an unknown one): what
-        a guided search reads to keep clear of the memory margin."""
+    def over_by(self, params: Mapping[str, Any], at: float | None = None) -> int | None:
+        """The predicted memory of ``params`` beyond its capacity (bytes, negative: room
+        left; None: no prediction or an unknown one) with the calibration of the trials
+        that ended by ``at`` (their ``finished_at``; None: every trial so far): what a
+        guided search reads to keep clear of the memory margin, as of each stored
+        trial it replays (``search.base.MemoryOver``)."""
         if self.model is None:
             return None
-        predicted = self.model.predict(params)
+        predicted = self.model.predict(params, self.calibration_at(at))
         return None if predicted.verdict == "unknown" else predicted.over_by
+
+    def calibration_at(self, at: float | None = None) -> Calibration | None:
+        """The calibration the trials that ended by ``at`` gave (None: the latest)."""
+        if at is None or self.model is None:
+            return None
+        learned = [c for ended, c in self._learned if ended <= at]
+        return learned[-1] if learned else Calibration()
 
     def started(self, trial: int, at: float) -> None:
         """Trial ``trial``'s server was started at ``at`` (wall clock): GPU samples
@@ -127,7 +138,7 @@ class MemoryGate:
             else:
                 measured = replace(measured, device_used=held)
         if measured is not None and measured.known:
-            self.model.learn(self.calibrator.add(predicted, measured, applied))
+            self._learn(predicted, measured, applied, trial.finished_at or time.time())
         elif self.model.engine == "llama-server" and trial.log_path and not self._told_verbosity:
             self._told_verbosity = True
             self.notes.append(
@@ -140,3 +151,15 @@ class MemoryGate:
             predicted=predicted.to_json(),
             measured=measured.to_json() if measured is not None else {},
         )
+
+    def _learn(
+        self,
+        predicted: MemoryPrediction,
+        measured: MeasuredMemory,
+        applied: Calibration,
+        ended: float,
+    ) -> None:
+        calibration = self.calibrator.add(predicted, measured, applied)
+        assert self.model is not None
+        self.model.learn(calibration)
+        self._learned.append((ended, calibration))
