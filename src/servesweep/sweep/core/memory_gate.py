@@ -20,13 +20,21 @@ less the machine's baseline; NVML on a real GPU) goes with the engine's figures 
 :attr:`~servesweep.servers.memory.calibrate.MeasuredMemory.device_used`: for
 llama.cpp on a GPU it calibrates the memory no buffer report shows (the CUDA context,
 cuBLAS, the memory pool).
+
+A later run of the sweep (a resume) rebuilds the calibration from those events, in the
+order they were stored: each carries the calibration its prediction was made with
+(``applied``) and its trial's end (``ended``), so the gate predicts what the gate of the
+run that measured them predicted, at its end and, for a point of the history
+(:meth:`MemoryGate.over_by`'s ``at``: what a resumed search reads while it replays), as
+of then. An event stored before it carried ``applied`` is taken as made with the
+calibration of the events before it (true when the trials ran one at a time).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from servesweep.decide.memory import gate_of, skip_evidence
@@ -50,12 +58,26 @@ class MemoryChecked(Fact):
     kind: ClassVar[str] = "memory"
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)
+    applied: dict[str, Any] = field(default_factory=dict)
+    """The calibration the prediction was made with (what a later run rebuilds the
+    calibration from, with ``predicted`` and ``measured``)."""
+    ended: float | None = None
+    """The trial's end (its ``finished_at``): the calibration it gives holds from then."""
+
+
+def _calibration(data: Mapping[str, Any]) -> Calibration:
+    names = {f.name for f in fields(Calibration)}
+    return Calibration(**{k: v for k, v in data.items() if k in names})
 
 
 class MemoryGate:
     """The driver's memory check (see the module doc)."""
 
-    def __init__(self, spec: SweepSpec, enabled: bool = True) -> None:
+    def __init__(
+        self, spec: SweepSpec, enabled: bool = True, stored: Iterable[Mapping[str, Any]] = ()
+    ) -> None:
+        """``stored``: the sweep's ``memory`` events (``Store.events``), which a later
+        run rebuilds the calibration from (see the module doc)."""
         self.gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
         self.model = MemoryModel.of_sweep(spec) if self.gate.active else None
         self.calibrator = Calibrator(spec.server.engine)
@@ -67,6 +89,8 @@ class MemoryGate:
         self._held: dict[int, int] = {}
         self._learned: list[tuple[float, Calibration]] = []
         """The calibration after each trial that changed it, with the trial's end."""
+        for event in stored:
+            self._rebuild(event)
 
     def check(self, trial: TrialRecord) -> TrialFinished | None:
         """The trial's end when it must not be launched (None: launch it)."""
@@ -150,7 +174,22 @@ class MemoryGate:
             trial=trial.id,
             predicted=predicted.to_json(),
             measured=measured.to_json() if measured is not None else {},
+            applied=asdict(applied),
+            ended=trial.finished_at,
         )
+
+    def _rebuild(self, event: Mapping[str, Any]) -> None:
+        """One stored ``memory`` event's share of the calibration (module doc)."""
+        if self.model is None or not event.get("measured"):
+            return
+        measured = MeasuredMemory.from_json(self.model.engine, event["measured"])
+        if not measured.known:
+            return
+        predicted = MemoryPrediction.from_json(event.get("predicted") or {})
+        applied = event.get("applied")
+        before = _calibration(applied) if applied else self.model.calibration
+        ended = event.get("ended")
+        self._learn(predicted, measured, before, float(ended or event.get("t") or 0.0))
 
     def _learn(
         self,
