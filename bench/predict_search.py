@@ -93,7 +93,6 @@ from servesweep.decide.perf.inputs import measured_of
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
 from servesweep.search import create_search, goal_of
-from servesweep.search.sampled import SampledSearch
 from servesweep.sweep.core.predict_gate import decide_launch, guide_of, leader_of
 
 Key = se.Key
@@ -374,10 +373,14 @@ def run_sweep(
     setting = guide_of(spec, True)
     assert setting is not None
     warm = earlier if guided and warm_guide else ()
-    search = create_search(spec, [], guide=setting if guided else None, earlier=warm)
     memory = se.Predictor(spec)
-    if guided and isinstance(search, SampledSearch):  # as the driver does (run.py)
-        search.memory = lambda params: memory.model.predict(params).over_by
+
+    def over(params: Mapping[str, Any], at: float | None = None) -> int | None:
+        return memory.model.predict(params).over_by  # no replay here: ``at`` never set
+
+    guide = setting if guided else None
+    # the memory prediction as the driver gives it (run.py)
+    search = create_search(spec, [], guide=guide, earlier=warm, memory=over if guided else None)
     goal = goal_of(spec)
     noise = random.Random(f"noise:{seed}")
     history: list[tuple[TrialRecord, list[LevelResult]]] = []

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.sweep_helpers import report_json, run_cli, write_sweep
+from tests.integration.sweep_helpers import (
+    background_run,
+    kill_tagged,
+    report_json,
+    run_cli,
+    sigint,
+    wait_for_event,
+    write_sweep,
+)
 
 from servesweep.store import open_store
 
@@ -316,3 +324,77 @@ def test_a_second_sweep_starts_where_the_first_left_off(tmp_path: Path) -> None:
     plan = run_cli("plan", str(sweep))
     assert plan.returncode == 0, plan.stderr
     assert "1 measured trial(s) of this sweep and 3 of earlier sweeps" in plan.stdout
+
+
+_GiB = 2**30
+
+
+def test_a_guided_search_interrupted_and_resumed_keeps_clear_of_oom_as_it_did(
+    tmp_path: Path,
+) -> None:
+    """A guided TPE search over a space where the guide's design would start with a
+    configuration over its 80 GiB GPU (the longest draft length at the middle of
+    ``mem-per-gpu``, 90 GiB): the memory prediction makes it give way to one that fits.
+    Ctrl-C during its third launch, then the same command again: the resumed run
+    replays the stored trials with the same memory prediction, so it does not warn
+    that the history is not the sampler's, runs the interrupted trial again and no
+    other twice, and launches nothing over its capacity."""
+    directory = tmp_path / "oom"
+    directory.mkdir()
+    sweep = write_sweep(
+        directory,
+        name="oomresume",
+        args={"load-time": 0.05, "release-delay": 0.0, "step-ms": 20},
+        workloads=[_WORKLOAD],
+        extra={
+            "params": {
+                "grid": {
+                    "budget": [0, 4, 16],
+                    "topk": [1, 2, 4],
+                    "mem-per-gpu": [40 * _GiB, 90 * _GiB, 100 * _GiB],
+                }
+            },
+            "search": {"strategy": "tpe", "trials": 5, "seed": 3, "predict": "skip"},
+            "objective": {"maximize": "output_throughput", "workload": "chat", "concurrency": 1},
+            "confirm": False,
+        },
+        server_extra={"gpus": [0]},
+    )
+    events = directory / "events.jsonl"
+    started: list[int] = []
+
+    def third_benchmarks(event: dict[str, Any]) -> bool:
+        if event["event"] == "trial_started" and event["trial"] not in started:
+            started.append(event["trial"])
+        return len(started) >= 3 and event["event"] == "phase" and event["phase"] == "bench"
+
+    try:
+        with background_run(sweep, events=events) as proc:
+            wait_for_event(events, third_benchmarks, timeout=240)
+            sigint(proc)
+            _out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 130, err
+        assert "not what the sampler proposes" not in err
+        first = sorted(report_json(sweep)["trials"], key=lambda t: t["id"])
+        assert first[0]["params"] == {"budget": 16, "topk": 2, "mem-per-gpu": 40 * _GiB}
+        assert any(t["outcome"] == "interrupted" for t in first), first
+        again = run_cli("run", str(sweep), timeout=400)
+        out = again.stdout + again.stderr
+        assert again.returncode == 0, out
+        assert "not what the sampler proposes" not in out
+    finally:
+        kill_tagged("oomresume", directory)
+    after = sorted(report_json(sweep)["trials"], key=lambda t: t["id"])
+    assert [t["params"] for t in after[: len(first)]] == [t["params"] for t in first]
+    assert len(after) > len(first)  # the resumed search proposed more
+    launched = [t for t in after if t["outcome"] != "skipped"]
+    assert len(launched) <= 5, after  # the trials cap
+    assert all(t["outcome"] == "ok" for t in launched), launched
+    assert all(t["params"]["mem-per-gpu"] <= 80 * _GiB for t in launched), launched
+    interrupted = [t["id"] for t in first if t["outcome"] == "interrupted"]
+    attempts = {t["id"]: t["attempts"] for t in after}
+    assert all(attempts[i] == 2 for i in interrupted), after
+    assert sum(attempts.values()) == len(launched) + len(interrupted), after
+    for t in after:
+        if t["outcome"] == "skipped":
+            assert t["failure"]["reason"] in ("predicted_oom", "predicted_worse"), t

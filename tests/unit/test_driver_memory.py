@@ -20,7 +20,8 @@ from servesweep.records import TelemetryPoint
 from servesweep.servers.memory import Capacity, MemoryModel
 from servesweep.servers.memory.rules import CUDA_CONTEXT
 from servesweep.spec.load import load_sweep_text
-from servesweep.store import Store, open_store
+from servesweep.spec.schema import SweepSpec
+from servesweep.store import Store, SweepRecord, open_store
 from servesweep.sweep.commands.run import open_sweep
 from servesweep.sweep.core.driver import Driver
 from servesweep.sweep.core.memory_gate import MemoryGate
@@ -143,31 +144,35 @@ def _cuda_log(weights: int, kv: int, compute: int) -> list[str]:
 
 
 def _run(tmp_path: Path, capacity: int, machine: _Machine) -> tuple[Store, int]:
+    store, sweep, _ = _drive(tmp_path, capacity, machine)
+    return store, sweep
+
+
+def _driver(store: Store, sweep: SweepRecord, spec: SweepSpec, machine: _Machine) -> Driver:
+    context = SweepContext(
+        spec=spec,
+        sweep_id=sweep.id,
+        store_id=store.store_id,
+        store_path=str(store.path),
+        run="r1",
+        log_root=str(Path(store.path).parent / "runs"),
+    )
+    settings = RunSettings(max_slots=1)
+    return Driver(
+        context, store, sweep, _Executor(machine), machine.events, NullObserver(), settings
+    )
+
+
+def _drive(tmp_path: Path, capacity: int, machine: _Machine) -> tuple[Store, int, Driver]:
     loaded = load_sweep_text(_text(tmp_path, capacity))
     store = open_store(tmp_path / "db")
     sweep = open_sweep(loaded, store)
-    context = SweepContext(
-        spec=loaded.spec,
-        sweep_id=sweep.id,
-        store_id=store.store_id,
-        store_path=str(tmp_path / "db"),
-        run="r1",
-        log_root=str(tmp_path / "runs"),
-    )
-    driver = Driver(
-        context,
-        store,
-        sweep,
-        _Executor(machine),
-        machine.events,
-        NullObserver(),
-        RunSettings(max_slots=1),
-    )
+    driver = _driver(store, sweep, loaded.spec, machine)
     todo = store.trials(sweep.id)
     source = SearchSource(store, sweep, loaded.spec, only=[t.fingerprint for t in todo])
     assert source.planned  # a grid's plan: every trial queued at the start
     driver.run(source, todo_count=len(todo), total=len(todo), done=0)
-    return store, sweep.id
+    return store, sweep.id, driver
 
 
 def _outcomes(store: Store, sweep: int) -> dict[int, Outcome]:
@@ -274,3 +279,51 @@ def test_the_gate_tells_a_guided_search_how_far_over_its_capacity_a_config_is(
     small = gate.over_by({"ctx-size": SMALL})
     assert small is not None and small < 0
     assert MemoryGate(spec, enabled=False).over_by({"ctx-size": BIG}) is None
+
+
+def test_a_later_run_predicts_with_the_calibration_the_stored_trials_gave(tmp_path: Path) -> None:
+    """The first test's sweep (the small context's log shows a KV cache and a compute
+    buffer half the size predicted), then the driver of a later run of it: its memory
+    gate is rebuilt from the stored ``memory`` events, so it predicts what the gate of
+    the run that measured them predicts at its end, and, as of a point of the history
+    (what a resumed search's replay reads), what that gate predicted then: before the
+    first trial ended, uncalibrated."""
+    raw = _raw(tmp_path)
+    small, big = raw.predict({"ctx-size": SMALL}), raw.predict({"ctx-size": BIG})
+    capacity = big.per_gpu_bytes - big.margin - GiB // 4
+
+    def log(params: Mapping[str, Any]) -> list[str]:
+        p = small if params["ctx-size"] == SMALL else big
+        return _cuda_log(p.weights, p.kv_cache // 2, (p.workspace - CUDA_CONTEXT) // 2)
+
+    machine = _Machine(log=log, held=lambda params: None)
+    store, sweep_id, first = _drive(tmp_path, capacity, machine)
+    assert first.memory.model is not None and first.memory.model.calibration.trials == 2
+    spec, sweep = first.spec, store.sweep(sweep_id)
+    later = _driver(store, sweep, spec, machine).memory
+    uncalibrated = MemoryGate(spec)
+    assert later.model is not None
+    assert later.model.calibration == first.memory.model.calibration
+    for ctx in (SMALL, BIG):
+        assert later.over_by({"ctx-size": ctx}) == first.memory.over_by({"ctx-size": ctx})
+    one, two = sorted(store.trials(sweep_id), key=lambda t: t.id)
+    assert one.finished_at is not None and two.finished_at is not None
+    before, after_one = one.finished_at - 0.001, one.finished_at
+    assert later.over_by({"ctx-size": BIG}, at=before) == uncalibrated.over_by({"ctx-size": BIG})
+    calibrated_once = later.over_by({"ctx-size": BIG}, at=after_one)
+    assert calibrated_once is not None
+    assert calibrated_once < (uncalibrated.over_by({"ctx-size": BIG}) or 0)
+    # what the first run predicted for the big context at its placement, after one trial
+    stored = {e["trial"]: e for e in store.events(sweep_id, "memory")}
+    assert stored[two.id]["applied"]["trials"] == 1 and stored[two.id]["ended"] == two.finished_at
+    assert calibrated_once == stored[two.id]["predicted"]["per_gpu_bytes"] - capacity
+    # events stored before they carried the calibration their prediction was made with:
+    # the trials ran one at a time, each predicted with the calibration before it
+    old = [
+        {k: v for k, v in e.items() if k not in ("applied", "ended")}
+        for e in store.events(sweep_id, "memory")
+    ]
+    assert MemoryGate(spec, stored=old).over_by({"ctx-size": BIG}) == later.over_by(
+        {"ctx-size": BIG}
+    )
+    store.close()

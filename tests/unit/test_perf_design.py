@@ -155,9 +155,11 @@ SETTING = Setting(
 )
 
 
-def run(search: SampledSearch, count: int) -> list[tuple[TrialRecord, list[LevelResult]]]:
+def run(
+    search: SampledSearch, count: int, first: int = 1
+) -> list[tuple[TrialRecord, list[LevelResult]]]:
     history: list[tuple[TrialRecord, list[LevelResult]]] = []
-    for number in range(1, count + 1):
+    for number in range(first, first + count):
         config = search.ask()
         assert config is not None
         record = TrialRecord(
@@ -263,7 +265,7 @@ def test_after_an_oom_crash_the_guide_leaves_what_raises_its_knobs() -> None:
     ]
 
 
-def over(params: Any) -> int:
+def over(params: Any, at: float | None = None) -> int:
     """Predicted bytes beyond the capacity: the middle at the longest draft is over."""
     return int(params["seqs"] * params["tokens"] / 1024 + 40 * params[DRAFT]) - 400
 
@@ -271,9 +273,8 @@ def over(params: Any) -> int:
 def test_a_guided_search_launches_first_what_fits_without_the_margin() -> None:
     for seed in range(6):
         spec = sweep(f"{{strategy: tpe, trials: 30, seed: {seed}}}")
-        search = create_search(spec, guide=SETTING)
+        search = create_search(spec, guide=SETTING, memory=over)
         assert isinstance(search, SampledSearch)
-        search.memory = over
         first = search.ask()
         assert first is not None
         assert first.params[DRAFT] == 8 and over(first.params) <= 0
@@ -308,3 +309,62 @@ def test_a_guided_search_does_not_raise_the_knobs_of_an_oom_crash() -> None:
     # the design's next nearest the middle, never the one that raises the crashed knobs
     # (64 -> 128 sequences), which ties with it
     assert picks == {(("seqs", 32), (DRAFT, 8), ("tokens", 4096))}
+
+
+def test_a_resumed_guided_search_replays_with_the_memory_prediction() -> None:
+    """Rebuilt from its stored trials, a guided search asks its guide again with the
+    memory prediction it had when it first ran (given to it before the replay): the
+    replay proposes what the first run proposed, with no note that the history is not
+    the sampler's, and the next proposal is the one the first run would have made.
+    Without it, the replay's first ask would be the design's middle at the longest
+    draft, which is over its capacity and was never launched."""
+    spec = sweep("{strategy: tpe, trials: 30, seed: 2}")
+    first = create_search(spec, guide=SETTING, memory=over)
+    assert isinstance(first, SampledSearch)
+    history = run(first, 6)
+    assert dict(history[0][0].params) == {"seqs": 64, "tokens": 1024, DRAFT: 8}
+    expected = first.ask()
+    assert expected is not None
+    rebuilt = create_search(spec, history, guide=SETTING, memory=over)
+    assert isinstance(rebuilt, SampledSearch)
+    assert rebuilt.notes == [] and not rebuilt.describe()["diverged"]
+    told = len(history)
+    assert [t.params for t in rebuilt.study.trials[:told]] == [
+        t.params for t in first.study.trials[:told]
+    ]
+    assert rebuilt.ask() == expected
+
+
+class _Calibrating:
+    """A memory prediction that a trial's end calibrates (``learned_at``): before it,
+    ``over``; after it, every configuration fits (a calibration that finds the KV cache
+    smaller than predicted)."""
+
+    def __init__(self) -> None:
+        self.learned_at: float | None = None
+
+    def __call__(self, params: Any, at: float | None = None) -> int:
+        learned = self.learned_at is not None and (at is None or self.learned_at <= at)
+        return -1 if learned else over(params)
+
+
+def test_the_replay_asks_with_the_memory_prediction_of_each_point_of_the_history() -> None:
+    """The memory prediction changes during the run (the gate calibrates after each
+    trial): each replayed ask reads it as of that ask (``at``: the trial's start), not
+    as the whole history left it."""
+    spec = sweep("{strategy: tpe, trials: 30, seed: 2}")
+    memory = _Calibrating()
+    search = create_search(spec, guide=SETTING, memory=memory)
+    assert isinstance(search, SampledSearch)
+    history = run(search, 1)
+    memory.learned_at = history[0][0].finished_at
+    history += run(search, 5, first=2)
+    # the design's first launch gave way to one that fits before the calibration (with
+    # the calibration of the end, the replay would ask for the middle itself)
+    assert dict(history[0][0].params) == {"seqs": 64, "tokens": 1024, DRAFT: 8}
+    assert over(dict(history[-1][0].params)) > 0  # what the calibration let in
+    expected = search.ask()
+    rebuilt = create_search(spec, history, guide=SETTING, memory=memory)
+    assert isinstance(rebuilt, SampledSearch)
+    assert rebuilt.notes == []
+    assert rebuilt.ask() == expected

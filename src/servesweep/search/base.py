@@ -6,8 +6,9 @@ trials cap and the budget. :class:`Search` is the driver's one interface; the gr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from servesweep.decide.prune import Incumbent, PrunePolicy
 from servesweep.decide.verdict import Goal, Verdict, VerdictKind, judge
@@ -16,10 +17,19 @@ from servesweep.records import TrialRecord
 from servesweep.spec.constraints import resolve_objectives, validate_constraints
 from servesweep.spec.schema import SweepSpec
 
-__all__ = ["History", "Search", "Told", "goal_of"]
+__all__ = ["History", "MemoryOver", "Search", "Told", "goal_of"]
 
 History = Sequence[tuple[TrialRecord, Sequence[LevelResult]]]
 """The stored trials of a sweep with their level results (latest attempt)."""
+
+
+class MemoryOver(Protocol):
+    """The memory gate's prediction: a configuration's predicted memory beyond its
+    capacity (bytes, negative: room left; None: unknown), with the calibration the
+    trials that ended by ``at`` gave (their ``finished_at``; None: every trial so
+    far)."""
+
+    def __call__(self, params: Mapping[str, Any], at: float | None = None) -> int | None: ...
 
 
 def goal_of(spec: SweepSpec) -> Goal:

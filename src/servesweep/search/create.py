@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from servesweep.decide.perf import Measured, Setting
-from servesweep.search.base import History, Search
+from servesweep.search.base import History, MemoryOver, Search
 from servesweep.search.grid import GridSearch
 from servesweep.spec.schema import SweepSpec
 
@@ -23,6 +23,7 @@ def create_search(
     only: Collection[str] | None = None,
     guide: Setting | None = None,
     earlier: Sequence[Measured] = (),
+    memory: MemoryOver | None = None,
 ) -> Search:
     """The search of this sweep, continued from its stored trials.
 
@@ -33,9 +34,12 @@ def create_search(
     the driver's performance gate skips what cannot win (a sampler then launches first
     what the prediction says can, :mod:`servesweep.decide.perf.design`; None: the
     sampler alone, as with ``run --no-predict``); ``earlier``: the earlier sweeps'
-    measurements the performance gate starts from, which start the guide warm too."""
+    measurements the performance gate starts from, which start the guide warm too;
+    ``memory``: the memory gate's prediction, which the guide keeps clear of (given
+    here, not after: the replay asks the guide again as the first run did). A grid
+    needs neither."""
     if spec.search.samples:
         from servesweep.search.sampled import SampledSearch
 
-        return SampledSearch(spec, history, guide, earlier)
+        return SampledSearch(spec, history, guide, earlier, memory)
     return GridSearch(spec, history, only)

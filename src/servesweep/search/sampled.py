@@ -34,9 +34,13 @@ Resume: :class:`SampledSearch` replays the stored trials in the order they were 
 and told (asks at ``started_at``, tells at ``finished_at``), asking the seeded sampler
 again each time. With the same seed and order the sampler proposes what it proposed
 then, so its state — and the next proposal — is the one the interrupted run would
-have had. Where a stored trial differs from the replayed proposal (another seed,
-an edited file, another Optuna), the stored configuration is added as it is and the
-replay stops asking the sampler; nothing measured is proposed again either way.
+have had. A guided search is given the memory prediction before it replays (the
+guide's proposals depend on it) and reads it as of each replayed ask (``at``: the
+moment the replay puts the ask at, the stored trial's start), so that what later
+trials calibrated does not change what an earlier ask proposed. Where a stored trial
+differs from the replayed proposal (another seed, an edited file, another Optuna), the
+stored configuration is added as it is and the replay stops asking the sampler;
+nothing measured is proposed again either way.
 A trial skipped as predicted worse and launched before the sweep ended comes in the
 history twice (``sweep.core.search_source.search_history``): as the skip, where the
 sampler proposed it and was told it, then as launched, a result recorded for the
@@ -51,7 +55,7 @@ import math
 import random
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -72,7 +76,7 @@ from servesweep.decide.perf.inputs import measured_of
 from servesweep.decide.verdict import Verdict, VerdictKind
 from servesweep.models import LevelResult, Outcome, ServerConfig
 from servesweep.records import TrialRecord
-from servesweep.search.base import History, Search
+from servesweep.search.base import History, MemoryOver, Search
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.space import Dimension, SearchSpace, build_space
 
@@ -93,10 +97,6 @@ stops proposing it."""
 DESIGN_TRIES = 6
 """Configurations of the performance guide's design handed out at most (a design launch
 that crashes gives way to the next one, at most this many times)."""
-
-MemoryOver = Callable[[Mapping[str, Any]], int | None]
-"""A configuration's predicted memory beyond its capacity (bytes, negative: room left;
-None: unknown): the memory gate's prediction."""
 
 
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -138,6 +138,7 @@ class SampledSearch(Search):
         history: History = (),
         guide: Setting | None = None,
         earlier: Sequence[Measured] = (),
+        memory: MemoryOver | None = None,
     ) -> None:
         super().__init__(spec)
         self.guide = guide if len(self.goal.objectives) == 1 else None
@@ -147,8 +148,11 @@ class SampledSearch(Search):
         start: the guide skips the design and predicts from them at once)."""
         self._measured: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
         self._design_tries = 0
-        self.memory: MemoryOver | None = None
-        """The memory gate's prediction, for the guide (set by the driver)."""
+        self.memory: MemoryOver | None = memory
+        """The memory gate's prediction, for the guide (given by the driver, before
+        the replay: a replayed ask reads it as the first run did)."""
+        self._at: float | None = None
+        """The moment of the history the ask being replayed was made at (None: now)."""
         self._crashed: list[Mapping[str, Any]] = []
         """Configurations that ran out of memory."""
         _quiet_optuna()
@@ -250,7 +254,11 @@ class SampledSearch(Search):
         """Those of ``configs`` the guide may launch (``design.memory_safe``)."""
         if self.memory is None and not self._crashed:
             return list(configs)
-        over = self.memory or (lambda _: None)
+        memory, at = self.memory, self._at
+
+        def over(params: Mapping[str, Any]) -> int | None:
+            return None if memory is None else memory(params, at)
+
         crashed = [(p, over(p)) for p in self._crashed]
         params = [c.params for c in configs]
         safe = memory_safe(params, [over(p) for p in params], crashed)
@@ -395,9 +403,11 @@ class SampledSearch(Search):
                 told = record.finished_at if record.finished_at is not None else asked
                 events.append((told, 0, record.seq, "tell", record, results))
         events.sort(key=lambda e: (e[0], e[1], e[2]))
-        for _, _, _, kind, record, results in events:
+        for at, _, _, kind, record, results in events:
             if kind == "ask":
+                self._at = at if math.isfinite(at) else None
                 self._replay_ask(record)
+                self._at = None
             else:
                 self.tell(record, results)
         for record, _ in sorted(history, key=lambda item: item[0].seq):

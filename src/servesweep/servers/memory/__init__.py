@@ -130,8 +130,11 @@ class MemoryModel:
         preset = get_preset(self.engine)
         return merged_params_over(merged_params_over(preset.default_args, self.server.args), params)
 
-    def predict(self, params: Mapping[str, Any]) -> MemoryPrediction:
-        """The prediction for one configuration (its swept params)."""
+    def predict(
+        self, params: Mapping[str, Any], calibration: Calibration | None = None
+    ) -> MemoryPrediction:
+        """The prediction for one configuration (its swept params), with
+        ``calibration`` (None: the one the model has learned so far)."""
         from servesweep.servers.engines import expand_model
 
         merged = Params(self.merged(params))
@@ -165,7 +168,7 @@ class MemoryModel:
             model_error=error,
             draft=draft,
             draft_error=draft_error,
-            calibration=self.calibration,
+            calibration=self.calibration if calibration is None else calibration,
         )
         prediction = predict(shape)
         if prediction.verdict == "unknown" and not prediction.capacity and self.capacity.bytes:

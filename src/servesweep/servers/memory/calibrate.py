@@ -22,7 +22,7 @@ seen so far (the CUDA context, cuBLAS, the memory pool: what no buffer report sh
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,21 @@ class MeasuredMemory:
             "per_gpu_bytes": self.reported,
             "device_used": self.device_used,
         }
+
+    @classmethod
+    def from_json(cls, engine: str, data: Mapping[str, Any]) -> MeasuredMemory:
+        """The figures back from :meth:`to_json` (without the log lines)."""
+        return cls(
+            engine=engine,
+            weights=int(data.get("weights", 0)),
+            kv_cache=int(data.get("kv_cache", 0)),
+            draft=int(data.get("draft", 0)),
+            workspace=int(data.get("workspace", 0)),
+            kv_tokens=int(data.get("kv_tokens", 0)),
+            device=str(data.get("device", "")),
+            host=int(data.get("host", 0)),
+            device_used=int(data.get("device_used", 0)),
+        )
 
 
 def _llama(lines: Iterable[str], engine: str) -> MeasuredMemory | None:

@@ -30,7 +30,6 @@ from servesweep.decide.memory import PREDICTED_OOM
 from servesweep.decide.perf.gate import PREDICTED_WORSE
 from servesweep.errors import ConfigError, StoreError
 from servesweep.models import Outcome
-from servesweep.search.sampled import SampledSearch
 from servesweep.servers.engines import engine_version
 from servesweep.servers.ownership import lock_path_for
 from servesweep.spec.expand import expand_configs
@@ -406,12 +405,17 @@ def _run(
     source: TrialSource
     capped = spec.search.trials is not None or spec.search.budget is not None
     if spec.search.samples or (capped and not options.only):
-        # the guide starts from the earlier sweeps the performance gate starts from
+        # the guide starts from the earlier sweeps the performance gate starts from and
+        # keeps clear of what the memory gate predicts over its capacity (given before
+        # the search replays the stored trials: it asks the guide again)
         search = SearchSource(
-            store, sweep, spec, predict=options.predict, earlier=driver.perf.earlier
+            store,
+            sweep,
+            spec,
+            predict=options.predict,
+            earlier=driver.perf.earlier,
+            memory=driver.memory.over_by,
         )
-        if isinstance(search.search, SampledSearch):
-            search.search.memory = driver.memory.over_by  # the guide keeps clear of OOM
         for note in search.notes:
             observer.event(SweepWarning(message=note))
         source = search

@@ -20,13 +20,21 @@ less the machine's baseline; NVML on a real GPU) goes with the engine's figures 
 :attr:`~servesweep.servers.memory.calibrate.MeasuredMemory.device_used`: for
 llama.cpp on a GPU it calibrates the memory no buffer report shows (the CUDA context,
 cuBLAS, the memory pool).
+
+A later run of the sweep (a resume) rebuilds the calibration from those events, in the
+order they were stored: each carries the calibration its prediction was made with
+(``applied``) and its trial's end (``ended``), so the gate predicts what the gate of the
+run that measured them predicted, at its end and, for a point of the history
+(:meth:`MemoryGate.over_by`'s ``at``: what a resumed search reads while it replays), as
+of then. An event stored before it carried ``applied`` is taken as made with the
+calibration of the events before it (true when the trials ran one at a time).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from servesweep.decide.memory import gate_of, skip_evidence
@@ -50,12 +58,26 @@ class MemoryChecked(Fact):
     kind: ClassVar[str] = "memory"
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)
+    applied: dict[str, Any] = field(default_factory=dict)
+    """The calibration the prediction was made with (what a later run rebuilds the
+    calibration from, with ``predicted`` and ``measured``)."""
+    ended: float | None = None
+    """The trial's end (its ``finished_at``): the calibration it gives holds from then."""
+
+
+def _calibration(data: Mapping[str, Any]) -> Calibration:
+    names = {f.name for f in fields(Calibration)}
+    return Calibration(**{k: v for k, v in data.items() if k in names})
 
 
 class MemoryGate:
     """The driver's memory check (see the module doc)."""
 
-    def __init__(self, spec: SweepSpec, enabled: bool = True) -> None:
+    def __init__(
+        self, spec: SweepSpec, enabled: bool = True, stored: Iterable[Mapping[str, Any]] = ()
+    ) -> None:
+        """``stored``: the sweep's ``memory`` events (``Store.events``), which a later
+        run rebuilds the calibration from (see the module doc)."""
         self.gate = gate_of(spec.search.predict, bool(spec.search.samples), enabled)
         self.model = MemoryModel.of_sweep(spec) if self.gate.active else None
         self.calibrator = Calibrator(spec.server.engine)
@@ -65,6 +87,10 @@ class MemoryGate:
         self._told_verbosity = False
         self._started: dict[int, float] = {}
         self._held: dict[int, int] = {}
+        self._learned: list[tuple[float, Calibration]] = []
+        """The calibration after each trial that changed it, with the trial's end."""
+        for event in stored:
+            self._rebuild(event)
 
     def check(self, trial: TrialRecord) -> TrialFinished | None:
         """The trial's end when it must not be launched (None: launch it)."""
@@ -79,14 +105,23 @@ class MemoryGate:
             trial=trial.id, outcome=Outcome.SKIPPED, evidence=evidence, at=time.time()
         )
 
-    def over_by(self, params: Mapping[str, Any]) -> int | None:
-        """The predicted memory of ``params`` beyond its capacity with the calibration
-        so far (bytes, negative: room left; None: no prediction or an unknown one): what
-        a guided search reads to keep clear of the memory margin."""
+    def over_by(self, params: Mapping[str, Any], at: float | None = None) -> int | None:
+        """The predicted memory of ``params`` beyond its capacity (bytes, negative: room
+        left; None: no prediction or an unknown one) with the calibration of the trials
+        that ended by ``at`` (their ``finished_at``; None: every trial so far): what a
+        guided search reads to keep clear of the memory margin, as of each stored
+        trial it replays (``search.base.MemoryOver``)."""
         if self.model is None:
             return None
-        predicted = self.model.predict(params)
+        predicted = self.model.predict(params, self.calibration_at(at))
         return None if predicted.verdict == "unknown" else predicted.over_by
+
+    def calibration_at(self, at: float | None = None) -> Calibration | None:
+        """The calibration the trials that ended by ``at`` gave (None: the latest)."""
+        if at is None or self.model is None:
+            return None
+        learned = [c for ended, c in self._learned if ended <= at]
+        return learned[-1] if learned else Calibration()
 
     def started(self, trial: int, at: float) -> None:
         """Trial ``trial``'s server was started at ``at`` (wall clock): GPU samples
@@ -127,7 +162,7 @@ class MemoryGate:
             else:
                 measured = replace(measured, device_used=held)
         if measured is not None and measured.known:
-            self.model.learn(self.calibrator.add(predicted, measured, applied))
+            self._learn(predicted, measured, applied, trial.finished_at or time.time())
         elif self.model.engine == "llama-server" and trial.log_path and not self._told_verbosity:
             self._told_verbosity = True
             self.notes.append(
@@ -139,4 +174,31 @@ class MemoryGate:
             trial=trial.id,
             predicted=predicted.to_json(),
             measured=measured.to_json() if measured is not None else {},
+            applied=asdict(applied),
+            ended=trial.finished_at,
         )
+
+    def _rebuild(self, event: Mapping[str, Any]) -> None:
+        """One stored ``memory`` event's share of the calibration (module doc)."""
+        if self.model is None or not event.get("measured"):
+            return
+        measured = MeasuredMemory.from_json(self.model.engine, event["measured"])
+        if not measured.known:
+            return
+        predicted = MemoryPrediction.from_json(event.get("predicted") or {})
+        applied = event.get("applied")
+        before = _calibration(applied) if applied else self.model.calibration
+        ended = event.get("ended")
+        self._learn(predicted, measured, before, float(ended or event.get("t") or 0.0))
+
+    def _learn(
+        self,
+        predicted: MemoryPrediction,
+        measured: MeasuredMemory,
+        applied: Calibration,
+        ended: float,
+    ) -> None:
+        calibration = self.calibrator.add(predicted, measured, applied)
+        assert self.model is not None
+        self.model.learn(calibration)
+        self._learned.append((ended, calibration))

@@ -22,6 +22,7 @@ from servesweep.decide.perf import Measured
 from servesweep.decide.prune import PrunePolicy
 from servesweep.models import LevelResult, Outcome
 from servesweep.search import History, create_search
+from servesweep.search.base import MemoryOver
 from servesweep.spec.schema import SweepSpec
 from servesweep.store import ReopenedSkip, Store, SweepRecord, TrialRecord
 from servesweep.sweep.core.predict_gate import guide_of
@@ -83,11 +84,13 @@ class SearchSource:
         only: Collection[str] | None = None,
         predict: bool = True,
         earlier: Sequence[Measured] = (),
+        memory: MemoryOver | None = None,
     ) -> None:
         self.store = store
         self.sweep = sweep
         history = search_history(store, sweep.id)
-        self.search = create_search(spec, history, only, guide_of(spec, predict), earlier)
+        guide = guide_of(spec, predict)
+        self.search = create_search(spec, history, only, guide, earlier, memory)
         self.planned = self.search.planned
         """A grid's plan of pending trials: all of them are taken at once."""
         self.notes: list[str] = list(self.search.notes)
