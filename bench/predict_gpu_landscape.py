@@ -10,7 +10,7 @@ predicted at concurrency 1 and 4 and compared with its measurement. Then the bes
 length per concurrency: the one whose measurement or prediction is highest, against the
 truly best measured.
 
-    python3 bench/predict_gpu_landscape.py LAND_DIR [--from 0,1,2 0,2,4 ...] [--markdown]
+    python3 bench/predict_gpu_landscape.py LAND_DIR [--from 0,1,2 0,2,4 ...] [--as-cpu]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from servesweep.decide.perf import Setting, predict
@@ -47,15 +48,20 @@ def load(store_path: Path) -> dict[int, Measured]:
 
 
 def compare(
-    profile: str, trials: dict[int, Measured], given: Sequence[int]
+    profile: str, trials: dict[int, Measured], given: Sequence[int], as_cpu: bool = False
 ) -> list[dict[str, object]]:
     setting = Setting(
         metrics=tuple(f"chat.c{c}.output_throughput" for c in LEVELS),
         draft_param=DRAFT,
         concurrency={f"chat.c{c}": float(c) for c in LEVELS},
         invariant={"acceptance_length": frozenset()},
+        model_drafts=True,  # --model-draft
+        cpu=as_cpu,  # servesweep reads a GPU's sweep as not on CPUs
     )
-    known = [trials[k] for k in given if k in trials]
+    # one profile's launches differ in the draft length alone (its --spec-synth-rates is
+    # the profile's rates up to that length, the draft model and its flags the same):
+    # read as one drafter's, as a sweep that sets the rates once would be
+    known = [replace(trials[k], params={DRAFT: k} if k else {}) for k in given if k in trials]
     others = sorted(k for k in trials if k not in given)
     configs = [{DRAFT: k} if k else {} for k in others]
     got = predict(setting, configs, known)
@@ -102,6 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("land", type=Path)
     parser.add_argument("--from", dest="given", nargs="+", default=["0,1,2", "0,2,4", "0,4,8"])
+    parser.add_argument(
+        "--as-cpu",
+        action="store_true",
+        help="read the launches as if on CPUs (a draft model's step costs per drafted token)",
+    )
     args = parser.parse_args(argv)
     errors: list[float] = []
     inside = total = right = choices = 0
@@ -116,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         for text in args.given:
             given = [int(x) for x in text.split(",")]
-            for row in compare(profile, trials, given):
+            for row in compare(profile, trials, given, args.as_cpu):
                 if "best_named" in row:
                     choices += 1
                     right += row["best_named"] == row["best_true"]
