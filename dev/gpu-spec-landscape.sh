@@ -7,7 +7,8 @@
 #
 # Carries (device tool): .devrun/whl (pydantic, gguf, optuna & co. for Python 3.12) and
 # .devrun/llama.cpp (llama.cpp's tree from the pinned llama-cpp-python sdist, without models,
-# docs, tests, examples and the unused GPU backends). The build and the measured stores stay in
+# docs, tests, examples and the unused GPU backends; keep scripts/ui-assets.cmake and
+# scripts/build-info.sh, which the build runs even with the web UI off). The build and the measured stores stay in
 # .gpucache/ (ignored, kept while the machine is warm), so a second call goes on where the
 # first stopped; each call puts every profile's reports, stores and logs into $OUT/landscape.tar.gz.
 set -uo pipefail
