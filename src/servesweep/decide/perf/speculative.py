@@ -212,7 +212,10 @@ def _best(fits: Sequence[tuple[float, np.ndarray]], columns: int) -> list[np.nda
     tied = [
         coef
         for sse, coef in fits
-        if coef is not best[1] and sse <= best[0] + TIE and int((coef != 0).sum()) == size
+        if coef is not best[1]
+        and sse <= best[0] + TIE
+        and int((coef != 0).sum()) == size
+        and (coef[0] > 0 or coef[1] > 0)  # a step without a draft still runs the target
     ]
     return [best[1], *tied]
 
@@ -276,7 +279,10 @@ class StepCostFit:
     def seconds(self, concurrency: float, draft: int) -> tuple[float, float, float]:
         """(value, low, high) of the step time before widening: the value
         (:func:`_value`), and the ends of what every agreeing fit gives."""
-        fits = (*self.agreeing, *((n, c) for n, cs in self.coefficients.items() for c in cs))
+        best = [(n, cs[0]) for n, cs in self.coefficients.items()]
+        if self.sequential:  # the value is the middle of the linear shape's ties
+            best += [("linear", c) for c in self.coefficients["linear"][1:]]
+        fits = (*self.agreeing, *best)
         values = [_time(name, coef, concurrency, draft) for name, coef in fits]
         value = _value(self.coefficients, concurrency, draft, self.sequential)
         return value, min(values), max(values)
