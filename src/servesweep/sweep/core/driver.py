@@ -48,7 +48,7 @@ from servesweep.store import Store, SweepRecord, TrialRecord
 from servesweep.sweep.core.confirm_run import ConfirmRun
 from servesweep.sweep.core.health_notes import HealthNotes
 from servesweep.sweep.core.machines import Machines
-from servesweep.sweep.core.memory_gate import MemoryChecked, MemoryGate
+from servesweep.sweep.core.memory_gate import MemoryGate
 from servesweep.sweep.core.predict_gate import PredictGate
 from servesweep.sweep.core.rules import max_slots, skipped_too_often
 from servesweep.sweep.core.run_state import RunSettings, RunState, SlotKey, SlotState
@@ -120,8 +120,7 @@ class Driver:
         self.source: TrialSource  # set by run
         self._trials: dict[int, TrialRecord] = {}
         self._sched: Scheduler | None = None
-        stored = store.events(sweep.id, MemoryChecked.kind)  # a resume: calibrated as it was
-        self.memory = MemoryGate(self.spec, enabled=settings.predict, stored=stored)
+        self.memory = MemoryGate.of_sweep(self.spec, store, sweep.id, settings.predict)
         self.perf = PredictGate(self.spec, store, sweep, enabled=settings.predict)
         ends = (self.state, self.machines, self.memory, self.need, settings, self.perf)
         self.ends = TrialEnds(store, self.writer, *ends)

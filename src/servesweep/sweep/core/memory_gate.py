@@ -44,7 +44,7 @@ from servesweep.servers.memory import Calibration, MemoryModel, MemoryPrediction
 from servesweep.servers.memory.calibrate import Calibrator, MeasuredMemory, read_measured
 from servesweep.spec.schema import SweepSpec
 from servesweep.spec.slots import params_label
-from servesweep.store import TrialRecord
+from servesweep.store import Store, TrialRecord
 from servesweep.sweep.events import Fact, TrialFinished
 
 __all__ = ["MemoryChecked", "MemoryGate"]
@@ -91,6 +91,12 @@ class MemoryGate:
         """The calibration after each trial that changed it, with the trial's end."""
         for event in stored:
             self._rebuild(event)
+
+    @classmethod
+    def of_sweep(cls, spec: SweepSpec, store: Store, sweep_id: int, enabled: bool) -> MemoryGate:
+        """The gate of sweep ``sweep_id``, calibrated as its earlier runs left it (a
+        resume: the stored ``memory`` events)."""
+        return cls(spec, enabled, store.events(sweep_id, MemoryChecked.kind))
 
     def check(self, trial: TrialRecord) -> TrialFinished | None:
         """The trial's end when it must not be launched (None: launch it)."""
