@@ -25,10 +25,13 @@ from pathlib import Path
 from servesweep.decide.perf import Setting, predict
 from servesweep.decide.perf.inputs import measured_of
 from servesweep.decide.perf.records import Measured
+from servesweep.spec.load import load_sweep
 from servesweep.store.sqlite import open_store
+from servesweep.sweep.core.predict_gate import setting_of
 
 DRAFT = "spec-draft-n-max"
 LEVELS = (1, 4)
+METRICS = tuple(f"chat.c{c}.output_throughput" for c in LEVELS)
 
 
 def _draft(m: Measured) -> int:
@@ -48,22 +51,17 @@ def load(store_path: Path) -> dict[int, Measured]:
 
 
 def compare(
-    profile: str, trials: dict[int, Measured], given: Sequence[int], as_cpu: bool = False
+    profile: str,
+    trials: dict[int, Measured],
+    given: Sequence[int],
+    setting: Setting,
 ) -> list[dict[str, object]]:
-    setting = Setting(
-        metrics=tuple(f"chat.c{c}.output_throughput" for c in LEVELS),
-        draft_param=DRAFT,
-        concurrency={f"chat.c{c}": float(c) for c in LEVELS},
-        invariant={"acceptance_length": frozenset()},
-        model_drafts=True,  # --model-draft
-        cpu=as_cpu,  # servesweep reads a GPU's sweep as not on CPUs
-    )
-    # one profile's launches differ in the draft length alone (its --spec-synth-rates is
-    # the profile's rates up to that length, the draft model and its flags the same):
-    # read as one drafter's, as a sweep that sets the rates once would be
-    known = [replace(trials[k], params={DRAFT: k} if k else {}) for k in given if k in trials]
+    """Every draft length not in ``given`` predicted from those in it, with ``setting``:
+    what the sweep's gate is told of the profile's sweep file (``setting_of``; its
+    ``--spec-synth-rates``, one rate per drafted position, follow the draft length)."""
+    known = [trials[k] for k in given if k in trials]
     others = sorted(k for k in trials if k not in given)
-    configs = [{DRAFT: k} if k else {} for k in others]
+    configs = [trials[k].params for k in others]
     got = predict(setting, configs, known)
     rows: list[dict[str, object]] = []
     for c in LEVELS:
@@ -122,12 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for store_path in sorted(args.land.glob("a*/servesweep.db")):
         profile = store_path.parent.name[1:]
         trials = load(store_path)
+        setting = setting_of(load_sweep(store_path.parent / "sweep.yaml").spec)
+        # both levels, as the objective and a constraint would name them
+        levels = {f"chat.c{c}": float(c) for c in LEVELS}
+        setting = replace(setting, metrics=METRICS, concurrency=levels, cpu=args.as_cpu)
         if len(trials) < 4:
             print(f"{profile}: only {len(trials)} draft lengths measured", file=sys.stderr)
             continue
         for text in args.given:
             given = [int(x) for x in text.split(",")]
-            for row in compare(profile, trials, given, args.as_cpu):
+            for row in compare(profile, trials, given, setting):
                 if "best_named" in row:
                     choices += 1
                     right += row["best_named"] == row["best_true"]

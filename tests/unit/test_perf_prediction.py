@@ -71,6 +71,22 @@ def test_longer_drafts_are_predicted_from_a_few_on_the_h100(measured: tuple[int,
                 assert abs(p.value / truth - 1) < 0.16, (k, c, p.value, truth)
 
 
+def test_a_param_set_by_the_draft_length_does_not_split_the_drafter() -> None:
+    # the acceptance profile written as one rate per drafted position (llama-server's
+    # --spec-synth-rates): a value per draft length, the same drafter at each
+    def synth(k: int) -> dict[str, object]:
+        return {"model-draft": "d.gguf", "rates": ",".join(["0.8"] * k)} if k else {}
+
+    trials = [dataclasses.replace(t, params={**t.params, **synth(k)}) for k, t in (
+        (k, _h100_trial(k)) for k in (0, 1, 2, 4))]  # fmt: skip
+    configs = [{DRAFT: k, **synth(k)} for k in (8, 16)]
+    apart = dataclasses.replace(H100, drafter=frozenset({"model-draft"}))
+    follows = dataclasses.replace(apart, follows=frozenset({"rates"}))
+    assert all(g[m].value is None for g in predict(apart, configs, trials) for m in g)
+    plain = predict(H100, [{DRAFT: k} for k in (8, 16)], [_h100_trial(k) for k in (0, 1, 2, 4)])
+    assert predict(follows, configs, trials) == plain
+
+
 def test_the_best_draft_length_per_concurrency_is_not_skipped() -> None:
     """From no draft and draft lengths 1, 2, 4: the best at concurrency 1 (8, measured
     later) can still beat the best so far; so every configuration the rule skips is

@@ -153,6 +153,32 @@ def test_a_draft_model_is_named_by_a_swept_param_or_by_the_servers_args() -> Non
     assert perf_setting(load_sweep_text(on_cpus).spec, "spec_draft_n_max", (), models).cpu
 
 
+def test_a_param_set_by_the_draft_length_is_not_a_drafter_of_its_own() -> None:
+    # llama-server's --spec-synth-rates must list one rate per drafted position: one
+    # acceptance profile is a value per draft length, and tells nothing more
+    points = "\n".join(
+        f"    - {{spec-type: draft-simple, model-draft: d.gguf, spec-draft-n-max: {k}, "
+        f"spec-synth-rates: '{','.join(['0.8'] * k)}'}}"
+        for k in (1, 2, 4)
+    )
+    llama = SWEEP.replace("engine: sim", "engine: llama-server\n  model: m.gguf").replace(
+        "  grid:\n    max-num-seqs: [8, 16, 32, 64, 128, 256]", f"  points:\n    - {{}}\n{points}"
+    )
+    draft, speculative = "spec_draft_n_max", ("spec_type", "spec_draft_n_max")
+    setting = perf_setting(load_sweep_text(llama).spec, draft, speculative, ("model_draft",))
+    assert setting.follows == frozenset({"spec-synth-rates"})
+    # the draft model is the drafter's: the baseline, written without it, is its k = 0
+    assert setting.drafter == frozenset({"spec-type", "model-draft"})
+    assert "spec-synth-rates" not in setting.invariant["acceptance_length"]
+    # a param swept across the draft lengths (a grid) is no follower
+    grid = SWEEP.replace("engine: sim", "engine: llama-server\n  model: m.gguf").replace(
+        "max-num-seqs: [8, 16, 32, 64, 128, 256]",
+        "spec-draft-n-max: [1, 2]\n    spec-draft-p-min: [0.0, 0.8]\n"
+        "    spec-type: [draft-simple]\n    spec-draft-model: [d.gguf]",
+    )
+    assert perf_setting(load_sweep_text(grid).spec, draft, speculative).follows == frozenset()
+
+
 def test_the_predictions_noise_is_what_the_sweep_says_launches_vary() -> None:
     spec = load_sweep_text(SWEEP).spec
     assert perf_setting(spec).noise == 0.02  # decision.launch_sd's default

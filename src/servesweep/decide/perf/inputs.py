@@ -40,6 +40,24 @@ def _swept(spec: SweepSpec) -> set[str]:
     return {k for c in space.allowed() for k in c.params}
 
 
+def _follows(spec: SweepSpec, draft: str) -> frozenset[str]:
+    """The swept params set by the draft length ``draft``: of two values or more, each
+    value with one draft length and each draft length (but none: no speculation) with
+    one value, across the sweep's configurations (``Setting.follows``)."""
+    space = build_space(spec.params)
+    if not space.enumerable:
+        return frozenset()
+    configs = [c.params for c in space.allowed()]
+    drafts = {repr(c.get(draft)) for c in configs if c.get(draft)}
+    out = set()
+    for name in {k for c in configs for k in c} - {draft}:
+        pairs = {(repr(c.get(draft)), repr(c.get(name))) for c in configs if c.get(draft)}
+        values = {v for _, v in pairs}
+        if len(values) >= 2 and len(pairs) == len(drafts) == len(values):
+            out.add(name)
+    return frozenset(out)
+
+
 def _flat(args: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested arguments as dotted names (``speculative_config.model``), as params name them."""
     out: dict[str, Any] = {}
@@ -81,9 +99,14 @@ def perf_setting(
         match = _LEVEL.match(level)
         if match:
             concurrency[f"{workload}.{level}"] = float(match.group(1))
-    drafting = {_norm(s) for s in speculative}
-    drafter = frozenset(v for k, v in swept.items() if k in drafting and v != draft_param)
-    others = frozenset(k for k in swept.values() if k != draft_param and k not in drafter)
+    drafting = {_norm(s) for s in (*speculative, *draft_models)}  # a draft model drafts
+    follows = _follows(spec, draft_param) if draft_param else frozenset()
+    drafter = frozenset(
+        v for k, v in swept.items() if k in drafting and v != draft_param and v not in follows
+    )
+    others = frozenset(
+        k for k in swept.values() if k != draft_param and k not in drafter and k not in follows
+    )
     models = {_norm(m) for m in draft_models}
     fixed = _flat(spec.server.args)
     return Setting(
@@ -92,6 +115,7 @@ def perf_setting(
         concurrency=concurrency,
         invariant={"acceptance_length": others} if draft_param else {},
         drafter=drafter if draft_param else frozenset(),
+        follows=follows,
         draft_models=frozenset(v for k, v in swept.items() if k in models),
         model_drafts=any(bool(v) for k, v in fixed.items() if k in models),
         cpu=spec.server.gpu_backend == "none",

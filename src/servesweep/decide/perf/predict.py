@@ -113,9 +113,10 @@ def learned_noise(setting: Setting, trials: Sequence[Measured]) -> Callable[[str
 
 
 def _shared(setting: Setting) -> frozenset[str]:
-    """The params the acceptance curve does not depend on (with the draft length)."""
+    """The params the acceptance curve does not depend on (with the draft length and
+    those it sets)."""
     knob = {setting.draft_param} if setting.draft_param else set()
-    return setting.invariant.get(setting.acceptance, frozenset()) | knob
+    return setting.invariant.get(setting.acceptance, frozenset()) | knob | setting.follows
 
 
 def _curve_key(setting: Setting, workload: str, params: Mapping[str, Any]) -> str:
@@ -192,7 +193,8 @@ def _speculative(
     for t in trials:
         k = _draft(setting, t.params)
         # no speculation: the drafter's params do nothing, so it is every drafter's k = 0
-        if not _same(t.params, params, frozenset({knob} | (setting.drafter if k <= 0 else set()))):
+        ignore = {knob} | setting.follows | (setting.drafter if k <= 0 else set())
+        if not _same(t.params, params, frozenset(ignore)):
             continue
         for m, v in t.metrics.items():
             lv, n = _split(m)

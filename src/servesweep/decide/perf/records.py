@@ -49,6 +49,12 @@ class Setting:
     probability, the ngram lookup sizes): without speculation (draft length 0) they do
     nothing, so a trial without speculation gives the step cost of no drafting to every
     configuration that agrees with it on the other parameters."""
+    follows: frozenset[str] = frozenset()
+    """The parameters whose value is set by the draft length, one value per draft length
+    and the other way round (llama-server's ``--spec-synth-rates``, which must list one
+    rate per drafted position): they tell nothing the draft length does not, so
+    configurations that differ only there and in the draft length share their drafter's
+    acceptance curve and step cost."""
     draft_models: frozenset[str] = frozenset()
     """The swept parameters that name a draft model (``EnginePreset.draft_model_params``):
     a configuration that sets one drafts with a model."""
