@@ -232,10 +232,11 @@ def _value(
     sequential: bool = False,
 ) -> float:
     """The value of the step time. A drafter without a model (ngram lookup) costs next
-    to nothing, and the step grows with the draft length only as the target verifies
-    it, in one pass: the median of the shapes' best fits (on an H100 the step time grew
-    unlike any one shape, and the median of the three predicted it best), each the
-    first of its ties (the switching on of speculation). A draft model on CPUs drafts
+    to nothing, and the step grows with the draft length as the target verifies it, in
+    one pass; on a GPU at a small batch a small draft model's passes and the target's
+    are bound by memory: there the median of the shapes' best fits (on an H100 the step
+    time grew unlike any one shape, and the median of the three predicted it best), each
+    the first of its ties (the switching on of speculation). A draft model on CPUs drafts
     each token in a pass of its own, and the target verifies each at a cost of its own
     (``sequential``, ``Setting.cpu``): the linear shape, the middle of what its tied
     best fits give (the switching on and the drafted token, halfway)."""
