@@ -146,21 +146,27 @@ def _teardown_of(events: Path, trial: int) -> dict[str, Any] | None:
 
 
 class _GoneWatch(threading.Thread):
-    """Records when the last of ``pids`` is gone (wall clock)."""
+    """Records when the last of ``pids`` was seen gone, and when a look that still found
+    one alive began (wall clock): a look takes time and the looks are 5 ms apart, so the
+    processes went in between, and only a look begun after a moment that found one
+    alive shows that one outlived that moment."""
 
     def __init__(self, pids: set[int], timeout: float) -> None:
         super().__init__(daemon=True)
         self.pids = set(pids)
         self.timeout = timeout
         self.gone_at: float | None = None
+        self.alive_at: float | None = None
 
     def run(self) -> None:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
+            began = time.time()
             alive = {p for p in self.pids if psutil.pid_exists(p) and not zombie(p)}
             if not alive:
                 self.gone_at = time.time()
                 return
+            self.alive_at = began
             time.sleep(0.005)
 
 
@@ -214,6 +220,7 @@ def swept(
         out, err = proc.communicate(timeout=900)
         watch.join(5)
         killed["orphans_gone_at"] = watch.gone_at
+        killed["orphans_alive_at"] = watch.alive_at
         # the API server is gone; its engine processes outlived it (orphans) until the
         # teardown signalled them: what it found alive, read from its event, not from a
         # look of ours that the teardown may already have overtaken on a busy machine
@@ -336,10 +343,14 @@ def test_killed_api_server_orphans_stopped_before_next_trial(swept: Any) -> None
     first, second = rows[0], rows[1]
     assert first["outcome"] == "failed" and first["failure_class"] == "bench_crash", first
     # stopped while the next trial's stop phase tore the old instance down: gone before
-    # its release gate passed and it launched anything
+    # its release gate passed and it launched anything (no look begun after its start
+    # found one alive; the look that found them gone may end a moment after it, as the
+    # teardown waits for them and the start follows at once)
     assert killed["orphans_gone_at"] is not None, killed
     started = second["phase_started"]
-    assert killed["orphans_gone_at"] <= started["start"], (killed, started)
+    assert killed["orphans_alive_at"] is not None, killed
+    assert killed["orphans_alive_at"] < started["start"], (killed, started)
+    assert killed["orphans_gone_at"] < started["start"] + 1.0, (killed, started)
 
 
 @pytest.mark.timeout(1200)
