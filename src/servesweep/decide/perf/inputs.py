@@ -33,21 +33,16 @@ def _norm(name: str) -> str:
     return name.replace("-", "_")
 
 
-def _swept(spec: SweepSpec) -> set[str]:
+def _configs(spec: SweepSpec) -> list[Mapping[str, Any]]:
+    """The params of the sweep's configurations (none where the space is not enumerable)."""
     space = build_space(spec.params)
-    if not space.enumerable:
-        return set()
-    return {k for c in space.allowed() for k in c.params}
+    return [c.params for c in space.allowed()] if space.enumerable else []
 
 
-def _follows(spec: SweepSpec, draft: str) -> frozenset[str]:
+def _follows(configs: Sequence[Mapping[str, Any]], draft: str) -> frozenset[str]:
     """The swept params set by the draft length ``draft``: of two values or more, each
     value with one draft length and each draft length (but none: no speculation) with
     one value, across the sweep's configurations (``Setting.follows``)."""
-    space = build_space(spec.params)
-    if not space.enumerable:
-        return frozenset()
-    configs = [c.params for c in space.allowed()]
     drafts = {repr(c.get(draft)) for c in configs if c.get(draft)}
     out = set()
     for name in {k for c in configs for k in c} - {draft}:
@@ -90,7 +85,8 @@ def perf_setting(
     with it)."""
     metrics = [ref.key for ref, _ in resolve_objectives(spec)]
     metrics += [c.ref.key for c in validate_constraints(spec) if c.ref.key not in metrics]
-    swept = {_norm(k): k for k in _swept(spec)}
+    configs = _configs(spec)
+    swept = {_norm(k): k for c in configs for k in c}
     draft_param = swept.get(_norm(draft)) if draft else None
     concurrency: dict[str, float] = {}
     for metric in metrics:
@@ -100,7 +96,7 @@ def perf_setting(
         if match:
             concurrency[f"{workload}.{level}"] = float(match.group(1))
     drafting = {_norm(s) for s in (*speculative, *draft_models)}  # a draft model drafts
-    follows = _follows(spec, draft_param) if draft_param else frozenset()
+    follows = _follows(configs, draft_param) if draft_param else frozenset()
     drafter = frozenset(
         v for k, v in swept.items() if k in drafting and v != draft_param and v not in follows
     )
