@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from servesweep.decide.perf.gate import PREDICTED_WORSE, prediction_of
+from servesweep.decide.perf.gate import PREDICTED_WORSE, prediction_of, skipped_as
 from servesweep.models import Outcome
 from servesweep.records import ReopenedSkip, SweepData, TrialRecord
 from servesweep.spec.slots import params_label
@@ -140,18 +140,6 @@ def _utc(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _skipped_as(row: Mapping[str, Any]) -> str:
-    """How a reopened trial was skipped: ``skipped 2026-... as predicted worse than
-    #1 (metric 63.2)``."""
-    text = f"skipped {_utc(row['skipped_at'])} as predicted "
-    leader = row.get("leader")
-    if isinstance(leader, Mapping):
-        return text + f"worse than #{leader['trial']} ({leader['metric']} {leader['value']:.4g})"
-    if row.get("constraint"):
-        return text + f"to violate {row['constraint']}"
-    return text + "worse"
-
-
 def _then(row: Mapping[str, Any]) -> str:
     """What came of a reopened trial: its late launch."""
     if row["outcome"] == "pending":
@@ -167,7 +155,7 @@ def _reopened_lines(doc: Mapping[str, Any]) -> list[str]:
         label = params_label(row["params"])
         cells = "; ".join(f"{m} {_cell(c)}" for m, c in row["predicted"].items())
         lines.append(
-            f"#{row['trial']} {label}: {_skipped_as(row)}: {cells or 'no prediction'}; "
+            f"#{row['trial']} {label}: {skipped_as(row)}: {cells or 'no prediction'}; "
             f"reopened (its interval still reached the leader) and {_then(row)}"
         )
     return lines
@@ -252,7 +240,7 @@ def predicted_table(data: SweepData) -> dict[str, Any] | None:
                 (
                     row["trial"],
                     params_label(row["params"]),
-                    _skipped_as(row),
+                    skipped_as(row),
                     metric,
                     _cell({**c, "measured": None}),
                     _then(row),

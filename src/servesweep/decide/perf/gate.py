@@ -25,6 +25,7 @@ stopped early at its predicted value (``decide.verdict``).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,6 +42,7 @@ __all__ = [
     "prediction_of",
     "rules_out",
     "skip_evidence",
+    "skipped_as",
     "still_open",
 ]
 
@@ -184,3 +186,18 @@ def prediction_of(data: Mapping[str, Any]) -> Prediction:
         num("high"),
         str(data.get("basis", "unknown")),
     )
+
+
+def skipped_as(skip: Mapping[str, Any]) -> str:
+    """How a skip as predicted worse reads, from its time (``skipped_at``) and its
+    evidence's ``leader`` or ``constraint`` (:func:`skip_evidence`): ``skipped
+    2026-12-07 07:50:03 UTC as predicted worse than #1 (metric 63.2)``; the report and
+    ``status`` say it alike."""
+    when = dt.datetime.fromtimestamp(skip["skipped_at"], tz=dt.timezone.utc)
+    text = f"skipped {when:%Y-%m-%d %H:%M:%S} UTC as predicted "
+    leader = skip.get("leader")
+    if isinstance(leader, Mapping):
+        return text + f"worse than #{leader['trial']} ({leader['metric']} {leader['value']:.4g})"
+    if skip.get("constraint"):
+        return text + f"to violate {skip['constraint']}"
+    return text + "worse"

@@ -11,7 +11,6 @@ machine; an instance on another machine is shown as recorded).
 
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 import socket
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 
 from servesweep.decide.mismatches import describe, trial_mismatches
+from servesweep.decide.perf.gate import skipped_as
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.servers.launchers import make_launcher
 from servesweep.servers.ownership import lock_holder
@@ -132,15 +132,7 @@ def _reopened(skip: ReopenedSkip) -> dict[str, Any]:
 def _skip_text(skip: Mapping[str, Any]) -> str:
     """``skipped 2026-12-07 07:50:03 UTC as predicted worse than #1 (metric 120):
     metric 40 [30-50] (speculative)``."""
-    when = dt.datetime.fromtimestamp(skip["skipped_at"], tz=dt.timezone.utc)
-    text = f"skipped {when:%Y-%m-%d %H:%M:%S} UTC as predicted "
-    leader = skip.get("leader")
-    if isinstance(leader, Mapping):
-        text += f"worse than #{leader['trial']} ({leader['metric']} {leader['value']:.4g})"
-    elif skip.get("constraint"):
-        text += f"to violate {skip['constraint']}"
-    else:
-        text += "worse"
+    text = skipped_as(skip)  # the report's words
     cells = []
     for metric, p in skip["predicted"].items():
         if isinstance(p, Mapping) and p.get("value") is not None:
