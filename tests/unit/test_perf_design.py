@@ -80,6 +80,27 @@ def test_the_design_gives_way_to_what_is_left_and_ends() -> None:
     assert design_point(SPACE, DRAFT, 0, gone, measured) is None
 
 
+def test_what_was_measured_before_the_design_fills_its_roles() -> None:
+    first = {"seqs": 64, "tokens": 4096, DRAFT: 8}
+    # a no-draft baseline point measured first (points come before the design): the
+    # longest draft length still comes next, and the baseline is the shortest's
+    baseline = {"seqs": 32, "tokens": 1024, DRAFT: 0}
+    left = [p for p in SPACE if p != baseline]
+    assert design_point(SPACE, DRAFT, 0, left, [baseline]) == first
+    done = [q for q in left if q != first]
+    assert design_point(SPACE, DRAFT, 0, done, [baseline, first]) is None
+    # a point between the ends: the longest, then the partner of the longest
+    between = {"seqs": 16, "tokens": 1024, DRAFT: 4}
+    left = [p for p in SPACE if p != between]
+    assert design_point(SPACE, DRAFT, 0, left, [between]) == first
+    done = [q for q in left if q != first]
+    assert design_point(SPACE, DRAFT, 0, done, [between, first]) == {**first, DRAFT: 0}
+    # the baseline of a draft model: a point without the drafter's params is at length 0
+    space = [{}, *({"model": "d.gguf", DRAFT: k} for k in (1, 2, 4, 8, 16))]
+    assert design_point(space, DRAFT, 0, space[1:], [{}]) == {"model": "d.gguf", DRAFT: 16}
+    assert design_point(space, DRAFT, 0, space[1:5], [{}, space[5]]) is None
+
+
 def p(value: float | None, low: float | None = None, high: float | None = None) -> Prediction:
     if value is None:
         return Prediction(M)

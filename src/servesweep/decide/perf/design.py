@@ -17,7 +17,11 @@ design, not at random (:func:`design_point`):
 
 Ties (two values equally near the middle) are broken by the sweep's seed. A design
 configuration already measured, skipped or forbidden is passed over; a space without
-a draft-length knob has only the first. A search started warm (earlier sweeps'
+a draft-length knob has only the first. The design has two roles, not two launch
+slots: what the sweep measured before it (``params.points``, which a search hands out
+first) fills a role when it is at that end of the draft lengths, so a no-draft baseline
+point measured first leaves the design only its longest draft length, and a point in
+between leaves it both. A search started warm (earlier sweeps'
 measurements, ``search/sampled.py``) has no design: the predictor already knows the
 space, and :func:`next_launch` picks from the first launch.
 
@@ -65,7 +69,8 @@ __all__ = [
 ]
 
 DESIGN_LAUNCHES = 2
-"""Launches of the design (:func:`design_point`) before the predictor chooses."""
+"""Launches of the design (:func:`design_point`) before the predictor chooses, where
+nothing was measured before it."""
 
 
 def _draft_value(params: Mapping[str, Any], draft: str | None) -> float:
@@ -134,15 +139,24 @@ def design_point(
 ) -> Mapping[str, Any] | None:
     """The design's next configuration among ``left`` (the configurations of ``space``
     not measured, skipped or forbidden yet), given the configurations ``measured`` so
-    far; None: the design is over (:data:`DESIGN_LAUNCHES` measured, or its next
-    configuration is gone). Before anything is measured, the first launch is chosen
-    among those left (so one skipped as not fitting gives way to the next nearest the
-    middle); after, the partner of the first measured one."""
-    if len(measured) >= DESIGN_LAUNCHES:
+    far; None: the design is over (both its roles filled, or its next configuration
+    gone). The first role, the longest draft length (the middle alone without a
+    draft-length knob), is chosen among those left while nothing measured is at that
+    length (so one skipped as not fitting gives way to the next nearest the middle);
+    the second, the shortest draft length, is the partner of the first measured at the
+    longest, while nothing measured is at the shortest."""
+    if not space:
         return None
-    if not measured:
+    if draft is None:
+        return None if measured else first_launch(left, None, seed)
+    lengths = [_draft_value(p, draft) for p in space]
+    longest, shortest = max(lengths), min(lengths)
+    at_longest = [m for m in measured if _draft_value(m, draft) == longest]
+    if not at_longest:
         return first_launch(left, draft, seed)
-    pick = partner(space, draft, measured[0])
+    if any(_draft_value(m, draft) == shortest for m in measured):
+        return None
+    pick = partner(space, draft, at_longest[0])
     return pick if pick is not None and pick in left else None
 
 
