@@ -10,6 +10,11 @@ against these measurements: predicted from the first launches, compared with the
 (bench/predict_gpu_landscape.py reads the stores this writes).
 
     python3 bench/gpu_spec_landscape.py OUT --binary LLAMA_SERVER --profiles 0.8 0.6 [--rehearsal]
+                                        [--guided]
+
+``--guided``: a sampling search guided by the prediction (``search.strategy: tpe``, the
+draft lengths zipped with their rates, the baseline a point) instead of the listed order:
+the baseline, the design's longest draft length, then what the prediction says can win.
 
 Writes OUT/model/{target,draft}.gguf once, then OUT/<profile>/sweep.yaml and runs
 ``servesweep run`` and ``servesweep report --format json`` on it (OUT/<profile>/report.json).
@@ -45,22 +50,36 @@ def rates(a: float, k: int) -> str:
     return ",".join(f"{a**i:.6f}" for i in range(1, k + 1))
 
 
-def sweep_file(
-    out: Path, binary: str, target: Path, draft: Path, a: float, rehearsal: bool, baseline: bool
-) -> Path:
-    points: list[dict[str, Any]] = [{}] if baseline else []
+def params(draft: Path, a: float, rehearsal: bool, guided: bool) -> dict[str, Any]:
+    """The sweep's params: the no-draft baseline and one configuration per draft length.
+    Listed: every configuration a point, launched in order by a grid. ``guided``: the
+    draft lengths a grid of one value per drafter param times the draft length zipped
+    with its rates, and the baseline a point (a search hands points out first)."""
+    drafter = {
+        "model-draft": str(draft),
+        "spec-type": "draft-simple",
+        "spec-draft-n-min": 0,
+        "spec-draft-p-min": 0.0,
+        "spec-draft-ngl": 0 if rehearsal else 99,
+    }
+    if guided:
+        return {
+            "grid": {k: [v] for k, v in drafter.items()},
+            "zip": {
+                "spec-draft-n-max": list(DRAFT_LENGTHS),
+                "spec-synth-rates": [rates(a, k) for k in DRAFT_LENGTHS],
+            },
+            "points": [{}],
+        }
+    points: list[dict[str, Any]] = [{}]
     for k in DRAFT_LENGTHS:
-        points.append(
-            {
-                "model-draft": str(draft),
-                "spec-type": "draft-simple",
-                "spec-draft-n-max": k,
-                "spec-draft-n-min": 0,
-                "spec-draft-p-min": 0.0,
-                "spec-draft-ngl": 0 if rehearsal else 99,
-                "spec-synth-rates": rates(a, k),
-            }
-        )
+        points.append({**drafter, "spec-draft-n-max": k, "spec-synth-rates": rates(a, k)})
+    return {"points": points}
+
+
+def sweep_file(
+    out: Path, binary: str, target: Path, draft: Path, a: float, rehearsal: bool, guided: bool
+) -> Path:
     spec: dict[str, Any] = {
         "name": f"gpu-spec-landscape-{a}",
         "store": str(out / "servesweep.db"),
@@ -83,10 +102,14 @@ def sweep_file(
             "release": {"tolerance": "1GiB", "settle": "300ms", "foreign_holders": "fail"},
             "log_dir": str(out / "runs"),
         },
-        "params": {"points": points},
-        # the search's predict-first policy over the listed draft lengths, in order: what
-        # it skips is measured after by `run --no-predict`
-        "search": {"predict": "skip"},
+        "params": params(draft, a, rehearsal, guided),
+        # listed: the grid's predict-first policy over the draft lengths, in order;
+        # guided: the sampling search guided by the prediction (the baseline point, the
+        # design's longest draft length, then the predicted best), every launch measured
+        # to its last level; what either skips is measured after by `run --no-predict`
+        "search": (
+            {"strategy": "tpe", "seed": 0, "prune": False} if guided else {"predict": "skip"}
+        ),
         "workloads": [
             {
                 "name": "chat",
@@ -101,6 +124,8 @@ def sweep_file(
         ],
         "objective": {"maximize": "chat.c4.output_throughput"},
     }
+    if guided:
+        spec["confirm"] = False  # as the listed grid: no relaunches of tied leaders
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
@@ -113,6 +138,11 @@ def main() -> int:
     ap.add_argument("--binary", required=True)
     ap.add_argument("--profiles", type=float, nargs="+", default=[0.8, 0.6])
     ap.add_argument("--rehearsal", action="store_true")
+    ap.add_argument(
+        "--guided",
+        action="store_true",
+        help="a sampling search guided by the prediction instead of the listed order",
+    )
     args = ap.parse_args()
     models = args.out / "model"
     models.mkdir(parents=True, exist_ok=True)
@@ -127,7 +157,7 @@ def main() -> int:
     rc = 0
     for a in args.profiles:
         out = args.out / f"a{a}"
-        sweep = sweep_file(out, args.binary, target, draft, a, args.rehearsal, baseline=True)
+        sweep = sweep_file(out, args.binary, target, draft, a, args.rehearsal, args.guided)
         for label, extra in (("predict", []), ("all", ["--no-predict"])):
             t1 = time.monotonic()
             run = subprocess.run([*servesweep, "run", str(sweep), *extra], check=False)
