@@ -234,6 +234,19 @@ def test_without_a_guide_the_search_is_the_sampler_alone() -> None:
     ]
 
 
+def test_a_guided_run_continued_without_the_guide_says_why_it_diverges() -> None:
+    spec = sweep("{strategy: tpe, trials: 30, seed: 2}")
+    history = run(create_search(spec, guide=SETTING), 3)  # type: ignore[arg-type]
+    unguided = create_search(spec, history)  # run --no-predict: the driver gives no guide
+    assert unguided.notes and "continued without it" in unguided.notes[0]
+    # the guide off in the file: the guide cannot be why
+    off = sweep("{strategy: tpe, trials: 30, seed: 2, predict: 'off'}")
+    notes = create_search(off, history).notes
+    assert notes and "continued without it" not in notes[0]
+    # the same guided run replayed with its guide: no divergence at all
+    assert not create_search(spec, history, guide=SETTING).notes
+
+
 def test_the_guide_only_where_the_performance_gate_skips() -> None:
     tpe = sweep("{strategy: tpe, seed: 1}")
     guide = guide_of(tpe, True)

@@ -435,10 +435,14 @@ class SampledSearch(Search):
             if proposed is not None:
                 self._unask(proposed.fingerprint)
             self._diverged = True
+            why = "another seed or an edited sweep file"
+            if self.guide is None and self.spec.search.predict != "off":
+                # the stored trials may be the performance guide's picks, replayed
+                # without it (run --no-predict): the driver gave this run no guide
+                why += ", or a run guided by the performance prediction continued without it"
             self.notes.append(
                 f"trial {record.id} ({config.label()}) is not what the sampler proposes at "
-                "this point (another seed or an edited sweep file?); the search continues "
-                "from the stored trials as they are"
+                f"this point ({why}?); the search continues from the stored trials as they are"
             )
         self._points = deque(p for p in self._points if p.fingerprint != fp)
         self._hand_out(config, self._fixed_trial(config))
