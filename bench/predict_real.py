@@ -17,6 +17,12 @@ vllm``, written into ``--dir``):
    inside the interval), and the load average of the machine while it ran (sampled
    every 5 s).
 
+``--guided`` (with ``--preset``): the sweep as a sampling search guided by the prediction
+(``search.strategy: tpe``, seed 0): the baseline point first, then the design's longest
+draft length, then what the prediction says can still win; the gate skips the rest as
+above. Every launch runs all its levels (``prune: false``) and the confirm phase is off,
+so that every configuration is measured once, as with the grid.
+
 Everything is kept in ``--dir``: the sweep file, the results database (the launches,
 their logs), the event logs of both runs and ``predict_real.json`` (the tables).
 
@@ -39,6 +45,7 @@ The presets, sized for a shared 2-core CPU:
 Run:  .venv/bin/python bench/predict_real.py --preset llama --dir /tmp/pr-llama
       .venv/bin/python bench/predict_real.py --preset vllm --dir /tmp/pr-vllm
       .venv/bin/python bench/predict_real.py --preset llama --baseline-first --dir /tmp/pr-l1
+      .venv/bin/python bench/predict_real.py --preset llama --guided --dir /tmp/pr-g1
       .venv/bin/python bench/predict_real.py SWEEP.yaml --dir DIR   # any sweep file
       .venv/bin/python bench/predict_real.py --dir DIR --table      # the tables again
       .venv/bin/python bench/predict_real.py --dir DIR --replay     # see below
@@ -525,6 +532,13 @@ def main() -> None:
         action="store_true",
         help="with --preset: the no-speculation baseline launched first (the grid as points)",
     )
+    parser.add_argument(
+        "--guided",
+        action="store_true",
+        help="with --preset: a sampling search guided by the prediction (tpe; the baseline"
+        " point first, then the design and the predicted best), every launch measured to"
+        " its end and no confirm relaunches",
+    )
     parser.add_argument("--table", action="store_true", help="print the kept tables again")
     parser.add_argument(
         "--replay",
@@ -555,6 +569,9 @@ def main() -> None:
         spec = (_llama_preset if args.preset == "llama" else _vllm_preset)(folder)
         if args.baseline_first:
             spec["params"] = {"points": [{}, *_grid(spec["params"]["grid"])]}
+        if args.guided:
+            spec["search"] = {"strategy": "tpe", "seed": 0, "prune": False}
+            spec["confirm"] = False
         sweep = folder / "sweep.yaml"
         sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
     elif args.sweep:
