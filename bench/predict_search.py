@@ -444,7 +444,7 @@ def run_sweep(
         started = time.perf_counter()
         made = predictions(config.params)
         leader = leader_of(goal, history)
-        evidence = decide_launch(made, goal, leader, spec.decision.threshold, str(key))
+        evidence = decide_launch(made[0], goal, leader, spec.decision.threshold, str(key))
         own += time.perf_counter() - started
         if evidence is not None:
             record = se._skipped(seq, config, evidence, gpu_s / se.GPUS)

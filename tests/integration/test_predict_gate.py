@@ -35,7 +35,7 @@ _OBJECTIVE = "chat.c1.output_throughput"
 _GRID = [1, 8, 16, 12, 0]
 """Draft lengths in launch order: 1 and 8 teach the predictor the acceptance per
 position and the step cost; 16 and 12 are predicted (and are) far worse than 1; no
-speculation (0) is predicted best of the rest with a wide interval, so it is launched.
+speculation (0) is predicted with an interval wide enough to reach 1, so it is launched.
 Measured on this machine (``--no-predict``, 2 cores under load): 63, 39, 23, 29, 50
 tokens/s; once 0 is measured the leader is 1.12-1.15 times the top of 16's and 12's
 intervals (0.98-1.05 with ``warmup: auto`` and 4 requests of 16 tokens; docs/benchmarks.md,

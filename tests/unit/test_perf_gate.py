@@ -21,7 +21,6 @@ from servesweep.decide.perf.gate import (
     PREDICTED_WORSE,
     Leader,
     beaten,
-    predicted_best,
     prediction_of,
     rules_out,
     skip_evidence,
@@ -64,22 +63,10 @@ def test_a_minimised_objective_is_beaten_from_below() -> None:
     assert not beaten(_p(13.0, 9.0, 14.0, leader.metric), leader, 0.01)
 
 
-def test_unknown_no_leader_and_the_predicted_best_are_launched() -> None:
+def test_unknown_and_no_leader_are_launched() -> None:
     worse = {M: _p(80.0, 75.0, 85.0)}
     assert skip_evidence("x", {M: Prediction(M)}, LEADER, 0.01) is None
     assert skip_evidence("x", worse, None, 0.01) is None
-    assert skip_evidence("x", worse, LEADER, 0.01, is_predicted_best=True) is None
-
-
-def test_the_predicted_best_is_the_best_value_no_constraint_rules_out() -> None:
-    ttft = "chat.c1.ttft_p50_ms"
-    limit = parse_constraint(f"{ttft} < 50")
-    a = {M: _p(90.0, 80.0, 100.0), ttft: _p(10.0, 9.0, 11.0, ttft)}
-    b = {M: _p(120.0, 110.0, 130.0), ttft: _p(70.0, 60.0, 80.0, ttft)}  # certainly too slow
-    c = {M: Prediction(M)}
-    assert predicted_best([a, b, c], M, "max") == 1
-    assert predicted_best([a, b, c], M, "max", [limit]) == 0
-    assert predicted_best([c], M, "max") is None
 
 
 def test_a_certain_constraint_violation_is_skipped_an_uncertain_one_is_not() -> None:
@@ -211,14 +198,15 @@ def test_the_leader_is_the_best_complete_feasible_trial() -> None:
     assert leader_of(Goal((objective, objective)), history) is None  # several objectives
 
 
-def test_a_proposal_is_skipped_when_beaten_unless_it_is_the_predicted_best() -> None:
+def test_a_proposal_is_skipped_when_beaten_whatever_the_rest_are_predicted() -> None:
     from servesweep.sweep.core.predict_gate import decide_launch
 
     goal = Goal(((MetricRef("chat", "c1", "output_throughput", M), "max"),))
     worse, better = {M: _p(80.0, 75.0, 85.0)}, {M: _p(98.0, 90.0, 110.0)}
-    evidence = decide_launch([worse, better], goal, LEADER, 0.01, "budget=8")
+    evidence = decide_launch(worse, goal, LEADER, 0.01, "budget=8")
     assert evidence is not None and evidence.reason == PREDICTED_WORSE
-    assert decide_launch([better, worse], goal, LEADER, 0.01, "x") is None  # can still win
-    # the predicted best is launched even when the leader beats its whole interval
-    assert decide_launch([worse, {M: _p(70.0, 65.0, 75.0)}], goal, LEADER, 0.01, "x") is None
-    assert decide_launch([worse, better], goal, None, 0.01, "x") is None  # no leader yet
+    assert decide_launch(better, goal, LEADER, 0.01, "x") is None  # can still win
+    assert decide_launch(worse, goal, None, 0.01, "x") is None  # no leader yet
+    # the sweep's predicted best is the leader (measured) or a configuration predicted to
+    # beat it, whose interval then reaches it: predicted above the leader, it launches
+    assert decide_launch({M: _p(101.0, 99.0, 103.0)}, goal, LEADER, 0.01, "x") is None

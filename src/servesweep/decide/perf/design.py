@@ -32,8 +32,8 @@ with the narrowest interval: the surest, a step from what was measured); else, a
 those whose interval still reaches the leader's value by the decision threshold, the
 one whose interval reaches farthest (the most it could still win); else none, and the
 sampler proposes.
-What it picks is what the performance gate launches anyway (the predicted best is
-always launched), so the two never disagree about the first of them.
+What it picks the performance gate launches too (its interval reaches the leader's
+value), so the two never disagree about it.
 
 The guide adds no launch that is likely to run out of memory (:func:`memory_safe`; the
 memory gate still judges every launch, the sampler's too): it picks only among the

@@ -9,9 +9,12 @@ performance (:func:`servesweep.decide.perf.predict`).
   (its whole interval on the wrong side of the limit) is not launched either.
 - **never on no evidence**: an ``unknown`` prediction (too few measurements, far from
   anything measured), no leader yet, or a sweep of several objectives launch.
-- **the predicted best is launched**: among the configurations not measured yet, the
-  one with the best predicted value (that no constraint certainly rules out) is
-  always launched, whatever its interval: the prediction is verified where it matters.
+- **the predicted best is launched**: the sweep's predicted best is either measured
+  (the leader: verified) or a configuration not measured yet predicted to beat the
+  leader, whose interval then reaches the leader's value, so the rule above launches
+  it. A configuration predicted below the leader by its whole interval is not launched
+  to check the model: the model is checked on every launch (a miss widens the
+  intervals, :class:`~servesweep.decide.perf.Trust`) and at the end (below).
 - **before the sweep ends**: a skipped configuration whose interval, drawn with the
   sweep's current :class:`~servesweep.decide.perf.Trust`, still reaches the leader's
   value (and no constraint rules out) is launched (:func:`still_open`), so ``best``
@@ -38,7 +41,6 @@ __all__ = [
     "PREDICTED_WORSE",
     "Leader",
     "beaten",
-    "predicted_best",
     "prediction_of",
     "rules_out",
     "skip_evidence",
@@ -94,37 +96,15 @@ def _ruled_out(
     return None
 
 
-def predicted_best(
-    candidates: Sequence[Mapping[str, Prediction]],
-    objective: str,
-    direction: Literal["max", "min"],
-    constraints: Sequence[Constraint] = (),
-) -> int | None:
-    """The index of the candidate (configurations not measured yet) with the best
-    predicted value of ``objective`` that no constraint rules out (None: none known)."""
-    best: tuple[float, int] | None = None
-    sign = 1.0 if direction == "max" else -1.0
-    for i, preds in enumerate(candidates):
-        p = preds.get(objective)
-        if p is None or p.value is None or _ruled_out(preds, constraints) is not None:
-            continue
-        if best is None or sign * p.value > best[0]:
-            best = (sign * p.value, i)
-    return None if best is None else best[1]
-
-
 def skip_evidence(
     label: str,
     predictions: Mapping[str, Prediction],
     leader: Leader | None,
     threshold: float,
     constraints: Sequence[Constraint] = (),
-    is_predicted_best: bool = False,
 ) -> Evidence | None:
     """The evidence of a skipped trial when its configuration (``label``) is not worth
     a launch (None: launch it); see the module doc."""
-    if is_predicted_best:
-        return None
     details: dict[str, Any] = {
         "predicted_performance": {m: q.to_json() for m, q in predictions.items()},
         "threshold": threshold,

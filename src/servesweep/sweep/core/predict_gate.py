@@ -37,7 +37,6 @@ from servesweep.decide.perf import Prediction, Setting, Trust, predict, verify
 from servesweep.decide.perf.gate import (
     PREDICTED_WORSE,
     Leader,
-    predicted_best,
     prediction_of,
     skip_evidence,
     still_open,
@@ -128,26 +127,16 @@ def leader_of(goal: Goal, history: History) -> Leader | None:
 
 
 def decide_launch(
-    predictions: Sequence[Mapping[str, Prediction]],
+    predictions: Mapping[str, Prediction],
     goal: Goal,
     leader: Leader | None,
     threshold: float,
     label: str,
 ) -> Evidence | None:
-    """Whether the configuration whose predictions are ``predictions[0]`` (the others:
-    the sweep's configurations not measured yet) is worth a launch: None, or the
-    evidence of its skip (:func:`~servesweep.decide.perf.gate.skip_evidence`; the
-    predicted best among them all is always launched)."""
-    ref, direction = goal.objectives[0]
-    best = predicted_best(predictions, ref.key, direction, goal.constraints)
-    return skip_evidence(
-        label,
-        predictions[0],
-        leader,
-        threshold,
-        goal.constraints,
-        is_predicted_best=best == 0,
-    )
+    """Whether the configuration whose predictions are ``predictions`` is worth a
+    launch: None, or the evidence of its skip
+    (:func:`~servesweep.decide.perf.gate.skip_evidence`)."""
+    return skip_evidence(label, predictions, leader, threshold, goal.constraints)
 
 
 class PredictGate:
@@ -215,6 +204,8 @@ class PredictGate:
         history = self._history(self.sweep_id)
         done = {t.fingerprint for t, _ in history if t.outcome.final and t.id != trial.id}
         done_params = [dict(t.params) for t, _ in history if t.fingerprint in done]
+        # predicted beside every configuration not finished, as the guide and `plan`
+        # predict them (the empirical model's ranges are those of what is left)
         others = [p for p in self.space if p != dict(trial.params) and p not in done_params]
         predictions = self._predict([dict(trial.params), *others], history)
         mine = predictions[0]
@@ -222,7 +213,7 @@ class PredictGate:
         if not self.skips or trial.id in self.forced:
             return None
         evidence = decide_launch(
-            predictions,
+            mine,
             self.goal,
             self._leader(history),
             self.threshold,
