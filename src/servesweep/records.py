@@ -141,6 +141,19 @@ class ReopenedSkip:
                 out.setdefault(fact.trial, []).append(fact)
         return {trial: tuple(facts) for trial, facts in out.items()}
 
+    def to_json(self) -> dict[str, Any]:
+        """The skip as ``status --json`` and the report's trials show it: when, on
+        which prediction, against which leader (or which constraint)."""
+        details = self.evidence.details
+        predicted = details.get("predicted_performance")
+        return {
+            "skipped_at": self.skipped_at,
+            "reason": self.evidence.reason,
+            "predicted": dict(predicted) if isinstance(predicted, Mapping) else {},
+            "leader": details.get("leader"),
+            "constraint": details.get("constraint"),
+        }
+
     def skip(self, trial: TrialRecord) -> TrialRecord:
         """``trial`` as it was when skipped: what the search was told then."""
         return replace(

@@ -14,6 +14,7 @@ import pytest
 from servesweep.decide.perf import Prediction
 from servesweep.decide.perf.gate import Leader, skip_evidence
 from servesweep.models import LevelResult, Outcome
+from servesweep.report.export import report_document
 from servesweep.spec.load import load_sweep_text
 from servesweep.store import Store, open_store
 from servesweep.sweep.commands.run import open_sweep
@@ -96,6 +97,15 @@ def test_status_names_the_reopened_trials_and_their_skip(tmp_path: Path) -> None
         f"reopened: skipped {when} UTC as predicted worse than #{first.id} ({M} 120): "
         f"{M} 40 [30-50] (speculative); then launched"
     ), line
+    # the report's trials say it alike
+    store = open_store(path, readonly=True)
+    try:
+        doc = report_document(store.load_sweep_data())
+    finally:
+        store.close()
+    rows = {r["id"]: r for r in doc["trials"]}
+    assert rows[third.id]["reopened"] == row["reopened"]
+    assert all(r["reopened"] == [] for i, r in rows.items() if i != third.id)
 
 
 def test_status_of_a_sweep_without_a_reopened_trial_says_nothing_of_it(tmp_path: Path) -> None:

@@ -199,6 +199,8 @@ def _trial_json(data: SweepData, index: ResultIndex, trial: TrialRecord) -> dict
         "finished_at": trial.finished_at,
         "in_plan": trial.in_plan,
         "adopted": trial.adopted,
+        # skipped as predicted worse, then launched before the end: each skip
+        "reopened": [skip.to_json() for skip in data.reopened.get(trial.id, ())],
         "results": [
             {
                 "workload": r.workload,

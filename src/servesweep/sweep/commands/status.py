@@ -72,7 +72,7 @@ def sweep_status(path: Path, name: str | None) -> dict[str, Any]:
     rows = [_row(t, now, lost.get(t.id), holder is not None) for t in trials]
     for row, trial in zip(rows, trials, strict=True):
         row["config_mismatch"] = [describe(m) for m in trial_mismatches(mismatched, trial)]
-        row["reopened"] = [_reopened(skip) for skip in reopened.get(trial.id, ())]
+        row["reopened"] = [skip.to_json() for skip in reopened.get(trial.id, ())]
     return {
         "sweep": sweep.name,
         "id": sweep.id,
@@ -112,20 +112,6 @@ def _row(
         "node": t.node or None,
         "slot": t.slot,
         "gpus": list(t.gpus),
-    }
-
-
-def _reopened(skip: ReopenedSkip) -> dict[str, Any]:
-    """A skip as predicted worse that was reopened (launched before the end after all):
-    when, on which prediction, against which leader."""
-    details = skip.evidence.details
-    predicted = details.get("predicted_performance")
-    return {
-        "skipped_at": skip.skipped_at,
-        "reason": skip.evidence.reason,
-        "predicted": dict(predicted) if isinstance(predicted, Mapping) else {},
-        "leader": details.get("leader"),
-        "constraint": details.get("constraint"),
     }
 
 
