@@ -101,6 +101,14 @@ def test_what_was_measured_before_the_design_fills_its_roles() -> None:
     assert design_point(space, DRAFT, 0, space[1:5], [{}, space[5]]) is None
 
 
+def test_where_the_longest_draft_length_is_gone_the_next_takes_its_role_once() -> None:
+    space = [{}, *({DRAFT: k} for k in (1, 2, 4, 8))]
+    gone = [{DRAFT: 1}, {DRAFT: 2}, {DRAFT: 4}]  # 8 skipped (not fitting) or forbidden
+    assert design_point(space, DRAFT, 0, gone, [{}]) == {DRAFT: 4}
+    # measured: the role is filled, and the baseline fills the other: over
+    assert design_point(space, DRAFT, 0, gone[:2], [{}, {DRAFT: 4}]) is None
+
+
 def p(value: float | None, low: float | None = None, high: float | None = None) -> Prediction:
     if value is None:
         return Prediction(M)

@@ -18,12 +18,12 @@ design, not at random (:func:`design_point`):
 Ties (two values equally near the middle) are broken by the sweep's seed. A design
 configuration already measured, skipped or forbidden is passed over; a space without
 a draft-length knob has only the first. The design has two roles, not two launch
-slots: what the sweep measured before it (``params.points``, which a search hands out
-first) fills a role when it is at that end of the draft lengths, so a no-draft baseline
-point measured first leaves the design only its longest draft length, and a point in
-between leaves it both. A search started warm (earlier sweeps'
-measurements, ``search/sampled.py``) has no design: the predictor already knows the
-space, and :func:`next_launch` picks from the first launch.
+slots: what the sweep measured before it (``params.points``, which a search hands out first) fills
+a role when it is at that end of the draft lengths, so a no-draft baseline point
+measured first leaves the design only its longest draft length, and a point in between
+leaves it both. A search started warm (earlier sweeps' measurements,
+``search/sampled.py``) has no design: the predictor already knows the space, and
+:func:`next_launch` picks from the first launch.
 
 Then :func:`next_launch` on the predictions of every configuration not measured yet:
 the predicted best when its value beats the leader (of the configurations predicted
@@ -140,17 +140,21 @@ def design_point(
     """The design's next configuration among ``left`` (the configurations of ``space``
     not measured, skipped or forbidden yet), given the configurations ``measured`` so
     far; None: the design is over (both its roles filled, or its next configuration
-    gone). The first role, the longest draft length (the middle alone without a
-    draft-length knob), is chosen among those left while nothing measured is at that
-    length (so one skipped as not fitting gives way to the next nearest the middle);
-    the second, the shortest draft length, is the partner of the first measured at the
-    longest, while nothing measured is at the shortest."""
+    gone). The first role, the longest draft length still to be had (among those left
+    and measured; the middle alone without a draft-length knob), is chosen among those
+    left while nothing measured is at that length (so one skipped as not fitting gives
+    way to the next nearest the middle, and where every configuration of the longest
+    is gone, the next length takes the role once); the second, the shortest draft
+    length, is the partner of the first measured at the longest, while nothing
+    measured is at the shortest."""
     if not space:
         return None
     if draft is None:
         return None if measured else first_launch(left, None, seed)
-    lengths = [_draft_value(p, draft) for p in space]
-    longest, shortest = max(lengths), min(lengths)
+    shortest = min(_draft_value(p, draft) for p in space)
+    longest = max((_draft_value(p, draft) for p in (*left, *measured)), default=shortest)
+    if longest <= shortest:
+        return None if measured else first_launch(left, draft, seed)
     at_longest = [m for m in measured if _draft_value(m, draft) == longest]
     if not at_longest:
         return first_launch(left, draft, seed)
