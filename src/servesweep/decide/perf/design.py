@@ -60,17 +60,12 @@ from servesweep.decide.perf.records import Prediction
 from servesweep.spec.constraints import Constraint
 
 __all__ = [
-    "DESIGN_LAUNCHES",
     "design_point",
     "first_launch",
     "memory_safe",
     "next_launch",
     "partner",
 ]
-
-DESIGN_LAUNCHES = 2
-"""Launches of the design (:func:`design_point`) before the predictor chooses, where
-nothing was measured before it."""
 
 
 def _draft_value(params: Mapping[str, Any], draft: str | None) -> float:
