@@ -50,6 +50,14 @@ def rates(a: float, k: int) -> str:
     return ",".join(f"{a**i:.6f}" for i in range(1, k + 1))
 
 
+GUIDED: dict[str, Any] = {
+    "search": {"strategy": "tpe", "seed": 0, "prune": False},
+    "confirm": False,  # as the listed grid: no relaunches of tied leaders
+}
+"""The sweep file's search when ``--guided``: a sampling search (the prediction guides it),
+every launch measured to its last level."""
+
+
 def params(draft: Path, a: float, rehearsal: bool, guided: bool) -> dict[str, Any]:
     """The sweep's params: the no-draft baseline and one configuration per draft length.
     Listed: every configuration a point, launched in order by a grid. ``guided``: the
@@ -107,9 +115,7 @@ def sweep_file(
         # guided: the sampling search guided by the prediction (the baseline point, the
         # design's longest draft length, then the predicted best), every launch measured
         # to its last level; what either skips is measured after by `run --no-predict`
-        "search": (
-            {"strategy": "tpe", "seed": 0, "prune": False} if guided else {"predict": "skip"}
-        ),
+        "search": {"predict": "skip"},
         "workloads": [
             {
                 "name": "chat",
@@ -125,7 +131,7 @@ def sweep_file(
         "objective": {"maximize": "chat.c4.output_throughput"},
     }
     if guided:
-        spec["confirm"] = False  # as the listed grid: no relaunches of tied leaders
+        spec.update(GUIDED)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
+from gpu_spec_landscape import GUIDED
 from gpu_spec_landscape import params as landscape_params
 
 from servesweep.decide.perf import Prediction, Setting, Trust, predict, verify
@@ -83,8 +84,7 @@ def guided(profile_dir: Path) -> list[str]:
     drafter = next(t.params for t, _ in stored.values() if t.params)
     a = float(str(drafter["spec-synth-rates"]).split(",")[0])
     data["params"] = landscape_params(Path(drafter["model-draft"]), a, False, True)
-    data["search"] = {"strategy": "tpe", "seed": 0, "prune": False}
-    data["confirm"] = False
+    data.update(GUIDED)
     spec = load_sweep_text(yaml.safe_dump(data)).spec
     setting = guide_of(spec, True)
     assert setting is not None, "the guided sweep file gives the search no guide"
@@ -106,8 +106,10 @@ def guided(profile_dir: Path) -> list[str]:
         others = [p for p in space if p != params and p not in done]
         return predict(setting, [params, *others], measured_of(history), (), trust)[0]
 
+    truths = {k: measured_of([level])[0].metrics.get(objective, 0.0) for k, level in stored.items()}
+
     def row(step: str, k: int, what: str, p: Prediction) -> str:
-        truth = stored[k][1] and measured_of([stored[k]])[0].metrics[objective]
+        truth = truths[k]
         if p.value is None or p.low is None or p.high is None:
             return f"| {step} | {k} | {what} | unknown | | {truth:.0f} | |"
         return (
@@ -156,7 +158,7 @@ def guided(profile_dir: Path) -> list[str]:
     for number, (config, made) in sorted(skipped.items()):
         lines.append(row(f"{number}", int(config.params.get(DRAFT, 0)), "skipped", made[objective]))
     leader = leader_of(goal, history)
-    truly = max(stored, key=lambda k: measured_of([stored[k]])[0].metrics.get(objective, 0.0))
+    truly = max(truths, key=lambda k: truths[k])
     if leader is not None:
         best = int(next(t for t, _ in history if t.id == leader.trial).params.get(DRAFT, 0))
         lines.append(
