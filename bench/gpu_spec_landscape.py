@@ -10,11 +10,13 @@ against these measurements: predicted from the first launches, compared with the
 (bench/predict_gpu_landscape.py reads the stores this writes).
 
     python3 bench/gpu_spec_landscape.py OUT --binary LLAMA_SERVER --profiles 0.8 0.6 [--rehearsal]
-                                        [--guided]
+                                        [--guided] [--level 1|4]
 
 ``--guided``: a sampling search guided by the prediction (``search.strategy: tpe``, the
 draft lengths zipped with their rates, the baseline a point) instead of the listed order:
 the baseline, the design's longest draft length, then what the prediction says can win.
+``--level``: the concurrency whose output throughput is the objective (4 unless told; the
+best draft length moves with it); another than 4 writes OUT/<profile>-c<level>.
 
 Writes OUT/model/{target,draft}.gguf once, then OUT/<profile>/sweep.yaml and runs
 ``servesweep run`` and ``servesweep report --format json`` on it (OUT/<profile>/report.json).
@@ -86,10 +88,17 @@ def params(draft: Path, a: float, rehearsal: bool, guided: bool) -> dict[str, An
 
 
 def sweep_file(
-    out: Path, binary: str, target: Path, draft: Path, a: float, rehearsal: bool, guided: bool
+    out: Path,
+    binary: str,
+    target: Path,
+    draft: Path,
+    a: float,
+    rehearsal: bool,
+    guided: bool,
+    level: int = 4,
 ) -> Path:
     spec: dict[str, Any] = {
-        "name": f"gpu-spec-landscape-{a}",
+        "name": f"gpu-spec-landscape-{a}" + ("" if level == 4 else f"-c{level}"),
         "store": str(out / "servesweep.db"),
         "server": {
             "engine": "llama-server",
@@ -128,7 +137,7 @@ def sweep_file(
                 "temperature": 0.0,
             }
         ],
-        "objective": {"maximize": "chat.c4.output_throughput"},
+        "objective": {"maximize": f"chat.c{level}.output_throughput"},
     }
     if guided:
         spec.update(GUIDED)
@@ -149,6 +158,13 @@ def main() -> int:
         action="store_true",
         help="a sampling search guided by the prediction instead of the listed order",
     )
+    ap.add_argument(
+        "--level",
+        type=int,
+        choices=(1, 4),
+        default=4,
+        help="the concurrency whose output throughput is the objective",
+    )
     args = ap.parse_args()
     models = args.out / "model"
     models.mkdir(parents=True, exist_ok=True)
@@ -162,8 +178,10 @@ def main() -> int:
     servesweep = [sys.executable, "-m", "servesweep.cli.main"]
     rc = 0
     for a in args.profiles:
-        out = args.out / f"a{a}"
-        sweep = sweep_file(out, args.binary, target, draft, a, args.rehearsal, args.guided)
+        out = args.out / (f"a{a}" if args.level == 4 else f"a{a}-c{args.level}")
+        sweep = sweep_file(
+            out, args.binary, target, draft, a, args.rehearsal, args.guided, args.level
+        )
         for label, extra in (("predict", []), ("all", ["--no-predict"])):
             t1 = time.monotonic()
             run = subprocess.run([*servesweep, "run", str(sweep), *extra], check=False)
