@@ -143,6 +143,40 @@ def test_a_draft_model_costs_per_drafted_token_and_for_switching_on() -> None:
     assert three.seconds(1, 8)[0] == pytest.approx(0.2126 + 7 * per_token, rel=1e-6)
 
 
+def test_from_one_longer_draft_length_switching_on_costs_one_drafted_token() -> None:
+    # step times on a CPU (llama-server, Qwen2.5-Coder 1.5B + 0.5B draft, p-min 0,
+    # docs/benchmarks.md): 51 ms without a draft, 177 / 246 / 387 / 759 ms drafting
+    # 1 / 2 / 4 / 8 tokens; from 0 and 4 alone the 336 ms drafting 4 are split as
+    # switching on and four drafted tokens at one cost each: 67.2 ms apiece
+    cost = fit_step_cost([StepTime(1, 0, 0.051), StepTime(1, 4, 0.387)], sequential=True)
+    assert cost is not None
+    truth = {1: 0.177, 2: 0.246, 8: 0.759}
+    for k, seconds in truth.items():
+        value, low, high = cost.seconds(1, k)
+        assert value == pytest.approx(0.051 + 0.336 * (1 + k) / 5, rel=1e-6)
+        # the middle of the two readings (switching on as four drafted tokens) is farther
+        middle = (low + high) / 2
+        assert abs(value / seconds - 1) < abs(middle / seconds - 1), (k, value, middle)
+        assert abs(value / seconds - 1) < 0.14
+    for k, seconds in ((0, 0.051), (4, 0.387)):
+        assert cost.seconds(1, k)[0] == pytest.approx(seconds, rel=1e-6)
+
+
+def test_the_split_holds_with_a_cost_per_sequence_too() -> None:
+    # a step of 20 ms + 5 ms a sequence, 30 ms switching on and 30 ms a drafted token,
+    # and 2 ms a drafted token per sequence, measured at concurrency 1 and 4 without a
+    # draft and drafting 4: the other draft lengths are the model's own
+    def step(c: int, k: int) -> float:
+        return (20 + 5 * c + 30 * (k > 0) + 30 * k + 2 * c * k) / 1000
+
+    points = [StepTime(c, k, step(c, k)) for c in (1, 4) for k in (0, 4)]
+    cost = fit_step_cost(points, sequential=True)
+    assert cost is not None
+    for c in (1, 4):
+        for k in (1, 2, 8):
+            assert cost.seconds(c, k)[0] == pytest.approx(step(c, k), rel=1e-6), (c, k)
+
+
 def test_a_request_is_its_first_tokens_time_and_then_its_steps() -> None:
     # llama-server on a CPU, one token drafted (Qwen2.5-Coder 1.5B + 0.5B): TTFT 1.574 s
     # (the draft's prefill too), TPOT 113.9 ms at 1.867 tokens a step (212.6 ms), 48

@@ -230,6 +230,7 @@ def _value(
     concurrency: float,
     draft: int,
     sequential: bool = False,
+    measured: int | None = None,
 ) -> float:
     """The value of the step time. A drafter without a model (ngram lookup) costs next
     to nothing, and the step grows with the draft length as the target verifies it, in
@@ -238,10 +239,24 @@ def _value(
     time grew unlike any one shape, and the median of the three predicted it best), each
     the first of its ties (the switching on of speculation). A draft model on CPUs drafts
     each token in a pass of its own, and the target verifies each at a cost of its own
-    (``sequential``, ``Setting.cpu``): the linear shape, the middle of what its tied
-    best fits give (the switching on and the drafted token, halfway)."""
+    (``sequential``, ``Setting.cpu``): the linear shape. Where one draft length alone
+    was measured (``measured``, ``m``) its best fits tie: the draft's cost there, ``D``
+    over no draft, may be all the switching on of speculation (flat in ``k``) or all per
+    drafted token. The value takes switching on to cost as much as one drafted token,
+    ``D (1 + k) / (1 + m)`` over no draft (the flat fit weighted 1, the per-token fit
+    ``m``): from draft length 1 halfway between them, and from a longer one the same
+    split (their middle would make switching on cost ``m`` drafted tokens, more the
+    longer the draft measured). Other ties: the middle of what they give."""
     if sequential:
-        times = [_time("linear", c, concurrency, draft) for c in best["linear"]]
+        fits = best["linear"]
+        times = [_time("linear", c, concurrency, draft) for c in fits]
+        # the columns (_shape): fixed, per sequence, switching on, per drafted token,
+        # per drafted token and sequence; a tied fit reads the draft's cost as
+        # switching on where it has that column, else per drafted token
+        flat = [t for t, c in zip(times, fits, strict=True) if c[2] > 0]
+        token = [t for t, c in zip(times, fits, strict=True) if c[2] == 0]
+        if measured and flat and token:
+            return (sum(flat) / len(flat) + measured * sum(token) / len(token)) / (1 + measured)
         return (min(times) + max(times)) / 2
     values = sorted(_time(n, fits[0], concurrency, draft) for n, fits in best.items())
     return values[len(values) // 2]
@@ -285,7 +300,9 @@ class StepCostFit:
             best += [("linear", c) for c in self.coefficients["linear"][1:]]
         fits = (*self.agreeing, *best)
         values = [_time(name, coef, concurrency, draft) for name, coef in fits]
-        value = _value(self.coefficients, concurrency, draft, self.sequential)
+        drafted = [d for d in self.drafts if d > 0]
+        measured = drafted[0] if len(drafted) == 1 else None
+        value = _value(self.coefficients, concurrency, draft, self.sequential, measured)
         return value, min(values), max(values)
 
     def spread(self, draft: int) -> float:
