@@ -21,8 +21,9 @@ switching speculation on, and differ in how drafting grows with ``k`` (linearly,
 ``log2(1 + k)``, as ``sqrt(k)``; each also per sequence). Throughput is
 ``c * E[L](k) / T(c, k)``. The value is the median of the shapes' best fits (a draft
 model on CPUs, whose every drafted token costs a pass of the draft and a share of the
-target's, takes the linear shape, and where its fits tie, halfway between switching
-on and per token: from draft lengths 0 and 1 alone, both fit); the
+target's, takes the linear shape, and where its fits tie (one draft length measured:
+switching on and per token fit alike), switching on costing as much as one drafted
+token); the
 interval is the envelope of every non-negative fit, of every shape and subset of its
 terms that keeps a cost for a step without a draft (the target's pass), that agrees
 with the measurements within their noise (chi-square, as for the acceptance curves:
