@@ -52,6 +52,12 @@ def rates(a: float, k: int) -> str:
     return ",".join(f"{a**i:.6f}" for i in range(1, k + 1))
 
 
+def profile_tag(a: float, level: int) -> str:
+    """A profile's sweep at one objective level: its name's and its folder's tail
+    (``0.8``; another level than 4: ``0.8-c1``)."""
+    return f"{a}" if level == 4 else f"{a}-c{level}"
+
+
 GUIDED: dict[str, Any] = {
     "search": {"strategy": "tpe", "seed": 0, "prune": False},
     "confirm": False,  # as the listed grid: no relaunches of tied leaders
@@ -98,7 +104,7 @@ def sweep_file(
     level: int = 4,
 ) -> Path:
     spec: dict[str, Any] = {
-        "name": f"gpu-spec-landscape-{a}" + ("" if level == 4 else f"-c{level}"),
+        "name": f"gpu-spec-landscape-{profile_tag(a, level)}",
         "store": str(out / "servesweep.db"),
         "server": {
             "engine": "llama-server",
@@ -178,7 +184,7 @@ def main() -> int:
     servesweep = [sys.executable, "-m", "servesweep.cli.main"]
     rc = 0
     for a in args.profiles:
-        out = args.out / (f"a{a}" if args.level == 4 else f"a{a}-c{args.level}")
+        out = args.out / f"a{profile_tag(a, args.level)}"
         sweep = sweep_file(
             out, args.binary, target, draft, a, args.rehearsal, args.guided, args.level
         )
