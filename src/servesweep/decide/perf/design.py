@@ -18,10 +18,10 @@ design, not at random (:func:`design_point`):
 Ties (two values equally near the middle) are broken by the sweep's seed. A design
 configuration already measured, skipped or forbidden is passed over; a space without
 a draft-length knob has only the first. The design has two roles, not two launch
-slots: what the sweep measured before it (``params.points``, which a search hands out first) fills
-a role when it is at that end of the draft lengths, so a no-draft baseline point
-measured first leaves the design only its longest draft length, and a point in between
-leaves it both. A search started warm (earlier sweeps' measurements,
+slots: what the sweep measured before it (``params.points``, which a search hands out
+first) fills a role when it is at that end of the draft lengths, so a no-draft baseline
+point measured first leaves the design only its longest draft length, and a point in
+between leaves it both. A search started warm (earlier sweeps' measurements,
 ``search/sampled.py``) has no design: the predictor already knows the space, and
 :func:`next_launch` picks from the first launch.
 
