@@ -162,6 +162,35 @@ def test_from_one_longer_draft_length_switching_on_costs_one_drafted_token() -> 
         assert cost.seconds(1, k)[0] == pytest.approx(seconds, rel=1e-6)
 
 
+def test_below_the_shortest_draft_length_a_draft_models_step_is_read_between_the_ends() -> None:
+    # step times on an H200 at concurrency 4 (llama-server, random-weight target and
+    # draft, acceptance 0.9^i per position; E[L] x TPOT, docs/benchmarks.md): 10.0 ms
+    # without a draft, 13.8 / 15.9 / 18.9 / 25.0 / 41.8 ms drafting 1 / 2 / 4 / 8 / 16.
+    # From 0, 4, 8 and 16 (the guided search's launches) the shapes bend towards no
+    # draft and put 1 and 2 too high; a draft model's step there is read between no
+    # draft and 4, switching on costing one drafted token
+    truth = {0: 0.0100, 1: 0.0138, 2: 0.0159, 4: 0.0189, 8: 0.0250, 16: 0.0418}
+    points = [StepTime(4, k, truth[k]) for k in (0, 4, 8, 16)]
+    model, lookup = fit_step_cost(points, model=True), fit_step_cost(points)
+    assert model is not None and lookup is not None
+    none, four = model.seconds(4, 0)[0], model.seconds(4, 4)[0]
+    for k in (1, 2):
+        value, low, high = model.seconds(4, k)
+        assert value == pytest.approx(none + (four - none) * (1 + k) / 5, rel=1e-6)
+        assert low <= value <= high
+        assert (low, high) == lookup.seconds(4, k)[1:]  # the same interval
+        assert abs(value / truth[k] - 1) < 0.05  # the shapes: 7.6 and 12.7 % over
+        # the shapes' median (a drafter without a model keeps it) is farther
+        assert abs(value / truth[k] - 1) < abs(lookup.seconds(4, k)[0] / truth[k] - 1)
+    for k in (4, 8, 16):  # at and above the shortest measured: the shapes, as before
+        assert model.seconds(4, k)[0] == lookup.seconds(4, k)[0]
+    # from one draft length the rule is not asked: nothing to read between
+    one = fit_step_cost([StepTime(4, 0, 0.0100), StepTime(4, 16, 0.0418)], model=True)
+    alone = fit_step_cost([StepTime(4, 0, 0.0100), StepTime(4, 16, 0.0418)])
+    assert one is not None and alone is not None
+    assert one.seconds(4, 2) == alone.seconds(4, 2)
+
+
 def test_the_split_holds_with_a_cost_per_sequence_too() -> None:
     # a step of 20 ms + 5 ms a sequence, 30 ms switching on and 30 ms a drafted token,
     # and 2 ms a drafted token per sequence, measured at concurrency 1 and 4 without a

@@ -54,11 +54,17 @@ def _draft(setting: Setting, params: Mapping[str, Any]) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
+def _model(setting: Setting, params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` draft with a model (:attr:`Setting.draft_models`,
+    :attr:`Setting.model_drafts`), not by lookup."""
+    named = [params[k] for k in setting.draft_models if k in params]
+    return any(bool(v) for v in named) if named else setting.model_drafts
+
+
 def _sequential(setting: Setting, params: Mapping[str, Any]) -> bool:
     """Whether ``params`` draft with a model on CPUs, which costs per drafted token
-    (:attr:`Setting.cpu`; the model: :attr:`Setting.draft_models`, :attr:`Setting.model_drafts`)."""
-    named = [params[k] for k in setting.draft_models if k in params]
-    return setting.cpu and (any(bool(v) for v in named) if named else setting.model_drafts)
+    (:attr:`Setting.cpu`)."""
+    return setting.cpu and _model(setting, params)
 
 
 def _widened(p: Prediction, factor: float) -> Prediction:
@@ -219,7 +225,9 @@ def _speculative(
     split = bool(plain) and len(points) == len(plain) and bool(tokens)
     if not split:
         points = plain
-    cost = fit_step_cost(points, noise(metric), _sequential(setting, params))
+    cost = fit_step_cost(
+        points, noise(metric), _sequential(setting, params), _model(setting, params)
+    )
     if cost is None:
         return None
     first = fit_step_cost(firsts, noise(metric)) if split else None

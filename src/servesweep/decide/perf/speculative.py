@@ -22,8 +22,9 @@ switching speculation on, and differ in how drafting grows with ``k`` (linearly,
 ``c * E[L](k) / T(c, k)``. The value is the median of the shapes' best fits (a draft
 model on CPUs, whose every drafted token costs a pass of the draft and a share of the
 target's, takes the linear shape, and where its fits tie (one draft length measured:
-switching on and per token fit alike), switching on costing as much as one drafted
-token); the
+switching on and per token fit alike), switching on costing as much as one
+drafted token; on GPUs, below the shortest of two or more draft lengths measured, a
+draft model's step is read between no draft and that length the same way); the
 interval is the envelope of every non-negative fit, of every shape and subset of its
 terms that keeps a cost for a step without a draft (the target's pass), that agrees
 with the measurements within their noise (chi-square, as for the acceptance curves:
@@ -263,6 +264,32 @@ def _value(
     return values[len(values) // 2]
 
 
+def _point(
+    best: Mapping[str, Sequence[Sequence[float] | np.ndarray]],
+    concurrency: float,
+    draft: int,
+    sequential: bool,
+    model: bool,
+    drafts: Iterable[int],
+) -> float:
+    """The value of the step time at ``draft`` from the draft lengths ``drafts``
+    measured: :func:`_value`, but where a draft model's step is asked below the shortest
+    draft length measured, ``m``, of two or more: there the shapes extrapolate their
+    bends towards no draft, where they disagree most (on an H200 two of the three put
+    the step of draft lengths 1 and 2 too high from 4, 8 and 16), and the value is read
+    between the two measured ends instead, switching speculation on costing as much as
+    one drafted token, as from one draft length on CPUs: ``t(0) + (t(m) - t(0)) (1 + k)
+    / (1 + m)``."""
+    drafted = sorted(d for d in drafts if d > 0)
+    if model and not sequential and len(drafted) > 1 and 0 < draft < drafted[0]:
+        shortest = drafted[0]
+        none = _value(best, concurrency, 0)
+        there = _value(best, concurrency, shortest)
+        return none + (there - none) * (1 + draft) / (1 + shortest)
+    measured = drafted[0] if len(drafted) == 1 else None
+    return _value(best, concurrency, draft, sequential, measured)
+
+
 CHI2 = 3.84
 """Chi-square of one degree of freedom at 95 %: a fit whose squared error (in units of
 the noise) is within this of the best agrees with the measurements."""
@@ -292,6 +319,9 @@ class StepCostFit:
     sequential: bool = False
     """Whether a draft model drafts on CPUs, at a cost per drafted token: the value's
     rule (:func:`_value`)."""
+    model: bool = False
+    """Whether a draft model drafts (on GPUs or CPUs): below the shortest draft length
+    measured the value is read between no draft and it (:func:`_point`)."""
 
     def seconds(self, concurrency: float, draft: int) -> tuple[float, float, float]:
         """(value, low, high) of the step time before widening: the value
@@ -301,10 +331,10 @@ class StepCostFit:
             best += [("linear", c) for c in self.coefficients["linear"][1:]]
         fits = (*self.agreeing, *best)
         values = [_time(name, coef, concurrency, draft) for name, coef in fits]
-        drafted = [d for d in self.drafts if d > 0]
-        measured = drafted[0] if len(drafted) == 1 else None
-        value = _value(self.coefficients, concurrency, draft, self.sequential, measured)
-        return value, min(values), max(values)
+        value = _point(
+            self.coefficients, concurrency, draft, self.sequential, self.model, self.drafts
+        )
+        return min(max(value, min(values)), max(values)), min(values), max(values)
 
     def spread(self, draft: int) -> float:
         """Relative half-width to add: the residual, and the growth per doubling of the
@@ -341,11 +371,15 @@ def _fit(points: Sequence[StepTime], noise: float) -> tuple[dict[str, list[np.nd
 
 
 def fit_step_cost(
-    points: Iterable[StepTime], noise: float = NOISE, sequential: bool = False
+    points: Iterable[StepTime],
+    noise: float = NOISE,
+    sequential: bool = False,
+    model: bool = False,
 ) -> StepCostFit | None:
     """The step cost fitted from the measured levels (None from fewer than two draft
     lengths, counting no speculation as one); ``sequential``: a draft model drafts on
-    CPUs, at a cost per drafted token (:func:`_value`)."""
+    CPUs, at a cost per drafted token (:func:`_value`); ``model``: a draft model drafts
+    (:func:`_point`)."""
     pts = list(points)
     drafts = tuple(sorted({p.draft for p in pts}))
     if len(drafts) < 2:
@@ -366,9 +400,11 @@ def fit_step_cost(
             continue  # the cost of switching speculation on and of a draft token: two
         tried = True
         sub, _ = _fit(rest, noise)
-        distance = min(abs(math.log2(1 + left) - math.log2(1 + m)) for m in {p.draft for p in rest})
+        kept = {p.draft for p in rest}
+        distance = min(abs(math.log2(1 + left) - math.log2(1 + m)) for m in kept)
         for p in (p for p in pts if p.draft == left):
-            miss = abs(_value(sub, p.concurrency, p.draft, sequential) / p.seconds - 1)
+            value = _point(sub, p.concurrency, p.draft, sequential, model, kept)
+            miss = abs(value / p.seconds - 1)
             growth = max(growth, max(0.0, miss - 2 * residual) / max(distance, 1e-9))
     if not tried:
         growth = GROWTH  # too few draft lengths to tell: the prior rate
@@ -379,6 +415,7 @@ def fit_step_cost(
         drafts,
         tuple(agreeing),
         sequential,
+        model or sequential,
     )
 
 
