@@ -56,15 +56,10 @@ def _draft(setting: Setting, params: Mapping[str, Any]) -> int:
 
 def _model(setting: Setting, params: Mapping[str, Any]) -> bool:
     """Whether ``params`` draft with a model (:attr:`Setting.draft_models`,
-    :attr:`Setting.model_drafts`), not by lookup."""
+    :attr:`Setting.model_drafts`), not by lookup; on CPUs (:attr:`Setting.cpu`) it costs
+    per drafted token."""
     named = [params[k] for k in setting.draft_models if k in params]
     return any(bool(v) for v in named) if named else setting.model_drafts
-
-
-def _sequential(setting: Setting, params: Mapping[str, Any]) -> bool:
-    """Whether ``params`` draft with a model on CPUs, which costs per drafted token
-    (:attr:`Setting.cpu`)."""
-    return setting.cpu and _model(setting, params)
 
 
 def _widened(p: Prediction, factor: float) -> Prediction:
@@ -225,9 +220,8 @@ def _speculative(
     split = bool(plain) and len(points) == len(plain) and bool(tokens)
     if not split:
         points = plain
-    cost = fit_step_cost(
-        points, noise(metric), _sequential(setting, params), _model(setting, params)
-    )
+    model = _model(setting, params)
+    cost = fit_step_cost(points, noise(metric), setting.cpu and model, model)
     if cost is None:
         return None
     first = fit_step_cost(firsts, noise(metric)) if split else None
