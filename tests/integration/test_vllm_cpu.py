@@ -395,9 +395,11 @@ def test_a_starved_load_generator_against_vllm_is_flagged_unreliable(swept: Any)
     ``unreliable``, with the reason."""
     assert swept["kept"] and group(swept["kept"][0]), swept["kept"]
     port = yaml.safe_load(swept["file"].read_text())["server"]["port"]
+    # 64 requests, 16 rounds of 4: the level spans several turns of the starver (8
+    # requests took 0.17 s once, inside about one turn, and no stop fell in their loop)
     bench = subprocess.Popen(
         [*SERVESWEEP, "bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "4",
-         "--requests", "8", "--max-tokens", "32", "--json"],
+         "--requests", "64", "--max-tokens", "32", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "NO_COLOR": "1"}, start_new_session=True,
     )  # fmt: skip
@@ -413,7 +415,7 @@ def test_a_starved_load_generator_against_vllm_is_flagged_unreliable(swept: Any)
             bench.communicate(timeout=30)
     assert bench.returncode == 0, out + err
     [level] = json.loads(out)
-    assert level["metrics"]["completed"] == 8, level["metrics"]
+    assert level["metrics"]["completed"] == 64, level["metrics"]
     reason = level["unreliable"]
     assert reason and "load generator's event loop lagged" in reason, level
 
