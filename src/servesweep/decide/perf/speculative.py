@@ -38,6 +38,7 @@ others (leave one out).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -379,11 +380,20 @@ def fit_step_cost(
     """The step cost fitted from the measured levels (None from fewer than two draft
     lengths, counting no speculation as one); ``sequential``: a draft model drafts on
     CPUs, at a cost per drafted token (:func:`_value`); ``model``: a draft model drafts
-    (:func:`_point`)."""
-    pts = list(points)
-    drafts = tuple(sorted({p.draft for p in pts}))
-    if len(drafts) < 2:
+    (:func:`_point`). A pure function of its inputs, kept for the last few hundred: a
+    search predicts every configuration at each step, and between two launches the
+    points of most configurations stay the same."""
+    pts = tuple(points)
+    if len({p.draft for p in pts}) < 2:
         return None
+    return _fit_step_cost(pts, noise, sequential, model)
+
+
+@functools.lru_cache(maxsize=512)
+def _fit_step_cost(
+    pts: tuple[StepTime, ...], noise: float, sequential: bool, model: bool
+) -> StepCostFit:
+    drafts = tuple(sorted({p.draft for p in pts}))
     coefs, agreeing = _fit(pts, noise)
     shapes = ("linear",) if sequential else tuple(coefs)
     errors = [
