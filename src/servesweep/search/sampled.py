@@ -146,7 +146,9 @@ class SampledSearch(Search):
         self.earlier: Sequence[Measured] = earlier if self.guide is not None else ()
         """The earlier sweeps' measurements the performance gate starts from (a warm
         start: the guide skips the design and predicts from them at once)."""
-        self._measured: list[tuple[TrialRecord, Sequence[LevelResult]]] = []
+        self._measured: list[Measured] = []
+        """What the told trials measured, as the guide's predictor reads it (read once,
+        when each is told)."""
         self._design_tries = 0
         self.memory: MemoryOver | None = memory
         """The memory gate's prediction, for the guide (given by the driver, before
@@ -225,7 +227,7 @@ class SampledSearch(Search):
         left = self._memory_safe(left)
         if not left:
             return None
-        measured = measured_of(self._measured)
+        measured = self._measured
         draft = self.guide.draft_param
         if self._design_tries < DESIGN_TRIES and not self.earlier:
             space = [c.params for c in self._allowed_configs]
@@ -341,7 +343,7 @@ class SampledSearch(Search):
         if trial.evidence is not None and trial.evidence.reason == OOM_CRASH:
             self._crashed.append(trial.params)
         if self.guide is not None and results:
-            self._measured.append((trial, results))
+            self._measured += measured_of([(trial, results)])
 
     def _close(self, fp: str, verdict: Verdict | None) -> None:
         optuna_trial = self._open.pop(fp, None)
